@@ -1,0 +1,12 @@
+// Headway: SIMD CPU kernels for transformer attention. The whole C++ API.
+#ifndef HEADWAY_HEADWAY_HPP_
+#define HEADWAY_HEADWAY_HPP_
+
+#include "headway/softmax.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "headway/threads.h"
+#include "headway/version.h"
+#include "headway/view.h"
+
+#endif  // HEADWAY_HEADWAY_HPP_

@@ -1,0 +1,129 @@
+// Instruction-set control on top of Highway's dispatch (hwy::DisableTargets is the production
+// knob; hwy::SetSupportedTargetsForTest is left to Highway's own tests).
+#include "headway/targets.h"
+
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "lib/core/init.h"
+
+namespace headway {
+namespace {
+
+// Bits of the compiled targets, best first (Highway's better targets have lower bits).
+std::vector<int64_t> CompiledBits() {
+  std::vector<int64_t> bits;
+  for (int64_t rest = HWY_TARGETS; rest != 0; rest &= rest - 1) {
+    bits.push_back(rest & ~(rest - 1));
+  }
+  return bits;
+}
+
+Target MakeTarget(int64_t bits) { return Target{bits, hwy::TargetName(bits)}; }
+
+// What this CPU runs, read before any cap is applied, so that it does not change with the cap.
+int64_t CpuTargets() {
+  static const int64_t cpu = [] {
+    hwy::DisableTargets(0);
+    return hwy::SupportedTargets() & HWY_TARGETS;
+  }();
+  return cpu;
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::toupper(static_cast<unsigned char>(a[i])) !=
+        std::toupper(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string CompiledNames() {
+  std::string names;
+  for (int64_t bits : CompiledBits()) {
+    if (!names.empty()) names += ", ";
+    names += hwy::TargetName(bits);
+  }
+  return names;
+}
+
+Status ApplyMaxTarget(std::string_view name) {
+  for (int64_t bits : CompiledBits()) {
+    if (!EqualsIgnoreCase(name, hwy::TargetName(bits))) continue;
+    if ((CpuTargets() & bits) == 0) {
+      return Status::FailedPrecondition(
+          "SetMaxTarget: this CPU cannot run target " + std::string(name));
+    }
+    // Better targets have lower bits: disable every bit below this one.
+    hwy::DisableTargets(bits - 1);
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("SetMaxTarget: unknown target \"" +
+                                 std::string(name) + "\"; compiled: " +
+                                 CompiledNames());
+}
+
+}  // namespace
+
+namespace internal {
+
+void InitOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    CpuTargets();
+    const char* env = std::getenv("HEADWAY_MAX_TARGET");
+    if (env != nullptr && env[0] != '\0') {
+      // A bad value must not stop the host: it is reported once and ignored.
+      const Status status = ApplyMaxTarget(env);
+      if (!status.ok()) {
+        std::fprintf(stderr, "headway: ignoring HEADWAY_MAX_TARGET=%s: %s\n", env,
+                     status.message().c_str());
+      }
+    }
+  });
+}
+
+}  // namespace internal
+
+std::vector<Target> CompiledTargets() {
+  std::vector<Target> targets;
+  for (int64_t bits : CompiledBits()) targets.push_back(MakeTarget(bits));
+  return targets;
+}
+
+std::vector<Target> SupportedTargets() {
+  internal::InitOnce();
+  std::vector<Target> targets;
+  for (int64_t bits : CompiledBits()) {
+    if (CpuTargets() & bits) targets.push_back(MakeTarget(bits));
+  }
+  return targets;
+}
+
+Target ActiveTarget() {
+  internal::InitOnce();
+  const int64_t allowed = hwy::SupportedTargets() & HWY_TARGETS;
+  return MakeTarget(allowed & ~(allowed - 1));
+}
+
+Status SetMaxTarget(std::string_view name) {
+  internal::InitOnce();
+  return ApplyMaxTarget(name);
+}
+
+void ResetMaxTarget() {
+  internal::InitOnce();
+  hwy::DisableTargets(0);
+}
+
+}  // namespace headway

@@ -1,0 +1,62 @@
+// Argument checks shared by every public entry point. Each returns a Status whose message
+// starts with the public function's name and names the argument, e.g.
+//   "Softmax: x.stride (3) is shorter than x.cols (4)".
+#ifndef HEADWAY_LIB_CORE_VALIDATE_H_
+#define HEADWAY_LIB_CORE_VALIDATE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "headway/status.h"
+#include "headway/view.h"
+
+namespace headway {
+namespace internal {
+
+// Bytes spanned by a view: ((rows - 1) * stride + cols) * elem_size. False on overflow of
+// int64_t (callers have checked rows, cols >= 1 and stride >= cols).
+bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
+               int64_t* bytes);
+
+// data != null, rows >= 1, cols >= 1, stride >= cols, byte span representable.
+Status CheckMatrix(const char* fn, const char* name, const void* data,
+                   int64_t rows, int64_t cols, int64_t stride,
+                   size_t elem_size);
+
+template <typename T>
+Status CheckMatrix(const char* fn, const char* name, MatrixView<T> view) {
+  return CheckMatrix(fn, name, view.data, view.rows, view.cols, view.stride,
+                     sizeof(T));
+}
+
+// `b` has the same rows and cols as `a`.
+Status CheckSameShape(const char* fn, const char* a_name, int64_t a_rows,
+                      int64_t a_cols, const char* b_name, int64_t b_rows,
+                      int64_t b_cols);
+
+// True if the byte ranges of two (already checked) views intersect.
+bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes);
+
+// Written views must not overlap read views unless they are the identical view (in place).
+template <typename T>
+Status CheckInPlaceOrDisjoint(const char* fn, const char* in_name,
+                              MatrixView<const T> in, const char* out_name,
+                              MatrixView<T> out) {
+  int64_t in_bytes = 0, out_bytes = 0;
+  SpanBytes(in.rows, in.cols, in.stride, sizeof(T), &in_bytes);
+  SpanBytes(out.rows, out.cols, out.stride, sizeof(T), &out_bytes);
+  if (!Overlaps(in.data, in_bytes, out.data, out_bytes)) return Status::Ok();
+  if (in.data == out.data && in.stride == out.stride) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(fn) + ": " + out_name + " overlaps " + in_name +
+      " without being the same view (in place needs equal data and stride)");
+}
+
+// A finite float (not NaN, not +-inf).
+Status CheckFinite(const char* fn, const char* name, float value);
+
+}  // namespace internal
+}  // namespace headway
+
+#endif  // HEADWAY_LIB_CORE_VALIDATE_H_
