@@ -1,5 +1,5 @@
-// HEADWAY_API marks the symbols the shared library exports; everything else is hidden
-// (the library is built with -fvisibility=hidden).
+// HEADWAY_API marks the symbols the shared library exports; everything else is
+// hidden (the library is built with -fvisibility=hidden).
 #ifndef HEADWAY_EXPORT_H_
 #define HEADWAY_EXPORT_H_
 

@@ -1,7 +1,8 @@
 // Status: the result of every public Headway call that can fail.
 //
-// A call that returns a non-OK Status has not written to anything the caller owns. The message
-// names the bad argument and the value that was rejected, e.g.
+// A call that returns a non-OK Status has not written to anything the caller
+// owns. The message names the bad argument and the value that was rejected,
+// e.g.
 //   "Softmax: x.stride (3) is shorter than x.cols (4)".
 #ifndef HEADWAY_STATUS_H_
 #define HEADWAY_STATUS_H_
@@ -15,11 +16,12 @@ namespace headway {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // a null pointer, a bad shape, stride, scale or name
-  kOutOfRange = 2,         // a size or position beyond what a buffer or cache holds
-  kResourceExhausted = 3,  // memory could not be allocated, or a byte count overflows
-  kFailedPrecondition = 4, // the call is valid but not in the current state
-  kInternal = 5,           // a bug in Headway: please report it
+  kInvalidArgument = 1,  // a null pointer, a bad shape, stride, scale or name
+  kOutOfRange = 2,  // a size or position beyond what a buffer or cache holds
+  kResourceExhausted =
+      3,  // memory could not be allocated, or a byte count overflows
+  kFailedPrecondition = 4,  // the call is valid but not in the current state
+  kInternal = 5,            // a bug in Headway: please report it
 };
 
 // Name of a code, e.g. "INVALID_ARGUMENT".

@@ -1,12 +1,15 @@
-// Instruction sets: which ones Headway was built for, which one runs, and how to cap it.
+// Instruction sets: which ones Headway was built for, which one runs, and how
+// to cap it.
 //
-// Every kernel is compiled once per instruction set ("target": AVX3_DL, AVX3, AVX2, SSE4, SSSE3
-// and SCALAR on x86-64) and each public call dispatches once to the best target that this CPU
-// supports and that is not above the cap. The cap starts from the environment variable
-// HEADWAY_MAX_TARGET (e.g. HEADWAY_MAX_TARGET=AVX2), read once, at the first Headway call.
+// Every kernel is compiled once per instruction set ("target": AVX3_DL, AVX3,
+// AVX2, SSE4, SSSE3 and SCALAR on x86-64) and each public call dispatches once
+// to the best target that this CPU supports and that is not above the cap. The
+// cap starts from the environment variable HEADWAY_MAX_TARGET (e.g.
+// HEADWAY_MAX_TARGET=AVX2), read once, at the first Headway call.
 //
-// The cap is process-wide (it is Highway's). Change it from one thread while no Headway call is
-// running: it is meant for start-up, benchmarks and tests, not for switching per call.
+// The cap is process-wide (it is Highway's). Change it from one thread while no
+// Headway call is running: it is meant for start-up, benchmarks and tests, not
+// for switching per call.
 #ifndef HEADWAY_TARGETS_H_
 #define HEADWAY_TARGETS_H_
 
@@ -20,8 +23,9 @@
 namespace headway {
 
 struct Target {
-  int64_t bits = 0;            // Highway's HWY_* bit: compare, never persist
-  const char* name = nullptr;  // "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"
+  int64_t bits = 0;  // Highway's HWY_* bit: compare, never persist
+  const char* name =
+      nullptr;  // "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"
 };
 
 inline bool operator==(const Target& a, const Target& b) {
@@ -32,18 +36,22 @@ inline bool operator!=(const Target& a, const Target& b) { return !(a == b); }
 // The targets this build of Headway contains, best first.
 HEADWAY_API std::vector<Target> CompiledTargets();
 
-// The compiled targets this CPU can run, best first, whatever the cap. Never empty.
+// The compiled targets this CPU can run, best first, whatever the cap. Never
+// empty.
 HEADWAY_API std::vector<Target> SupportedTargets();
 
-// The target the next Headway call dispatches to: the best supported one not above the cap.
+// The target the next Headway call dispatches to: the best supported one not
+// above the cap.
 HEADWAY_API Target ActiveTarget();
 
-// Caps dispatch at `name` (case-insensitive, e.g. "avx2"): calls then use the best supported
-// target that is not better than it. Errors: kInvalidArgument if `name` is not a compiled
-// target; kFailedPrecondition if this CPU cannot run it. The cap is unchanged on error.
+// Caps dispatch at `name` (case-insensitive, e.g. "avx2"): calls then use the
+// best supported target that is not better than it. Errors: kInvalidArgument if
+// `name` is not a compiled target; kFailedPrecondition if this CPU cannot run
+// it. The cap is unchanged on error.
 HEADWAY_API Status SetMaxTarget(std::string_view name);
 
-// Removes the cap (including one from HEADWAY_MAX_TARGET): calls use the best target again.
+// Removes the cap (including one from HEADWAY_MAX_TARGET): calls use the best
+// target again.
 HEADWAY_API void ResetMaxTarget();
 
 }  // namespace headway

@@ -1,11 +1,12 @@
 // Threads: Headway's kernels run their parallel loops on oneTBB.
 //
-// A call runs in the caller's tbb::task_arena, so a host that wants a Headway call on N threads
-// runs it inside `tbb::task_arena(N).execute(...)`; that is also how a host keeps Headway off
-// cores it uses for something else. SetMaxThreads is the simple, process-wide alternative.
+// A call runs in the caller's tbb::task_arena, so a host that wants a Headway
+// call on N threads runs it inside `tbb::task_arena(N).execute(...)`; that is
+// also how a host keeps Headway off cores it uses for something else.
+// SetMaxThreads is the simple, process-wide alternative.
 //
-// Results never depend on the number of threads: work is split by shape, not by thread count,
-// so every call is bit-identical on 1 or 64 threads.
+// Results never depend on the number of threads: work is split by shape, not by
+// thread count, so every call is bit-identical on 1 or 64 threads.
 #ifndef HEADWAY_THREADS_H_
 #define HEADWAY_THREADS_H_
 
@@ -14,12 +15,13 @@
 
 namespace headway {
 
-// Caps the threads of every oneTBB parallel loop in this process (tbb::global_control, so it
-// also caps the host's own TBB work). n = 0 removes the cap. Error: kInvalidArgument if n < 0.
+// Caps the threads of every oneTBB parallel loop in this process
+// (tbb::global_control, so it also caps the host's own TBB work). n = 0 removes
+// the cap. Error: kInvalidArgument if n < 0.
 HEADWAY_API Status SetMaxThreads(int n);
 
-// The number of threads a Headway call made now from this thread may use: the current
-// arena's concurrency, capped by SetMaxThreads.
+// The number of threads a Headway call made now from this thread may use: the
+// current arena's concurrency, capped by SetMaxThreads.
 HEADWAY_API int MaxThreads();
 
 }  // namespace headway

@@ -1,9 +1,10 @@
 // MatrixView: a non-owning, row-major, strided view of a 2-D array.
 //
-// Element (r, c) is data[r * stride + c], for 0 <= r < rows and 0 <= c < cols. A column block
-// of a wider matrix (one attention head of a [tokens, heads * head_dim] projection, say) is a
-// view with data offset to the block and stride equal to the wide matrix's row length. Sizes
-// are signed so that a negative size from a caller is reported, not wrapped around.
+// Element (r, c) is data[r * stride + c], for 0 <= r < rows and 0 <= c < cols.
+// A column block of a wider matrix (one attention head of a [tokens, heads *
+// head_dim] projection, say) is a view with data offset to the block and stride
+// equal to the wide matrix's row length. Sizes are signed so that a negative
+// size from a caller is reported, not wrapped around.
 #ifndef HEADWAY_VIEW_H_
 #define HEADWAY_VIEW_H_
 

@@ -5,7 +5,8 @@
 namespace headway {
 namespace internal {
 
-// Records the CPU's targets and applies HEADWAY_MAX_TARGET; runs once per process, cheap after.
+// Records the CPU's targets and applies HEADWAY_MAX_TARGET; runs once per
+// process, cheap after.
 void InitOnce();
 
 }  // namespace internal

@@ -1,5 +1,12 @@
-// Instruction-set control on top of Highway's dispatch (hwy::DisableTargets is the production
-// knob; hwy::SetSupportedTargetsForTest is left to Highway's own tests).
+// Instruction-set control on top of Highway's dispatch.
+//
+// The cap is set with hwy::SetSupportedTargetsForTest, not hwy::DisableTargets:
+// in Highway 1.0.3 every call of hwy::SupportedTargets() (by us, by the host,
+// by another library) re-points dispatch at all of the CPU's targets before
+// applying DisableTargets' mask, which silently undoes a DisableTargets cap
+// until the next DisableTargets. A "supported targets" mask set with
+// SetSupportedTargetsForTest is what SupportedTargets() returns, so it survives
+// those calls.
 #include "headway/targets.h"
 
 #include <cctype>
@@ -17,7 +24,8 @@
 namespace headway {
 namespace {
 
-// Bits of the compiled targets, best first (Highway's better targets have lower bits).
+// Bits of the compiled targets, best first (Highway's better targets have lower
+// bits).
 std::vector<int64_t> CompiledBits() {
   std::vector<int64_t> bits;
   for (int64_t rest = HWY_TARGETS; rest != 0; rest &= rest - 1) {
@@ -28,10 +36,11 @@ std::vector<int64_t> CompiledBits() {
 
 Target MakeTarget(int64_t bits) { return Target{bits, hwy::TargetName(bits)}; }
 
-// What this CPU runs, read before any cap is applied, so that it does not change with the cap.
+// What this CPU runs, read before any cap is applied, so that it does not
+// change with the cap.
 int64_t CpuTargets() {
   static const int64_t cpu = [] {
-    hwy::DisableTargets(0);
+    hwy::SetSupportedTargetsForTest(0);
     return hwy::SupportedTargets() & HWY_TARGETS;
   }();
   return cpu;
@@ -64,13 +73,14 @@ Status ApplyMaxTarget(std::string_view name) {
       return Status::FailedPrecondition(
           "SetMaxTarget: this CPU cannot run target " + std::string(name));
     }
-    // Better targets have lower bits: disable every bit below this one.
-    hwy::DisableTargets(bits - 1);
+    // Better targets have lower bits: keep this bit and the CPU's targets above
+    // it.
+    hwy::SetSupportedTargetsForTest(CpuTargets() & ~(bits - 1));
     return Status::Ok();
   }
   return Status::InvalidArgument("SetMaxTarget: unknown target \"" +
-                                 std::string(name) + "\"; compiled: " +
-                                 CompiledNames());
+                                 std::string(name) +
+                                 "\"; compiled: " + CompiledNames());
 }
 
 }  // namespace
@@ -86,8 +96,8 @@ void InitOnce() {
       // A bad value must not stop the host: it is reported once and ignored.
       const Status status = ApplyMaxTarget(env);
       if (!status.ok()) {
-        std::fprintf(stderr, "headway: ignoring HEADWAY_MAX_TARGET=%s: %s\n", env,
-                     status.message().c_str());
+        std::fprintf(stderr, "headway: ignoring HEADWAY_MAX_TARGET=%s: %s\n",
+                     env, status.message().c_str());
       }
     }
   });
@@ -123,7 +133,7 @@ Status SetMaxTarget(std::string_view name) {
 
 void ResetMaxTarget() {
   internal::InitOnce();
-  hwy::DisableTargets(0);
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace headway

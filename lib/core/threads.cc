@@ -29,7 +29,8 @@ Status SetMaxThreads(int n) {
                                    std::to_string(n) + ")");
   }
   std::lock_guard<std::mutex> lock(CapMutex());
-  Cap().reset();  // one global_control at a time: TBB uses the most restrictive live one
+  Cap().reset();  // one global_control at a time: TBB uses the most restrictive
+                  // live one
   if (n > 0) {
     Cap() = std::make_unique<tbb::global_control>(
         tbb::global_control::max_allowed_parallelism, static_cast<size_t>(n));
@@ -41,7 +42,8 @@ int MaxThreads() {
   const size_t allowed = tbb::global_control::active_value(
       tbb::global_control::max_allowed_parallelism);
   const int arena = tbb::this_task_arena::max_concurrency();
-  return static_cast<int>(std::min<size_t>(allowed, static_cast<size_t>(arena)));
+  return static_cast<int>(
+      std::min<size_t>(allowed, static_cast<size_t>(arena)));
 }
 
 }  // namespace headway

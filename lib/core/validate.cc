@@ -49,9 +49,8 @@ Status CheckMatrix(const char* fn, const char* name, const void* data,
   }
   int64_t bytes = 0;
   if (!SpanBytes(rows, cols, stride, elem_size, &bytes) ||
-      static_cast<uint64_t>(bytes) >
-          std::numeric_limits<uintptr_t>::max() -
-              reinterpret_cast<uintptr_t>(data)) {
+      static_cast<uint64_t>(bytes) > std::numeric_limits<uintptr_t>::max() -
+                                         reinterpret_cast<uintptr_t>(data)) {
     return Status::ResourceExhausted(
         Prefix(fn, name) + ": rows (" + std::to_string(rows) + ") x stride (" +
         std::to_string(stride) + ") overflows the address space");
@@ -70,7 +69,8 @@ Status CheckSameShape(const char* fn, const char* a_name, int64_t a_rows,
 }
 
 bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
-  // Integer addresses: comparing pointers into different objects is unspecified.
+  // Integer addresses: comparing pointers into different objects is
+  // unspecified.
   const uintptr_t a0 = reinterpret_cast<uintptr_t>(a);
   const uintptr_t b0 = reinterpret_cast<uintptr_t>(b);
   return a0 < b0 + static_cast<uintptr_t>(b_bytes) &&

@@ -1,5 +1,6 @@
-// Argument checks shared by every public entry point. Each returns a Status whose message
-// starts with the public function's name and names the argument, e.g.
+// Argument checks shared by every public entry point. Each returns a Status
+// whose message starts with the public function's name and names the argument,
+// e.g.
 //   "Softmax: x.stride (3) is shorter than x.cols (4)".
 #ifndef HEADWAY_LIB_CORE_VALIDATE_H_
 #define HEADWAY_LIB_CORE_VALIDATE_H_
@@ -14,8 +15,9 @@
 namespace headway {
 namespace internal {
 
-// Bytes spanned by a view: ((rows - 1) * stride + cols) * elem_size. False on overflow of
-// int64_t (callers have checked rows, cols >= 1 and stride >= cols).
+// Bytes spanned by a view: ((rows - 1) * stride + cols) * elem_size. False on
+// overflow of int64_t (callers have checked rows, cols >= 1 and stride >=
+// cols).
 bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
                int64_t* bytes);
 
@@ -38,7 +40,8 @@ Status CheckSameShape(const char* fn, const char* a_name, int64_t a_rows,
 // True if the byte ranges of two (already checked) views intersect.
 bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes);
 
-// Written views must not overlap read views unless they are the identical view (in place).
+// Written views must not overlap read views unless they are the identical view
+// (in place).
 template <typename T>
 Status CheckInPlaceOrDisjoint(const char* fn, const char* in_name,
                               MatrixView<const T> in, const char* out_name,

@@ -1,24 +1,26 @@
 // Numerically stable softmax over rows: the per-target kernels.
 //
-// The attention kernels include this header from their own per-target translation units and call
-// SoftmaxRow / SoftmaxRows directly (no second dispatch).
+// The attention kernels include this header from their own per-target
+// translation units and call SoftmaxRow / SoftmaxRows directly (no second
+// dispatch).
 //
-// Algorithm, for a row of n logits z = scale * x:
-//   The row is cut into B blocks (B and the block length depend on n only, never on threads).
-//   Pass 1, per block b: m_b = max z over the block; y = exp(z - m_b) with sum s_b. The block is
-//     still in L1 from the max when exp reads it again, so a row far larger than the caches is
-//     read from memory once here.
-//   Combine (double): m = max_b m_b, S = sum_b s_b * exp(m_b - m).
-//   Pass 2, per block: y *= exp(m_b - m) / S.
-// One exp per element, and memory traffic of 2 reads + 2 writes per element for huge rows
-// instead of 3 + 2 for the textbook max / exp-sum / normalize passes. For short rows (one
-// block) it is exactly the textbook algorithm.
+// Algorithm, for a row of n logits z = scale * x, cut into blocks whose number
+// and length depend on n only, never on the number of threads:
+// - pass 1, per block b: m_b = max z over the block, then y = exp(z - m_b) and
+//   its sum s_b. The block is still in L1 from the max when exp reads it, so a
+//   row far larger than the caches is read from memory once here;
+// - combine, in double: m = max_b m_b, S = sum_b s_b * exp(m_b - m);
+// - pass 2, per block: y *= exp(m_b - m) / S.
+// One exp per element, and memory traffic of 2 reads + 2 writes per element for
+// huge rows instead of 3 + 2 for the textbook max / exp-sum / normalize passes.
+// For short rows (one block) it is exactly the textbook algorithm.
 //
-// Error: z - m_b rounds once (|z - m_b| * 2^-25 absolute, which exp turns into relative error),
-// Highway's Exp is within 1 ULP, the block sums are compensated (Kahan) per lane and reduced in
-// double, the factor exp(m_b - m) / S is computed in double and rounded once, and the final
-// product rounds once: |y - exact| / exact <= (6 + |z - m_b| / 2) * 2^-24, plus |z| / 2 * 2^-24
-// when scale * x itself rounds.
+// Error, with u = 2^-24: z - m_b rounds once (|z - m_b| * u absolute, which exp
+// turns into relative error), Highway's Exp is within 1 ULP (2u), the block
+// sums are compensated (Kahan) per lane and reduced in double (2u), the factor
+// exp(m_b - m) / S is computed in double and rounded once (u), and the final
+// product rounds once (u): |y - exact| / exact <= (6 + |z - m_b|) * u, plus |z|
+// * u when scale * x itself rounds.
 
 // Non-SIMD part: normal include guard.
 #ifndef HEADWAY_LIB_SOFTMAX_SOFTMAX_INL_H_PLAN_
@@ -38,15 +40,17 @@ namespace headway {
 
 // How a row of n elements is cut into blocks.
 struct SoftmaxBlocks {
-  // 2048 floats = 8 KiB: a block stays in the 48 KiB L1d between its max and its exp pass,
-  // together with the output it writes.
+  // 2048 floats = 8 KiB: a block stays in the 48 KiB L1d between its max and
+  // its exp pass, together with the output it writes.
   static constexpr size_t kMinLength = 2048;
-  // Per-block statistics live on the stack; rows longer than 256 * 2048 get longer blocks.
+  // Per-block statistics live on the stack; rows longer than 256 * 2048 get
+  // longer blocks.
   static constexpr size_t kMaxCount = 256;
 
   explicit SoftmaxBlocks(size_t n) {
     count = std::min(kMaxCount, (n + kMinLength - 1) / kMinLength);
-    // Multiple of 64 floats (one AVX-512 vector x 4) so that only the last block has a tail.
+    // Multiple of 64 floats (one AVX-512 vector x 4) so that only the last
+    // block has a tail.
     length = ((n + count - 1) / count + 63) / 64 * 64;
     count = (n + length - 1) / length;
   }
@@ -59,7 +63,8 @@ struct SoftmaxBlocks {
   size_t length;
 };
 
-// Work below this many elements is not worth a TBB task (~10 us of exp at ~1 element/ns).
+// Work below this many elements is not worth a TBB task (~10 us of exp at ~1
+// element/ns).
 inline constexpr size_t kSoftmaxGrainElements = 16384;
 
 }  // namespace headway
@@ -82,15 +87,16 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Max of scale * x[0, n), n >= 1. *special is set if any scaled value is NaN or +inf.
+// Max of scale * x[0, n), n >= 1. *special is set if any scaled value is NaN or
+// +inf.
 HWY_INLINE float SoftmaxBlockMax(const float* HWY_RESTRICT x, size_t n,
                                  float scale, bool* special) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   const auto vscale = hn::Set(d, scale);
   const auto vinf = hn::Set(d, std::numeric_limits<float>::infinity());
-  // Four accumulators hide the latency of Max; NaN/+inf are tracked apart because Max drops
-  // NaN on x86 and Exp maps NaN to 0.
+  // Four accumulators hide the latency of Max; NaN/+inf are tracked apart
+  // because Max drops NaN on x86 and Exp maps NaN to 0.
   auto max0 = hn::Set(d, -std::numeric_limits<float>::infinity());
   auto max1 = max0, max2 = max0, max3 = max0;
   auto bad = hn::Lt(vinf, vinf);  // all false (1.0.3 has no MaskFalse)
@@ -117,8 +123,8 @@ HWY_INLINE float SoftmaxBlockMax(const float* HWY_RESTRICT x, size_t n,
   max0 = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
   float result = hn::GetLane(hn::MaxOfLanes(d, max0));
   bool any_bad = !hn::AllFalse(d, bad);
-  // Tail: one element at a time with the same scaling (no masked loads: they are full-width
-  // aligned loads on SSE4 and would read past the row).
+  // Tail: one element at a time with the same scaling (no masked loads: they
+  // are full-width aligned loads on SSE4 and would read past the row).
   for (; i < n; ++i) {
     const float z = scale * x[i];
     any_bad |= !(z < std::numeric_limits<float>::infinity());
@@ -128,8 +134,8 @@ HWY_INLINE float SoftmaxBlockMax(const float* HWY_RESTRICT x, size_t n,
   return result;
 }
 
-// y[i] = exp(scale * x[i] - max) for i in [0, n); returns the sum of the y (compensated). y may
-// equal x. max is finite.
+// y[i] = exp(scale * x[i] - max) for i in [0, n); returns the sum of the y
+// (compensated). y may equal x. max is finite.
 HWY_INLINE double SoftmaxBlockExp(const float* x, float* y, size_t n,
                                   float scale, float max) {
   const hn::ScalableTag<float> d;
@@ -137,7 +143,8 @@ HWY_INLINE double SoftmaxBlockExp(const float* x, float* y, size_t n,
   const size_t N = hn::Lanes(d);
   const auto vscale = hn::Set(d, scale);
   const auto vmax = hn::Set(d, max);
-  // Kahan summation per lane, two independent chains: the sum's error stays ~2 ulp for any n.
+  // Kahan summation per lane, two independent chains: the sum's error stays ~2
+  // ulp for any n.
   auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
   auto comp0 = hn::Zero(d), comp1 = hn::Zero(d);
   const auto kahan_add = [](auto& sum, auto& comp, auto value) HWY_ATTR {
@@ -148,7 +155,8 @@ HWY_INLINE double SoftmaxBlockExp(const float* x, float* y, size_t n,
   };
   size_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
-    const auto e0 = hn::Exp(d, hn::Sub(hn::Mul(vscale, hn::LoadU(d, x + i)), vmax));
+    const auto e0 =
+        hn::Exp(d, hn::Sub(hn::Mul(vscale, hn::LoadU(d, x + i)), vmax));
     const auto e1 =
         hn::Exp(d, hn::Sub(hn::Mul(vscale, hn::LoadU(d, x + i + N)), vmax));
     hn::StoreU(e0, d, y + i);
@@ -157,11 +165,13 @@ HWY_INLINE double SoftmaxBlockExp(const float* x, float* y, size_t n,
     kahan_add(sum1, comp1, e1);
   }
   for (; i + N <= n; i += N) {
-    const auto e = hn::Exp(d, hn::Sub(hn::Mul(vscale, hn::LoadU(d, x + i)), vmax));
+    const auto e =
+        hn::Exp(d, hn::Sub(hn::Mul(vscale, hn::LoadU(d, x + i)), vmax));
     hn::StoreU(e, d, y + i);
     kahan_add(sum0, comp0, e);
   }
-  // Lanes are reduced in double: exact enough that the order of lanes does not matter.
+  // Lanes are reduced in double: exact enough that the order of lanes does not
+  // matter.
   HWY_ALIGN float lanes[4][hn::MaxLanes(d)];
   hn::Store(sum0, d, lanes[0]);
   hn::Store(comp0, d, lanes[1]);
@@ -172,7 +182,8 @@ HWY_INLINE double SoftmaxBlockExp(const float* x, float* y, size_t n,
     total += (static_cast<double>(lanes[0][lane]) - lanes[1][lane]) +
              (static_cast<double>(lanes[2][lane]) - lanes[3][lane]);
   }
-  // Tail: the same Exp on one-lane vectors, so a value does not depend on its position.
+  // Tail: the same Exp on one-lane vectors, so a value does not depend on its
+  // position.
   const auto vscale1 = hn::Set(d1, scale);
   const auto vmax1 = hn::Set(d1, max);
   for (; i < n; ++i) {
@@ -204,9 +215,9 @@ HWY_INLINE void SoftmaxFill(float* HWY_RESTRICT y, size_t n, float value) {
 
 // Statistics of one block after pass 1.
 struct SoftmaxBlockStats {
-  float max;       // m_b; -inf if the block is all -inf
-  double sum;      // s_b = sum exp(z - m_b)
-  bool special;    // a NaN or +inf in the block
+  float max;     // m_b; -inf if the block is all -inf
+  double sum;    // s_b = sum exp(z - m_b)
+  bool special;  // a NaN or +inf in the block
 };
 
 // Pass 1 over block b of a row.
@@ -225,8 +236,9 @@ HWY_INLINE SoftmaxBlockStats SoftmaxPass1(const float* x, float* y, size_t n,
   return stats;
 }
 
-// Combines the blocks' statistics into each block's final factor exp(m_b - m) / S, written to
-// factors[0, count). Returns false (and the value to fill the row with) for special rows.
+// Combines the blocks' statistics into each block's final factor exp(m_b - m) /
+// S, written to factors[0, count). Returns false (and the value to fill the row
+// with) for special rows.
 HWY_INLINE bool SoftmaxCombine(const SoftmaxBlockStats* stats, size_t count,
                                float* factors, float* fill) {
   float max = -std::numeric_limits<float>::infinity();
@@ -271,8 +283,8 @@ HWY_INLINE void SoftmaxRow(const float* x, float* y, size_t n, float scale) {
   }
 }
 
-// One long row with its blocks spread over threads: the same blocks and the same arithmetic
-// as SoftmaxRow, so the result is identical.
+// One long row with its blocks spread over threads: the same blocks and the
+// same arithmetic as SoftmaxRow, so the result is identical.
 HWY_INLINE void SoftmaxRowParallel(const float* x, float* y, size_t n,
                                    float scale) {
   const SoftmaxBlocks blocks(n);
@@ -300,9 +312,10 @@ HWY_INLINE void SoftmaxRowParallel(const float* x, float* y, size_t n,
                     });
 }
 
-// Softmax of each row of x [rows, cols] (row stride x_stride) into y (row stride y_stride).
-// Rows run in parallel; a few long rows run their blocks in parallel instead. Either way the
-// result does not depend on the number of threads.
+// Softmax of each row of x [rows, cols] (row stride x_stride) into y (row
+// stride y_stride). Rows run in parallel; a few long rows run their blocks in
+// parallel instead. Either way the result does not depend on the number of
+// threads.
 HWY_INLINE void SoftmaxRows(const float* x, size_t x_stride, float* y,
                             size_t y_stride, size_t rows, size_t cols,
                             float scale) {

@@ -1,4 +1,5 @@
-// Softmax: argument checks and the one dynamic dispatch per call (kernels: softmax-inl.h).
+// Softmax: argument checks and the one dynamic dispatch per call (kernels:
+// softmax-inl.h).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,20 +39,24 @@ Status Softmax(MatrixView<const float> x, MatrixView<float> y, float scale) {
   Status status = internal::CheckMatrix(kFn, "x", x);
   if (status.ok()) status = internal::CheckMatrix(kFn, "y", y);
   if (status.ok()) {
-    status = internal::CheckSameShape(kFn, "x", x.rows, x.cols, "y", y.rows,
-                                      y.cols);
+    status =
+        internal::CheckSameShape(kFn, "x", x.rows, x.cols, "y", y.rows, y.cols);
   }
-  if (status.ok()) status = internal::CheckInPlaceOrDisjoint(kFn, "x", x, "y", y);
+  if (status.ok())
+    status = internal::CheckInPlaceOrDisjoint(kFn, "x", x, "y", y);
   if (status.ok()) status = internal::CheckFinite(kFn, "scale", scale);
   if (!status.ok()) return status;
   internal::InitOnce();
   try {
     HWY_DYNAMIC_DISPATCH(SoftmaxT)
-    (x.data, static_cast<size_t>(x.stride), y.data, static_cast<size_t>(y.stride),
-     static_cast<size_t>(x.rows), static_cast<size_t>(x.cols), scale);
+    (x.data, static_cast<size_t>(x.stride), y.data,
+     static_cast<size_t>(y.stride), static_cast<size_t>(x.rows),
+     static_cast<size_t>(x.cols), scale);
   } catch (const std::bad_alloc&) {
-    // TBB may allocate tasks; y is then partly written, which the caller must discard.
-    return Status::ResourceExhausted("Softmax: out of memory in the thread pool");
+    // TBB may allocate tasks; y is then partly written, which the caller must
+    // discard.
+    return Status::ResourceExhausted(
+        "Softmax: out of memory in the thread pool");
   }
   return Status::Ok();
 }

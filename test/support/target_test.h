@@ -4,18 +4,26 @@
 //   TEST_P(SoftmaxTest, MatchesReference) { ... public API calls ... }
 //   HEADWAY_INSTANTIATE_TARGET_TEST(SoftmaxTest);
 //
-// shows up as "Targets/SoftmaxTest.MatchesReference/AVX2" and so on. Each test caps dispatch at
-// its target through the public API and checks that the cap took, so a test can never pass on
-// another target by accident.
+// shows up as "Targets/SoftmaxTest.MatchesReference/AVX2" and so on. Each test
+// caps dispatch at its target through the public API and checks that the cap
+// took, so a test can never pass on another target by accident.
 #ifndef HEADWAY_TEST_SUPPORT_TARGET_TEST_H_
 #define HEADWAY_TEST_SUPPORT_TARGET_TEST_H_
 
+#include <ostream>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "headway/targets.h"
 
 namespace headway {
+
+// Prints a target by name in gtest messages (found by argument-dependent
+// lookup).
+inline void PrintTo(const Target& target, std::ostream* os) {
+  *os << target.name;
+}
+
 namespace test {
 
 class TargetTest : public ::testing::TestWithParam<Target> {
@@ -35,8 +43,8 @@ inline std::string TargetParamName(
 }  // namespace test
 }  // namespace headway
 
-#define HEADWAY_INSTANTIATE_TARGET_TEST(Suite)                           \
-  INSTANTIATE_TEST_SUITE_P(Targets, Suite,                               \
+#define HEADWAY_INSTANTIATE_TARGET_TEST(Suite)                               \
+  INSTANTIATE_TEST_SUITE_P(Targets, Suite,                                   \
                            ::testing::ValuesIn(headway::SupportedTargets()), \
                            headway::test::TargetParamName)
 

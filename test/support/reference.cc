@@ -1,0 +1,189 @@
+#include "test/support/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace headway {
+namespace test {
+namespace ref {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The gemm of both public Matmul overloads; T is float or double.
+template <typename T>
+void MatmulT(int64_t m, int64_t n, int64_t k, double alpha, const T* a,
+             int64_t lda, bool trans_a, const T* b, int64_t ldb, bool trans_b,
+             double beta, double* c, double* abs_c) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0.0;
+      double abs_sum = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double a_ip = trans_a ? a[p * lda + i] : a[i * lda + p];
+        const double b_pj = trans_b ? b[j * ldb + p] : b[p * ldb + j];
+        sum += a_ip * b_pj;
+        abs_sum += std::fabs(a_ip) * std::fabs(b_pj);
+      }
+      double& c_ij = c[i * n + j];
+      const double old = beta != 0.0 ? c_ij : 0.0;
+      c_ij = alpha * sum + (beta != 0.0 ? beta * old : 0.0);
+      if (abs_c != nullptr) {
+        abs_c[i * n + j] =
+            std::fabs(alpha) * abs_sum +
+            (beta != 0.0 ? std::fabs(beta) * std::fabs(old) : 0.0);
+      }
+    }
+  }
+}
+
+// z[0, n) = softmax(z) in place. All -inf gives zeros; a NaN or +inf gives all
+// NaN. Returns false when every value is -inf (or n == 0): z is then zeros.
+bool SoftmaxRowInPlace(double* z, int64_t n) {
+  double max = -kInf;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(z[i]) || z[i] == kInf) {
+      for (int64_t j = 0; j < n; ++j) z[j] = kNaN;
+      return true;
+    }
+    if (z[i] > max) max = z[i];
+  }
+  if (max == -kInf) {
+    for (int64_t j = 0; j < n; ++j) z[j] = 0.0;
+    return false;
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    z[i] = std::exp(z[i] - max);  // exp(-inf) = 0
+    sum += z[i];
+  }
+  for (int64_t i = 0; i < n; ++i)
+    z[i] /= sum;  // sum >= 1: the max term is exp(0)
+  return true;
+}
+
+// Adds b [cols] to every row of y [rows, cols] dense; b may be null (no bias).
+void AddBias(const float* b, int64_t rows, int64_t cols, double* y) {
+  if (b == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += b[c];
+  }
+}
+
+}  // namespace
+
+void Matmul(int64_t m, int64_t n, int64_t k, double alpha, const float* a,
+            int64_t lda, bool trans_a, const float* b, int64_t ldb,
+            bool trans_b, double beta, double* c, double* abs_c) {
+  MatmulT(m, n, k, alpha, a, lda, trans_a, b, ldb, trans_b, beta, c, abs_c);
+}
+
+void Matmul(int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+            int64_t lda, bool trans_a, const double* b, int64_t ldb,
+            bool trans_b, double beta, double* c, double* abs_c) {
+  MatmulT(m, n, k, alpha, a, lda, trans_a, b, ldb, trans_b, beta, c, abs_c);
+}
+
+std::vector<double> Softmax(const float* x, int64_t stride, int64_t rows,
+                            int64_t cols, double scale) {
+  std::vector<double> y(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    double* y_row = y.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) y_row[c] = scale * x[r * stride + c];
+    SoftmaxRowInPlace(y_row, cols);
+  }
+  return y;
+}
+
+std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
+                             int64_t stride) {
+  std::vector<double> y(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * stride + c];
+  }
+  return y;
+}
+
+std::vector<double> AttentionCore(
+    const double* q, int64_t q_stride, int64_t n_q, const double* k,
+    int64_t k_stride, const double* v, int64_t v_stride, int64_t n_kv,
+    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t q_pos0,
+    bool causal, const float* mask, int64_t mask_stride, double scale) {
+  const int64_t group_size = n_heads / n_kv_heads;  // query heads per KV head
+  const int64_t out_cols = n_heads * head_dim;
+  std::vector<double> out(static_cast<size_t>(n_q * out_cols), 0.0);
+  std::vector<double> weights(static_cast<size_t>(n_kv));  // [n_kv]
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const int64_t g = h / group_size;
+    for (int64_t t = 0; t < n_q; ++t) {
+      // Keys 0 .. n_keys-1 take part; causal excludes positions after the
+      // query's.
+      int64_t n_keys = n_kv;
+      if (causal) n_keys = std::max<int64_t>(0, std::min(n_kv, q_pos0 + t + 1));
+      const double* q_row = q + t * q_stride + h * head_dim;
+      for (int64_t s = 0; s < n_keys; ++s) {
+        const double* k_row = k + s * k_stride + g * head_dim;
+        double dot = 0.0;
+        for (int64_t d = 0; d < head_dim; ++d) dot += q_row[d] * k_row[d];
+        weights[s] = scale * dot;
+        if (mask != nullptr) weights[s] += mask[t * mask_stride + s];
+      }
+      // A row with no key left stays zeros.
+      if (!SoftmaxRowInPlace(weights.data(), n_keys)) continue;
+      double* out_row = out.data() + t * out_cols + h * head_dim;
+      for (int64_t s = 0; s < n_keys; ++s) {
+        const double* v_row = v + s * v_stride + g * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d)
+          out_row[d] += weights[s] * v_row[d];
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> MultiHeadAttention(const AttentionShape& shape,
+                                       const LayerWeights& w, const float* x,
+                                       int64_t seq, bool causal,
+                                       const float* mask, int64_t mask_stride,
+                                       double scale) {
+  const int64_t d_model = shape.d_model;
+  const int64_t q_cols = shape.n_heads * shape.head_dim;
+  const int64_t kv_cols = shape.n_kv_heads * shape.head_dim;
+
+  // 1. Projections: q [seq, q_cols], k and v [seq, kv_cols].
+  std::vector<double> q(static_cast<size_t>(seq * q_cols));
+  std::vector<double> k(static_cast<size_t>(seq * kv_cols));
+  std::vector<double> v(static_cast<size_t>(seq * kv_cols));
+  Matmul(seq, q_cols, d_model, 1.0, x, d_model, false, w.w_q, q_cols, false,
+         0.0, q.data());
+  Matmul(seq, kv_cols, d_model, 1.0, x, d_model, false, w.w_k, kv_cols, false,
+         0.0, k.data());
+  Matmul(seq, kv_cols, d_model, 1.0, x, d_model, false, w.w_v, kv_cols, false,
+         0.0, v.data());
+  AddBias(w.b_q, seq, q_cols, q.data());
+  AddBias(w.b_k, seq, kv_cols, k.data());
+  AddBias(w.b_v, seq, kv_cols, v.data());
+
+  // 2-4. Per-head attention, heads already side by side: combined [seq,
+  // q_cols].
+  const std::vector<double> combined =
+      AttentionCore(q.data(), q_cols, seq, k.data(), kv_cols, v.data(), kv_cols,
+                    seq, shape.n_heads, shape.n_kv_heads, shape.head_dim,
+                    /*q_pos0=*/0, causal, mask, mask_stride, scale);
+
+  // 5. Output projection: [seq, d_model].
+  std::vector<double> out(static_cast<size_t>(seq * d_model));
+  Matmul(seq, d_model, q_cols, 1.0, combined.data(), q_cols, false,
+         ToDouble(w.w_o, q_cols, d_model, d_model).data(), d_model, false, 0.0,
+         out.data());
+  AddBias(w.b_o, seq, d_model, out.data());
+  return out;
+}
+
+}  // namespace ref
+}  // namespace test
+}  // namespace headway
