@@ -1,0 +1,243 @@
+// Registration, reporting and inputs of the benchmark harness (the ceilings:
+// ceilings.cc).
+#include "bench/harness/harness.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/harness/peak_kernels.h"
+#include "benchmark/benchmark.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "hwy/targets.h"
+#include "tbb/info.h"
+#include "tbb/task_arena.h"
+
+namespace headway {
+namespace bench {
+namespace {
+
+std::vector<void (*)()>& Registrars() {
+  static std::vector<void (*)()> registrars;
+  return registrars;
+}
+
+// One arena per thread count for the whole run, so that a benchmark's repeated
+// invocations do not pay for a new arena. Used from the benchmark runner's
+// thread only.
+tbb::task_arena& Arena(int threads) {
+  static std::map<int, std::unique_ptr<tbb::task_arena>> arenas;
+  std::unique_ptr<tbb::task_arena>& arena = arenas[threads];
+  if (!arena) arena = std::make_unique<tbb::task_arena>(threads);
+  return *arena;
+}
+
+// Caps dispatch at `target` and checks that it took; returns an error message,
+// or "".
+std::string CapDispatch(const Target& target) {
+  const Status status = SetMaxTarget(target.name);
+  if (!status.ok()) return status.ToString();
+  const Target active = ActiveTarget();
+  if (active != target) {
+    return std::string("ActiveTarget() is ") + active.name + ", not " +
+           target.name;
+  }
+  // Highway 1.0.3's hwy::SupportedTargets() re-chooses the dispatch target
+  // without the cap; ActiveTarget() undoes that now, but capping again costs
+  // nothing and keeps the harness right either way. Then check what dispatch
+  // really runs, with a zero-round FMA loop.
+  (void)SetMaxTarget(target.name);
+  const int64_t dispatched = internal::FmaLoop(0, 0.0f, 0.0f).target;
+  if (dispatched != target.bits) {
+    return std::string("dispatch runs ") + hwy::TargetName(dispatched) +
+           ", not " + target.name;
+  }
+  return "";
+}
+
+void SetPercent(benchmark::State& state, const std::string& name,
+                double amount_per_iter, double ceiling_per_second) {
+  if (ceiling_per_second <= 0.0) return;  // ceilings not measured
+  // A rate, so Google Benchmark divides by the elapsed time: 100 * achieved /
+  // ceiling.
+  state.counters[name] = benchmark::Counter(
+      100.0 * amount_per_iter * static_cast<double>(state.iterations()) /
+          ceiling_per_second,
+      benchmark::Counter::kIsRate);
+}
+
+// The default display reporter, except that percentages ("%..." counters, rates
+// only so that they are divided by the time) are printed as plain numbers, not
+// "42.1/s". The JSON and CSV reporters print no units, so the file reporter
+// needs no such help.
+class PercentDisplayReporter : public benchmark::BenchmarkReporter {
+ public:
+  explicit PercentDisplayReporter(benchmark::BenchmarkReporter* inner)
+      : inner_(inner) {}
+
+  bool ReportContext(const Context& context) override {
+    return inner_->ReportContext(context);
+  }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> copy = runs;
+    for (Run& run : copy) {
+      for (auto& [name, counter] : run.counters) {
+        if (!name.empty() && name[0] == '%') {
+          counter.flags = static_cast<benchmark::Counter::Flags>(
+              counter.flags & ~benchmark::Counter::kIsRate);
+        }
+      }
+    }
+    inner_->ReportRuns(copy);
+  }
+  void Finalize() override { inner_->Finalize(); }
+
+ private:
+  benchmark::BenchmarkReporter* inner_;  // owned by Google Benchmark
+};
+
+}  // namespace
+
+const char* MemoryCeilingName(MemoryCeiling kind) {
+  switch (kind) {
+    case MemoryCeiling::kRead:
+      return "read";
+    case MemoryCeiling::kCopy:
+      return "copy";
+    case MemoryCeiling::kL2Read:
+      return "L2";
+  }
+  return "?";
+}
+
+void ReportFlops(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops_per_iter * 1e-9 * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
+void ReportBytes(benchmark::State& state, double bytes_per_iter) {
+  state.counters["GB/s"] = benchmark::Counter(
+      bytes_per_iter * 1e-9 * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
+void ReportCompute(benchmark::State& state, double flops_per_iter,
+                   const Target& target, int threads) {
+  ReportFlops(state, flops_per_iter);
+  SetPercent(state, "%FMA", flops_per_iter,
+             FmaPeakGflops(target, threads) * 1e9);
+}
+
+void ReportMemory(benchmark::State& state, double bytes_per_iter,
+                  MemoryCeiling kind, int threads) {
+  ReportBytes(state, bytes_per_iter);
+  SetPercent(state, std::string("%") + MemoryCeilingName(kind), bytes_per_iter,
+             MemoryPeakGbps(kind, threads) * 1e9);
+}
+
+bool Check(benchmark::State& state, const Status& status) {
+  if (status.ok()) return true;
+  state.SkipWithError(status.ToString().c_str());
+  return false;
+}
+
+std::vector<int> ThreadCounts() {
+  const int all = std::max(1, tbb::info::default_concurrency());
+  if (all == 1) return {1};
+  return {1, all};
+}
+
+std::vector<std::vector<int64_t>> ArgProduct(
+    const std::vector<std::vector<int64_t>>& values) {
+  std::vector<std::vector<int64_t>> product = {{}};
+  for (const std::vector<int64_t>& choices : values) {
+    std::vector<std::vector<int64_t>> next;
+    for (const std::vector<int64_t>& prefix : product) {
+      for (int64_t value : choices) {
+        next.push_back(prefix);
+        next.back().push_back(value);
+      }
+    }
+    product = std::move(next);
+  }
+  return product;
+}
+
+std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
+    const std::string& name, BenchmarkFn fn,
+    const std::vector<std::string>& arg_names,
+    const std::vector<std::vector<int64_t>>& arg_sets) {
+  // The thread count is the last argument, so that Google Benchmark names it
+  // ".../threads:N".
+  std::vector<std::string> names = arg_names;
+  names.push_back("threads");
+  const size_t threads_index = arg_names.size();
+  std::vector<benchmark::internal::Benchmark*> registered;
+  for (const Target& target : SupportedTargets()) {
+    const std::string full_name = name + "/" + target.name;
+    benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
+        full_name.c_str(),
+        [fn, target, threads_index](benchmark::State& state) {
+          const int threads = static_cast<int>(state.range(threads_index));
+          const std::string error = CapDispatch(target);
+          if (!error.empty()) {
+            ResetMaxTarget();
+            state.SkipWithError(error.c_str());
+            return;
+          }
+          Arena(threads).execute([&] {
+            fn(state, RunConfig{target, threads});
+          });
+          ResetMaxTarget();
+        });
+    bench->ArgNames(names)->UseRealTime();
+    for (const std::vector<int64_t>& args : arg_sets) {
+      for (int threads : ThreadCounts()) {
+        std::vector<int64_t> with_threads = args;
+        with_threads.push_back(threads);
+        bench->Args(with_threads);
+      }
+    }
+    registered.push_back(bench);
+  }
+  return registered;
+}
+
+bool AddRegistrar(void (*registrar)()) {
+  Registrars().push_back(registrar);
+  return true;
+}
+
+void RegisterAll() {
+  for (void (*registrar)() : Registrars()) registrar();
+}
+
+size_t RunBenchmarks() {
+  PercentDisplayReporter display(benchmark::CreateDefaultDisplayReporter());
+  return benchmark::RunSpecifiedBenchmarks(&display);
+}
+
+void FillUniform(float* data, size_t n, float lo, float hi, uint64_t seed) {
+  // SplitMix64: fast, and the same numbers on every platform (unlike <random>'s
+  // distributions).
+  uint64_t state = seed;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float unit = static_cast<float>(z >> 40) * 0x1.0p-24f;  // [0, 1)
+    data[i] = lo + (hi - lo) * unit;
+  }
+}
+
+}  // namespace bench
+}  // namespace headway

@@ -1,0 +1,224 @@
+// The benchmark harness: every Headway benchmark runs once per instruction set
+// and thread count, and reports how close it comes to a ceiling that main()
+// measured on this machine at start.
+//
+// A benchmark file (bench/<module>_bench.cc, listed in bench/meson.build),
+// inside namespace headway::bench, looks like:
+//
+//   void BM_Scale(benchmark::State& state, const RunConfig& run) {
+//     const int64_t n = state.range(0);
+//     auto x = hwy::AllocateAligned<float>(n);  // set-up: not timed
+//     FillUniform(x.get(), n, -1.0f, 1.0f, /*seed=*/1);
+//     for (auto _ : state) {  // inside a tbb::task_arena(run.threads)
+//       if (!Check(state, Scale(x.get(), n, 0.5f))) break;
+//       benchmark::ClobberMemory();
+//     }
+//     ReportMemory(state, 8.0 * n, MemoryCeiling::kCopy, run.threads);
+//   }
+//   void RegisterScale() {
+//     RegisterPerTarget("scale", BM_Scale, {"n"}, {{1 << 12}, {1 << 24}});
+//   }
+//   HEADWAY_REGISTER_BENCHMARKS(RegisterScale);
+//
+// which registers "scale/AVX3/n:4096/threads:1/real_time" and its siblings for
+// every target the CPU supports and for 1 and all threads. Time is wall-clock
+// time (UseRealTime): the work runs on several threads. Counters: "GFLOP/s" and
+// "GB/s" (rates, 1e9 per second) and a percentage of the bounding ceiling,
+// named after it ("%FMA", "%read", "%copy", "%L2").
+#ifndef HEADWAY_BENCH_HARNESS_HARNESS_H_
+#define HEADWAY_BENCH_HARNESS_HARNESS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "hwy/aligned_allocator.h"
+
+namespace headway {
+namespace bench {
+
+// -----------------------------------------------------------------------------
+// Machine ceilings, measured once by main() before any benchmark runs.
+
+enum class MemoryCeiling {
+  kRead,    // streaming read (and sum) of a buffer far larger than the caches
+  kCopy,    // streaming copy far larger than the caches; read + written bytes
+  kL2Read,  // repeated read of a 256 KiB buffer per thread, resident in L2
+};
+
+// "read", "copy" or "L2": the suffix of the percentage counter.
+const char* MemoryCeilingName(MemoryCeiling kind);
+
+struct Ceilings {
+  struct Fma {
+    Target target;
+    double gflops = 0.0;  // one core
+  };
+  std::vector<Fma> fma;  // every supported target, best first; one core each
+  int all_threads = 1;   // the thread count of the "all threads" measurements
+  double fma_all_gflops = 0.0;  // best target on all_threads threads
+  // GB/s (1e9 bytes/s); [0] is one thread, [1] is all_threads threads.
+  double read_gbps[2] = {0.0, 0.0};
+  double copy_gbps[2] = {0.0, 0.0};
+  double l2_read_gbps[2] = {0.0, 0.0};
+  double budget_ms = 0.0;   // time spent on each measurement
+  size_t memory_bytes = 0;  // the read buffer (copy: half to half); 512 MiB
+                            // unless a tiny budget shrank it
+  bool measured = false;
+};
+
+// The ceilings of this run; `measured` is false until MeasureCeilings ran.
+const Ceilings& GetCeilings();
+
+// Peak float32 FMA rate of `target` on `threads` threads, GFLOP/s: the target's
+// one-core peak times threads, times the all-core efficiency measured on the
+// best target (clock and power limits scale every target alike). 0 if
+// unmeasured.
+double FmaPeakGflops(const Target& target, int threads);
+
+// Bandwidth ceiling at `threads` threads, GB/s: measured at 1 and all threads,
+// linear in between, never above the all-thread value. 0 if unmeasured.
+double MemoryPeakGbps(MemoryCeiling kind, int threads);
+
+// -----------------------------------------------------------------------------
+// Reporting: call once after the timed loop. `*_per_iter` is the work of one
+// loop iteration.
+
+// Counter "GFLOP/s".
+void ReportFlops(benchmark::State& state, double flops_per_iter);
+// Counter "GB/s": the bytes the operation must move (its inputs read, its
+// outputs written), not what the caches happen to transfer.
+void ReportBytes(benchmark::State& state, double bytes_per_iter);
+// For compute-bound kernels: "GFLOP/s" and "%FMA" of FmaPeakGflops(target,
+// threads).
+void ReportCompute(benchmark::State& state, double flops_per_iter,
+                   const Target& target, int threads);
+// For memory-bound kernels: "GB/s" and "%read" / "%copy" / "%L2" of
+// MemoryPeakGbps(kind, threads). Use kCopy for kernels that write as much as
+// they read.
+void ReportMemory(benchmark::State& state, double bytes_per_iter,
+                  MemoryCeiling kind, int threads);
+
+// Skips the benchmark with the status's message when a Headway call fails; true
+// if ok. Usage in the loop: if (!Check(state, headway::Softmax(...))) break;
+bool Check(benchmark::State& state, const Status& status);
+
+// -----------------------------------------------------------------------------
+// Registration.
+
+// What a benchmark runs on. The harness has capped dispatch at `target`
+// (headway::SetMaxTarget), checked that headway::ActiveTarget() and Highway's
+// dispatch are `target`, and calls the benchmark inside a
+// tbb::task_arena(threads), so Headway's parallel loops use exactly `threads`
+// threads. The cap is removed after the benchmark.
+struct RunConfig {
+  Target target;
+  int threads = 1;
+};
+
+using BenchmarkFn = std::function<void(benchmark::State&, const RunConfig&)>;
+
+// Registers `name`/<TARGET>/<arg_names[0]>:<v0>/.../threads:<n> for every
+// target this CPU supports (best first), every tuple in `arg_sets`
+// (state.range(i) is tuple[i]) and every count in ThreadCounts(). Returns one
+// benchmark::internal::Benchmark per target, to tune further (e.g.
+// ->MinTime(2)). Call it from a registrar (HEADWAY_REGISTER_BENCHMARKS).
+std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
+    const std::string& name, BenchmarkFn fn,
+    const std::vector<std::string>& arg_names,
+    const std::vector<std::vector<int64_t>>& arg_sets);
+
+// The cross product of per-argument values: the arg_sets of a sweep.
+// ArgProduct({{1, 8}, {4096}}) is {{1, 4096}, {8, 4096}}.
+std::vector<std::vector<int64_t>> ArgProduct(
+    const std::vector<std::vector<int64_t>>& values);
+
+// 1 and all threads (the size of TBB's default arena): {1, 2} on a 2-core
+// machine.
+std::vector<int> ThreadCounts();
+
+// Queues `registrar` to run from main() after the flags are parsed and the
+// ceilings measured, so registration never depends on the order of static
+// initialization.
+bool AddRegistrar(void (*registrar)());
+
+#define HEADWAY_REGISTER_BENCHMARKS(registrar)                   \
+  [[maybe_unused]] static const bool headway_bench_##registrar = \
+      ::headway::bench::AddRegistrar(registrar)
+
+// -----------------------------------------------------------------------------
+// Inputs.
+
+// data[0, n) = uniform floats in [lo, hi), deterministic for a seed.
+void FillUniform(float* data, size_t n, float lo, float hi, uint64_t seed);
+
+// Bytes of buffers that are cold when revisited round-robin: 8x the 32 MiB L3
+// of the Zen 5 CCD that this machine's cores share. (glibc reports 508 MiB of
+// L3 on this VM, the whole socket's, which no core can fill.)
+inline constexpr size_t kColdBytes = size_t{256} << 20;
+
+// Identical buffers of `elements` (> 0) T each, enough of them to total >=
+// `min_total_bytes`, handed out round-robin: a benchmark that takes Next()
+// every iteration works on data that has left the caches since its last visit
+// (XNNPACK's practice). Buffers are 64-byte aligned and staggered by 64 bytes
+// so that they do not alias in the caches.
+template <typename T>
+class RotatingBuffers {
+ public:
+  explicit RotatingBuffers(size_t elements, size_t min_total_bytes = kColdBytes)
+      : elements_(elements),
+        stride_((elements * sizeof(T) + 127) / 64 * 64 / sizeof(T)),
+        count_(min_total_bytes / (elements * sizeof(T)) + 1),
+        data_(hwy::AllocateAligned<T>(stride_ * count_)) {
+    static_assert(64 % sizeof(T) == 0, "stride must keep 64-byte alignment");
+  }
+
+  size_t count() const { return count_; }
+  size_t elements() const { return elements_; }
+  T* operator[](size_t i) { return data_.get() + i * stride_; }
+  // The buffer after the previous one, wrapping around.
+  T* Next() {
+    T* buffer = (*this)[next_];
+    next_ = next_ + 1 == count_ ? 0 : next_ + 1;
+    return buffer;
+  }
+
+ private:
+  size_t elements_;
+  size_t stride_;  // elements from one buffer to the next
+  size_t count_;
+  size_t next_ = 0;
+  hwy::AlignedFreeUniquePtr<T[]> data_;
+};
+
+// -----------------------------------------------------------------------------
+// For main() (bench/main.cc).
+
+// Measures the ceilings, spending about `budget_ms` on each of the ~12
+// measurements (best of repeated trials). A budget under 64 ms also shrinks the
+// memory buffer (for smoke tests: the bandwidths are then not DRAM ceilings).
+// Calls SetMaxTarget/ResetMaxTarget: no other Headway call may run meanwhile.
+void MeasureCeilings(double budget_ms);
+// A small table of the ceilings, on stderr (stdout may carry JSON).
+void PrintCeilings();
+// The ceilings as benchmark::AddCustomContext entries
+// ("headway_fma_gflops_AVX3_1t", ...), so they are in the JSON output's
+// "context".
+void AddCeilingsToContext();
+// Runs the queued registrars.
+void RegisterAll();
+// benchmark::RunSpecifiedBenchmarks with the default display reporter, which
+// prints the percentage counters without the "/s" that Google Benchmark puts
+// after every rate.
+size_t RunBenchmarks();
+
+}  // namespace bench
+}  // namespace headway
+
+#endif  // HEADWAY_BENCH_HARNESS_HARNESS_H_
