@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "hwy/targets.h"
 #include "headway/targets.h"
+#include "hwy/targets.h"
 #include "test/support/guard_page.h"
 #include "test/support/lanes.h"
 #include "test/support/random.h"
@@ -636,8 +636,9 @@ TEST(ActiveFloatLanesTest, ActiveTargetDoesNotUndoTheCap) {
   ResetMaxTarget();
 }
 
-// A host (or another library) asking Highway for the CPU's targets must not undo the cap:
-// Highway 1.0.3's SupportedTargets() re-initialises dispatch (see lib/core/targets.cc).
+// A host (or another library) asking Highway for the CPU's targets must not
+// undo the cap: Highway 1.0.3's SupportedTargets() re-initialises dispatch (see
+// lib/core/targets.cc).
 TEST(ActiveFloatLanesTest, HostCallToHighwayDoesNotUndoTheCap) {
   for (const Target& target : SupportedTargets()) {
     const std::string name = target.name;
