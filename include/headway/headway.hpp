@@ -2,6 +2,8 @@
 #ifndef HEADWAY_HEADWAY_HPP_
 #define HEADWAY_HEADWAY_HPP_
 
+#include "headway/attention.h"
+#include "headway/kv_cache.h"
 #include "headway/softmax.h"
 #include "headway/status.h"
 #include "headway/targets.h"

@@ -1,0 +1,156 @@
+// headway::Attention per target and thread count: decode against a long cache
+// and causal prefill, for MHA, GQA-8 and MQA with 32 query heads of head_dim
+// 128; and the materialised path (AttentionWithWeights) on the same prefill,
+// the baseline the fused path is measured against.
+//
+// Counted work:
+// - decode: the K and V bytes that must be read, 2 * n_kv_heads * kv_len *
+// head_dim * 4
+//   ("%read" of the DRAM read ceiling: at kv_len 16384 the MHA cache is 512
+//   MiB, GQA-8's 128 MiB; MQA's 16 MiB fits in L3, so its percentage can pass
+//   100);
+// - prefill: the unmasked flops only, 4 * n * n * head_dim * n_heads / 2 (QK^T
+// and PV, two flops
+//   per multiply-add, half the square under the causal mask) ("%FMA").
+#include <stddef.h>
+#include <stdint.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "bench/harness/harness.h"
+#include "benchmark/benchmark.h"
+#include "headway/attention.h"
+#include "headway/kv_cache.h"
+#include "hwy/aligned_allocator.h"
+
+namespace headway {
+namespace bench {
+namespace {
+
+constexpr int64_t kHeads = 32, kHeadDim = 128;
+constexpr int64_t kDecodeLen = 16384, kPrefillLen = 2048;
+
+// One cache per (n_kv_heads, length), filled once for the whole run.
+const KvCache& SharedCache(int64_t n_kv_heads, int64_t length) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<KvCache>> caches;
+  std::unique_ptr<KvCache>& cache = caches[{n_kv_heads, length}];
+  if (!cache) {
+    cache = std::make_unique<KvCache>();
+    KvCacheConfig config{1, n_kv_heads, kHeadDim, length};
+    if (!KvCache::Create(config, cache.get()).ok()) std::abort();
+    const int64_t width = n_kv_heads * kHeadDim, step = 256;
+    auto k = hwy::AllocateAligned<float>(step * width);
+    auto v = hwy::AllocateAligned<float>(step * width);
+    for (int64_t t = 0; t < length; t += step) {
+      FillUniform(k.get(), step * width, -1.0f, 1.0f, 2 * t + 1);
+      FillUniform(v.get(), step * width, -1.0f, 1.0f, 2 * t + 2);
+      if (!cache
+               ->Append(0, MatrixView<const float>(k.get(), step, width),
+                        MatrixView<const float>(v.get(), step, width))
+               .ok()) {
+        std::abort();
+      }
+    }
+  }
+  return *cache;
+}
+
+struct Buffers {
+  hwy::AlignedFreeUniquePtr<float[]> q, out, weights;
+};
+
+Buffers MakeBuffers(int64_t n_tokens, bool weights, int64_t kv_len) {
+  Buffers buffers;
+  const size_t size = static_cast<size_t>(n_tokens * kHeads * kHeadDim);
+  buffers.q = hwy::AllocateAligned<float>(size);
+  buffers.out = hwy::AllocateAligned<float>(size);
+  FillUniform(buffers.q.get(), size, -1.0f, 1.0f, 7);
+  if (weights) {
+    buffers.weights = hwy::AllocateAligned<float>(
+        static_cast<size_t>(kHeads * n_tokens * kv_len));
+  }
+  return buffers;
+}
+
+AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
+                         int64_t kv_len) {
+  AttentionQuery query;
+  query.q_pos0 = kv_len - n_tokens;
+  query.q =
+      MatrixView<const float>(buffers.q.get(), n_tokens, kHeads * kHeadDim);
+  query.out = MatrixView<float>(buffers.out.get(), n_tokens, kHeads * kHeadDim);
+  return query;
+}
+
+void BM_Decode(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const KvCache& cache = SharedCache(n_kv, kDecodeLen);
+  const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
+  const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
+  for (auto _ : state) {
+    if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
+    benchmark::ClobberMemory();
+  }
+  ReportMemory(state, 2.0 * n_kv * kDecodeLen * kHeadDim * sizeof(float),
+               MemoryCeiling::kRead, run.threads);
+}
+
+double PrefillFlops() {
+  return 4.0 * kPrefillLen * kPrefillLen * kHeadDim * kHeads / 2;
+}
+
+void BM_Prefill(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const KvCache& cache = SharedCache(n_kv, kPrefillLen);
+  const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
+  const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
+  for (auto _ : state) {
+    if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
+    benchmark::ClobberMemory();
+  }
+  ReportCompute(state, PrefillFlops(), run.target, run.threads);
+}
+
+void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const KvCache& cache = SharedCache(n_kv, kPrefillLen);
+  const Buffers buffers = MakeBuffers(kPrefillLen, true, kPrefillLen);
+  const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
+  const MatrixView<float> weights(buffers.weights.get(), kHeads * kPrefillLen,
+                                  kPrefillLen);
+  for (auto _ : state) {
+    if (!Check(state, AttentionWithWeights(cache, kHeads, query, weights)))
+      break;
+    benchmark::ClobberMemory();
+  }
+  ReportCompute(state, PrefillFlops(), run.target, run.threads);
+}
+
+void RegisterAttention() {
+  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA).
+  const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
+  for (benchmark::internal::Benchmark* b : RegisterPerTarget(
+           "attention_decode", BM_Decode, {"kv_heads"}, layouts)) {
+    b->MinTime(0.2);
+  }
+  // About 0.25 s per call on AVX-512 and several seconds on SCALAR: few
+  // iterations.
+  for (benchmark::internal::Benchmark* b : RegisterPerTarget(
+           "attention_prefill", BM_Prefill, {"kv_heads"}, layouts)) {
+    b->MinTime(0.1);
+  }
+  for (benchmark::internal::Benchmark* b :
+       RegisterPerTarget("attention_prefill_materialized",
+                         BM_PrefillMaterialized, {"kv_heads"}, layouts)) {
+    b->MinTime(0.1);
+  }
+}
+
+HEADWAY_REGISTER_BENCHMARKS(RegisterAttention);
+
+}  // namespace
+}  // namespace bench
+}  // namespace headway

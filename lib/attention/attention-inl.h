@@ -1,0 +1,807 @@
+// Attention core: the per-target kernels (fused flash attention and the
+// materialised path).
+//
+// Two tile kernels share one online softmax (Milakov & Gimelshein 2018; Dao et
+// al. 2022):
+//
+// * Lanes-along-queries ("wide"), when a tile has at least one vector of query
+// rows (prefill,
+//   and decode of MQA/large GQA groups). A tile holds R query rows: the G heads
+//   of one KV head for nt consecutive tokens, lane r = t * G + h. Everything is
+//   kept transposed so that the queries run along the lanes:
+//     QT [d, RP]   scale * q, loaded once per tile          (RP = R rounded up
+//     to a vector) ST [bk, RP]  scores of a key block: ST[s] += K[s, p] * QT[p]
+//     (broadcast K, FMA rows of QT) OT [d, RP]   output: OT[p] = OT[p] * alpha
+//     + sum_s V[s, p] * PT[s]
+//   Both products are the same register-blocked outer-product kernel
+//   (OuterProduct below), the softmax's max and sum run down the columns (no
+//   horizontal reductions) and the rescaling factor alpha is one vector per
+//   lane group. K and V are read in their cache layout.
+// * Lanes-along-head_dim ("narrow"), when the tile has fewer query rows than
+// lanes (decode of
+//   MHA and small GQA groups): scores are dot products of q rows with K rows
+//   (vectors along d), and O rows accumulate V rows. Decode is bound by reading
+//   K and V, which this streams once.
+//
+// Work items are (sequence, KV head, query tile, key chunk); the tile and chunk
+// sizes depend on the shapes (and the vector width) only, chunks are merged by
+// log-sum-exp in a fixed order, so results are bit-identical for any number of
+// threads.
+
+// Non-SIMD part: normal include guard.
+#ifndef HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_PLAN_
+#define HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_PLAN_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+
+namespace headway {
+
+// One sequence's part of an Attention call, after argument checks.
+struct AttentionWork {
+  const float* q;  // [n_tokens, n_heads * head_dim], row stride q_stride
+  int64_t q_stride;
+  float* out;  // [n_tokens, n_heads * head_dim], row stride out_stride
+  int64_t out_stride;
+  const float* mask;  // [n_tokens, kv_len], row stride mask_stride; null: none
+  int64_t mask_stride;
+  int64_t n_tokens;
+  int64_t q_pos0;
+  int64_t kv_len;       // cached rows to attend to
+  const float* keys;    // this sequence's K: [n_kv_heads][capacity][row_stride]
+  const float* values;  // likewise V
+};
+
+// Shape of the call, shared by all sequences.
+struct AttentionDims {
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t row_stride;   // cache row stride (multiple of 16, rows zero-padded)
+  int64_t head_stride;  // capacity * row_stride: from one KV head's rows to the
+                        // next
+  float scale;
+  bool causal;
+};
+
+// Keys per block: the scores of a block for a tile are 64 x 32 floats = 8 KiB
+// on AVX-512; K and V blocks of 64 rows of 128 floats are 32 KiB each and come
+// from L2.
+inline constexpr int64_t kAttentionKeyBlock = 64;
+// Chunking aims at this many work items in a call, so that up to 64 threads
+// have work however few (sequence, KV head) pairs there are (it depends on
+// shapes only, never on threads).
+inline constexpr int64_t kAttentionMinItems = 64;
+// A chunk has at least this many keys: shorter ones cost more in merging than
+// they gain.
+inline constexpr int64_t kAttentionMinChunk = 512;
+
+// A grow-only, 64-byte aligned scratch buffer per thread: no allocation once
+// warm.
+class AttentionScratch {
+ public:
+  float* Get(size_t floats) {
+    if (floats > size_) {
+      buffer_ = hwy::AllocateAligned<float>(floats);
+      size_ = floats;
+    }
+    return buffer_.get();
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buffer_;
+  size_t size_ = 0;
+};
+
+// x rounded up to a multiple of align (> 0).
+template <typename T>
+constexpr T RoundUp(T x, T align) {
+  return (x + align - 1) / align * align;
+}
+
+inline AttentionScratch& ThreadAttentionScratch() {
+  thread_local AttentionScratch scratch;
+  return scratch;
+}
+
+}  // namespace headway
+
+#endif  // HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_PLAN_
+
+// Per-target part: toggle guard.
+#if defined(HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_) == \
+    defined(HWY_TARGET_TOGGLE)
+#ifdef HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_
+#undef HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_
+#else
+#define HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_
+#endif
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "lib/softmax/softmax-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using AttnD = hn::ScalableTag<float>;
+
+// C[i][j] (+)= sum_{k < n_k} A(i, k) * B[k][j] for kI rows i and kJ vectors j:
+//   A(i, k) = a[i * a_si + k * a_sk] (broadcast), B[k][j] = b + k * b_stride +
+//   j * N, C[i][j] = c + i * c_stride + j * N.
+// kI * kJ accumulators stay in registers for the whole k loop (8 of them cover
+// the FMA latency of two pipes x 4 cycles).
+template <size_t kI, size_t kJ>
+HWY_INLINE void OuterProduct(const float* HWY_RESTRICT a, size_t a_si,
+                             size_t a_sk, const float* HWY_RESTRICT b,
+                             size_t b_stride, size_t n_k, float* HWY_RESTRICT c,
+                             size_t c_stride, bool accumulate) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  hn::Vec<AttnD> acc[kI][kJ];
+  HWY_UNROLL(8)
+  for (size_t i = 0; i < kI; ++i) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      acc[i][j] =
+          accumulate ? hn::Load(d, c + i * c_stride + j * N) : hn::Zero(d);
+    }
+  }
+  for (size_t k = 0; k < n_k; ++k) {
+    hn::Vec<AttnD> bk[kJ];
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      bk[j] = hn::Load(d, b + k * b_stride + j * N);
+    }
+    HWY_UNROLL(8)
+    for (size_t i = 0; i < kI; ++i) {
+      const auto ai = hn::Set(d, a[i * a_si + k * a_sk]);
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kJ; ++j)
+        acc[i][j] = hn::MulAdd(ai, bk[j], acc[i][j]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t i = 0; i < kI; ++i) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      hn::Store(acc[i][j], d, c + i * c_stride + j * N);
+    }
+  }
+}
+
+// C [n_i, n_vec vectors] (+)= A B with OuterProduct tiles of 4 rows x 2 vectors
+// and their edges.
+HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
+                                  const float* b, size_t b_stride, size_t n_k,
+                                  float* c, size_t c_stride, size_t n_i,
+                                  size_t n_vec, bool accumulate) {
+  const size_t N = hn::Lanes(AttnD());
+  size_t j = 0;
+  for (; j + 2 <= n_vec; j += 2) {
+    size_t i = 0;
+    for (; i + 4 <= n_i; i += 4) {
+      OuterProduct<4, 2>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
+                         c + i * c_stride + j * N, c_stride, accumulate);
+    }
+    for (; i < n_i; ++i) {
+      OuterProduct<1, 2>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
+                         c + i * c_stride + j * N, c_stride, accumulate);
+    }
+  }
+  if (j < n_vec) {
+    size_t i = 0;
+    for (; i + 8 <= n_i; i += 8) {
+      OuterProduct<8, 1>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
+                         c + i * c_stride + j * N, c_stride, accumulate);
+    }
+    for (; i < n_i; ++i) {
+      OuterProduct<1, 1>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
+                         c + i * c_stride + j * N, c_stride, accumulate);
+    }
+  }
+}
+
+// Running statistics of the online softmax for one query row (lane).
+struct OnlineSoftmaxState {
+  float* max;  // m: the largest score so far (-inf: none)
+  float* sum;  // l: sum of exp(score - m)
+};
+
+// The geometry of one query tile: rows r = t * group + h for tokens t in [t0,
+// t0 + nt).
+struct AttentionTile {
+  const AttentionWork* work;
+  int64_t kv_head;
+  int64_t t0;
+  int64_t nt;
+  int64_t rows;  // nt * group
+  int64_t key_begin,
+      key_end;  // this item's key chunk, already cut at the causal limit
+};
+
+// Position of the tile's row r (or -1 for padding rows, which then see no key).
+HWY_INLINE int64_t RowPosition(const AttentionTile& tile, int64_t group,
+                               int64_t r) {
+  return r < tile.rows ? tile.work->q_pos0 + tile.t0 + r / group : -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wide tiles: queries along the lanes.
+
+// Online-softmax step on a block of scores st [n_keys, rp] (lanes = query
+// rows): masks applied already (-inf). Replaces st by P = exp(st - m_new),
+// rescales ot [d, rp] by alpha and updates m, l. A lane whose scores are all
+// -inf so far keeps m = -inf and P = 0.
+HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
+                                size_t rp, float* HWY_RESTRICT ot, size_t dim,
+                                OnlineSoftmaxState state) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t j = 0; j < rp; j += N) {
+    const auto m_old = hn::Load(d, state.max + j);
+    auto m_new = m_old;
+    for (size_t s = 0; s < n_keys; ++s) {
+      m_new = hn::Max(m_new, hn::Load(d, st + s * rp + j));
+    }
+    // exp(-inf - (-inf)) would be NaN: a lane with no score yet subtracts 0
+    // instead.
+    const auto m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+    const auto alpha = hn::Exp(d, hn::Sub(m_old, m_use));
+    auto sum = hn::Zero(d);
+    for (size_t s = 0; s < n_keys; ++s) {
+      const auto score = hn::Load(d, st + s * rp + j);
+      // Highway's Exp maps NaN to 0: keep a NaN score NaN so that it reaches
+      // the output.
+      const auto p = hn::IfThenElse(hn::Eq(score, score),
+                                    hn::Exp(d, hn::Sub(score, m_use)), score);
+      hn::Store(p, d, st + s * rp + j);
+      sum = hn::Add(sum, p);
+    }
+    hn::Store(hn::MulAdd(hn::Load(d, state.sum + j), alpha, sum), d,
+              state.sum + j);
+    hn::Store(m_new, d, state.max + j);
+    for (size_t p = 0; p < dim; ++p) {
+      hn::Store(hn::Mul(hn::Load(d, ot + p * rp + j), alpha), d,
+                ot + p * rp + j);
+    }
+  }
+}
+
+// One work item on a wide tile: keys [key_begin, key_end) of the tile's KV
+// head. Leaves the unnormalised output in ot [d, rp] and m, l per lane.
+HWY_INLINE void WideTile(const AttentionDims& dims, const AttentionTile& tile,
+                         float* HWY_RESTRICT qt, float* HWY_RESTRICT st,
+                         float* HWY_RESTRICT ot, size_t rp,
+                         OnlineSoftmaxState state) {
+  const AttnD d;
+  const hn::RebindToSigned<AttnD> di;
+  const size_t N = hn::Lanes(d);
+  const size_t dim = static_cast<size_t>(dims.head_dim);
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
+
+  // QT[p, r] = scale * q[t0 + r / group, (kv_head * group + r % group) * d +
+  // p]; 0 for padding.
+  for (size_t r = 0; r < rp; ++r) {
+    if (static_cast<int64_t>(r) < tile.rows) {
+      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+      const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
+      const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
+      for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = dims.scale * q_row[p];
+    } else {
+      for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = 0.0f;
+    }
+  }
+  std::fill(ot, ot + dim * rp, 0.0f);
+  std::fill(state.max, state.max + rp, -std::numeric_limits<float>::infinity());
+  std::fill(state.sum, state.sum + rp, 0.0f);
+
+  // Positions of the lanes, for the causal mask: HWY_ALIGN'd int32 rows of rp.
+  const int64_t first_pos = work.q_pos0 + tile.t0;
+  const float* keys = work.keys + tile.kv_head * dims.head_stride;
+  const float* values = work.values + tile.kv_head * dims.head_stride;
+  const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+
+  for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
+       k0 += kAttentionKeyBlock) {
+    const size_t n_keys =
+        static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
+    // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
+    OuterProductBlock(keys + k0 * dims.row_stride, row_stride, 1, qt, rp, dim,
+                      st, rp, n_keys, rp / N, /*accumulate=*/false);
+    // Causal mask, only on blocks that cross the diagonal of some lane.
+    if (dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos) {
+      for (size_t j = 0; j < rp; j += N) {
+        HWY_ALIGN int32_t pos[hn::MaxLanes(di)];
+        for (size_t lane = 0; lane < N; ++lane) {
+          pos[lane] = static_cast<int32_t>(
+              RowPosition(tile, group, static_cast<int64_t>(j + lane)));
+        }
+        const auto vpos = hn::Load(di, pos);
+        for (size_t s = 0; s < n_keys; ++s) {
+          const auto key = hn::Set(di, static_cast<int32_t>(k0 + s));
+          const auto hidden = hn::RebindMask(d, hn::Gt(key, vpos));
+          float* row = st + s * rp + j;
+          hn::Store(hn::IfThenElse(hidden, neg_inf, hn::Load(d, row)), d, row);
+        }
+      }
+    }
+    if (work.mask != nullptr) {
+      for (size_t r = 0; r < static_cast<size_t>(tile.rows); ++r) {
+        const float* mask_row =
+            work.mask +
+            (tile.t0 + static_cast<int64_t>(r) / group) * work.mask_stride + k0;
+        for (size_t s = 0; s < n_keys; ++s) st[s * rp + r] += mask_row[s];
+      }
+    }
+    WideSoftmaxStep(st, n_keys, rp, ot, dim, state);
+    // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
+    OuterProductBlock(values + k0 * dims.row_stride, 1, row_stride, st, rp,
+                      n_keys, ot, rp, dim, rp / N, /*accumulate=*/true);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Narrow tiles: fewer query rows than lanes; vectors along head_dim.
+
+// Dot product of two rows of n floats, n a multiple of the vector length (rows
+// zero-padded).
+HWY_INLINE float DotPadded(const float* HWY_RESTRICT a,
+                           const float* HWY_RESTRICT b, size_t n) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::MulAdd(hn::Load(d, a + i), hn::Load(d, b + i), acc0);
+    acc1 = hn::MulAdd(hn::Load(d, a + i + N), hn::Load(d, b + i + N), acc1);
+  }
+  if (i < n) acc0 = hn::MulAdd(hn::Load(d, a + i), hn::Load(d, b + i), acc0);
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+}
+
+// One work item on a narrow tile. qs [rows, row_stride]: scale * q,
+// zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
+// vectors); o [rows, row_stride] unnormalised output.
+HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
+                           float* HWY_RESTRICT qs, float* HWY_RESTRICT sc,
+                           float* HWY_RESTRICT o, OnlineSoftmaxState state) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const size_t rows = static_cast<size_t>(tile.rows);
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
+  const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+    const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
+    const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
+    float* qs_row = qs + r * row_stride;
+    for (int64_t p = 0; p < dims.head_dim; ++p)
+      qs_row[p] = dims.scale * q_row[p];
+    std::fill(qs_row + dims.head_dim, qs_row + row_stride, 0.0f);
+  }
+  std::fill(o, o + rows * row_stride, 0.0f);
+  std::fill(state.max, state.max + rows, neg_inf);
+  std::fill(state.sum, state.sum + rows, 0.0f);
+
+  const float* keys = work.keys + tile.kv_head * dims.head_stride;
+  const float* values = work.values + tile.kv_head * dims.head_stride;
+  for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
+       k0 += kAttentionKeyBlock) {
+    const size_t n_keys =
+        static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+      const int64_t visible_end =
+          dims.causal ? std::min<int64_t>(n_keys, work.q_pos0 + t + 1 - k0)
+                      : static_cast<int64_t>(n_keys);
+      float* sc_row = sc + r * bkp;
+      const float* mask_row =
+          work.mask ? work.mask + t * work.mask_stride + k0 : nullptr;
+      for (size_t s = 0; s < n_keys; ++s) {
+        if (static_cast<int64_t>(s) >= visible_end) {
+          sc_row[s] = neg_inf;
+          continue;
+        }
+        sc_row[s] = DotPadded(qs + r * row_stride, keys + (k0 + s) * row_stride,
+                              row_stride);
+        if (mask_row) sc_row[s] += mask_row[s];
+      }
+      std::fill(sc_row + n_keys, sc_row + bkp, neg_inf);
+
+      // Online softmax along the row (vectors along keys).
+      auto vmax = hn::Set(d, neg_inf);
+      for (size_t s = 0; s < bkp; s += N)
+        vmax = hn::Max(vmax, hn::Load(d, sc_row + s));
+      const float m_old = state.max[r];
+      const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+      const float m_use = m_new == neg_inf ? 0.0f : m_new;
+      const auto vm_use = hn::Set(d, m_use);
+      auto vsum = hn::Zero(d);
+      for (size_t s = 0; s < bkp; s += N) {
+        const auto score = hn::Load(d, sc_row + s);
+        const auto p = hn::IfThenElse(
+            hn::Eq(score, score), hn::Exp(d, hn::Sub(score, vm_use)), score);
+        hn::Store(p, d, sc_row + s);
+        vsum = hn::Add(vsum, p);
+      }
+      const float alpha = m_old == neg_inf ? 0.0f : std::exp(m_old - m_use);
+      state.sum[r] =
+          state.sum[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+      state.max[r] = m_new;
+
+      // o[r] = o[r] * alpha + sum_s P[r, s] V[s].
+      float* o_row = o + r * row_stride;
+      const auto valpha = hn::Set(d, alpha);
+      for (size_t p = 0; p < row_stride; p += N) {
+        auto acc = hn::Mul(hn::Load(d, o_row + p), valpha);
+        for (size_t s = 0; s < n_keys; ++s) {
+          acc =
+              hn::MulAdd(hn::Set(d, sc_row[s]),
+                         hn::Load(d, values + (k0 + s) * row_stride + p), acc);
+        }
+        hn::Store(acc, d, o_row + p);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning and the parallel loop.
+
+// How one sequence's work is cut.
+struct AttentionSplit {
+  bool wide;
+  int64_t tile_tokens;  // tokens per query tile
+  int64_t n_tiles;
+  int64_t chunk;  // keys per chunk (multiple of the key block)
+  int64_t n_chunks;
+};
+
+HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
+                                        const AttentionWork& work,
+                                        int64_t items_without_chunks) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(AttnD()));
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  AttentionSplit split;
+  split.wide = group * work.n_tokens >= N;
+  if (split.wide) {
+    // Two vectors of query rows: 32 on AVX-512 (a 64 x 32 score block is 8
+    // KiB).
+    split.tile_tokens = std::max<int64_t>(1, 2 * N / group);
+  } else {
+    split.tile_tokens = work.n_tokens;
+  }
+  split.tile_tokens = std::min(split.tile_tokens, work.n_tokens);
+  split.n_tiles = (work.n_tokens + split.tile_tokens - 1) / split.tile_tokens;
+  split.chunk = RoundUp(std::max<int64_t>(work.kv_len, 1), kAttentionKeyBlock);
+  if (items_without_chunks < kAttentionMinItems) {
+    const int64_t want =
+        (kAttentionMinItems + items_without_chunks - 1) / items_without_chunks;
+    const int64_t chunk =
+        RoundUp(std::max(kAttentionMinChunk, (work.kv_len + want - 1) / want),
+                kAttentionKeyBlock);
+    split.chunk = std::min(split.chunk, chunk);
+  }
+  split.n_chunks = (work.kv_len + split.chunk - 1) / split.chunk;
+  return split;
+}
+
+// Writes the normalised output of a finished tile (one chunk) to out, or zeros
+// for rows that saw no key. o(r, p) = o[r * o_rs + p * o_ps].
+HWY_INLINE void WriteTileOutput(const AttentionDims& dims,
+                                const AttentionTile& tile, const float* o,
+                                size_t o_rs, size_t o_ps, const float* sum) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const int64_t t = tile.t0 + r / group;
+    const int64_t h = tile.kv_head * group + r % group;
+    float* out_row = work.out + t * work.out_stride + h * dims.head_dim;
+    const float l = sum[r];
+    const float inv = l > 0.0f || std::isnan(l) ? 1.0f / l : 0.0f;
+    for (int64_t p = 0; p < dims.head_dim; ++p) {
+      out_row[p] =
+          l > 0.0f || std::isnan(l) ? o[r * o_rs + p * o_ps] * inv : 0.0f;
+    }
+  }
+}
+
+// A chunk's result kept for merging: m, l and the normalised output [rows, d].
+struct AttentionPartial {
+  float* max;
+  float* sum;
+  float* out;
+};
+
+HWY_INLINE void SavePartial(const AttentionDims& dims,
+                            const AttentionTile& tile, const float* o,
+                            size_t o_rs, size_t o_ps, OnlineSoftmaxState state,
+                            AttentionPartial partial) {
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    partial.max[r] = state.max[r];
+    partial.sum[r] = state.sum[r];
+    const float l = state.sum[r];
+    const float inv = l > 0.0f || std::isnan(l) ? 1.0f / l : 0.0f;
+    for (int64_t p = 0; p < dims.head_dim; ++p) {
+      partial.out[r * dims.head_dim + p] = o[r * o_rs + p * o_ps] * inv;
+    }
+  }
+}
+
+// Merges a tile's chunks in chunk order by log-sum-exp and writes the output.
+HWY_INLINE void MergePartials(const AttentionDims& dims,
+                              const AttentionTile& tile,
+                              const AttentionPartial* partials,
+                              int64_t n_chunks) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const int64_t t = tile.t0 + r / group;
+    const int64_t h = tile.kv_head * group + r % group;
+    float* out_row = work.out + t * work.out_stride + h * dims.head_dim;
+    double m = -std::numeric_limits<double>::infinity();
+    bool nan = false;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      nan |= std::isnan(partials[c].sum[r]);
+      if (partials[c].sum[r] > 0.0f)
+        m = std::max<double>(m, partials[c].max[r]);
+    }
+    // At most kAttentionMinItems chunks (SplitSequence never cuts more).
+    double weights[kAttentionMinItems];
+    double total = 0.0;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      weights[c] = partials[c].sum[r] > 0.0f
+                       ? partials[c].sum[r] * std::exp(partials[c].max[r] - m)
+                       : 0.0;
+      total += weights[c];
+    }
+    for (int64_t p = 0; p < dims.head_dim; ++p) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < n_chunks; ++c) {
+        if (weights[c] > 0.0)
+          acc += weights[c] * partials[c].out[r * dims.head_dim + p];
+      }
+      out_row[p] = nan ? std::numeric_limits<float>::quiet_NaN()
+                       : (total > 0.0 ? static_cast<float>(acc / total) : 0.0f);
+    }
+  }
+}
+
+// The fused attention over all sequences of a call.
+HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
+                               const AttentionDims& dims) {
+  const size_t N = hn::Lanes(AttnD());
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+
+  // Count items before chunking (depends on shapes only), then split each
+  // sequence.
+  std::vector<AttentionSplit> splits(n_works);
+  int64_t items = 0;
+  for (size_t i = 0; i < n_works; ++i) {
+    splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
+    items += dims.n_kv_heads * splits[i].n_tiles;
+  }
+  for (size_t i = 0; i < n_works; ++i) {
+    splits[i] = SplitSequence(dims, works[i], items);
+  }
+  // Item index ranges per sequence, and partial buffers for chunked tiles.
+  std::vector<int64_t> first_item(n_works + 1, 0);
+  std::vector<int64_t> first_partial(n_works + 1, 0);
+  for (size_t i = 0; i < n_works; ++i) {
+    const AttentionSplit& sp = splits[i];
+    const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
+    first_item[i + 1] = first_item[i] + tiles * sp.n_chunks;
+    first_partial[i + 1] =
+        first_partial[i] + (sp.n_chunks > 1 ? tiles * sp.n_chunks : 0);
+  }
+  const int64_t max_rows = [&] {
+    int64_t rows = 1;
+    for (size_t i = 0; i < n_works; ++i) {
+      rows = std::max(rows, splits[i].tile_tokens * group);
+    }
+    return rows;
+  }();
+  const size_t partial_floats =
+      static_cast<size_t>(max_rows) * (2 + static_cast<size_t>(dims.head_dim));
+  hwy::AlignedFreeUniquePtr<float[]> partial_buffer;
+  if (first_partial[n_works] > 0) {
+    partial_buffer = hwy::AllocateAligned<float>(
+        static_cast<size_t>(first_partial[n_works]) * partial_floats);
+  }
+  const auto partial_at = [&](int64_t index) {
+    float* base =
+        partial_buffer.get() + static_cast<size_t>(index) * partial_floats;
+    return AttentionPartial{base, base + max_rows, base + 2 * max_rows};
+  };
+
+  // Phase 1: every (sequence, KV head, tile, chunk).
+  const int64_t n_items = first_item[n_works];
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, n_items, 1),
+      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+        for (int64_t item = range.begin(); item < range.end(); ++item) {
+          const size_t w = static_cast<size_t>(
+              std::upper_bound(first_item.begin(), first_item.end(), item) -
+              first_item.begin() - 1);
+          const AttentionSplit& sp = splits[w];
+          const int64_t local = item - first_item[w];
+          const int64_t chunk = local % sp.n_chunks;
+          const int64_t tile_index = local / sp.n_chunks;
+          AttentionTile tile;
+          tile.work = &works[w];
+          tile.kv_head = tile_index / sp.n_tiles;
+          tile.t0 = (tile_index % sp.n_tiles) * sp.tile_tokens;
+          tile.nt = std::min(sp.tile_tokens, works[w].n_tokens - tile.t0);
+          tile.rows = tile.nt * group;
+          tile.key_begin = chunk * sp.chunk;
+          tile.key_end = std::min(works[w].kv_len, tile.key_begin + sp.chunk);
+          if (dims.causal) {
+            // Keys after the tile's last position are skipped entirely.
+            tile.key_end =
+                std::min(tile.key_end, works[w].q_pos0 + tile.t0 + tile.nt);
+          }
+          const size_t rows = static_cast<size_t>(tile.rows);
+          const size_t rp = RoundUp(rows, N);
+          const size_t dim = static_cast<size_t>(dims.head_dim);
+          const size_t row_stride = static_cast<size_t>(dims.row_stride);
+          const size_t bkp =
+              RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
+          AttentionScratch& scratch = ThreadAttentionScratch();
+          float* o;
+          size_t o_rs, o_ps;
+          OnlineSoftmaxState state;
+          if (sp.wide) {
+            float* buf =
+                scratch.Get(2 * dim * rp + kAttentionKeyBlock * rp + 2 * rp);
+            float* qt = buf;
+            o = qt + dim * rp;
+            float* st = o + dim * rp;
+            state = {st + kAttentionKeyBlock * rp,
+                     st + kAttentionKeyBlock * rp + rp};
+            if (tile.key_begin < tile.key_end) {
+              WideTile(dims, tile, qt, st, o, rp, state);
+            } else {
+              std::fill(state.max, state.max + rp, -INFINITY);
+              std::fill(state.sum, state.sum + rp, 0.0f);
+            }
+            o_rs = 1;
+            o_ps = rp;
+          } else {
+            float* buf =
+                scratch.Get(2 * rows * row_stride + rows * bkp + 2 * rp);
+            float* qs = buf;
+            o = qs + rows * row_stride;
+            float* sc = o + rows * row_stride;
+            state = {sc + rows * bkp, sc + rows * bkp + rp};
+            if (tile.key_begin < tile.key_end) {
+              NarrowTile(dims, tile, qs, sc, o, state);
+            } else {
+              std::fill(state.max, state.max + rows, -INFINITY);
+              std::fill(state.sum, state.sum + rows, 0.0f);
+            }
+            o_rs = row_stride;
+            o_ps = 1;
+          }
+          if (sp.n_chunks == 1) {
+            WriteTileOutput(dims, tile, o, o_rs, o_ps, state.sum);
+          } else {
+            SavePartial(dims, tile, o, o_rs, o_ps, state,
+                        partial_at(first_partial[w] + local));
+          }
+        }
+      });
+
+  // Phase 2: merge the chunks of chunked tiles, in chunk order.
+  if (first_partial[n_works] == 0) return;
+  std::vector<int64_t> merge_first(n_works + 1, 0);
+  for (size_t i = 0; i < n_works; ++i) {
+    merge_first[i + 1] =
+        merge_first[i] +
+        (splits[i].n_chunks > 1 ? dims.n_kv_heads * splits[i].n_tiles : 0);
+  }
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, merge_first[n_works], 1),
+      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+        std::vector<AttentionPartial> partials;
+        for (int64_t m = range.begin(); m < range.end(); ++m) {
+          const size_t w = static_cast<size_t>(
+              std::upper_bound(merge_first.begin(), merge_first.end(), m) -
+              merge_first.begin() - 1);
+          const AttentionSplit& sp = splits[w];
+          const int64_t tile_index = m - merge_first[w];
+          AttentionTile tile;
+          tile.work = &works[w];
+          tile.kv_head = tile_index / sp.n_tiles;
+          tile.t0 = (tile_index % sp.n_tiles) * sp.tile_tokens;
+          tile.nt = std::min(sp.tile_tokens, works[w].n_tokens - tile.t0);
+          tile.rows = tile.nt * group;
+          partials.clear();
+          for (int64_t c = 0; c < sp.n_chunks; ++c) {
+            partials.push_back(
+                partial_at(first_partial[w] + tile_index * sp.n_chunks + c));
+          }
+          MergePartials(dims, tile, partials.data(), sp.n_chunks);
+        }
+      });
+}
+
+// The materialised path for one sequence: weights [n_heads * n_tokens, kv_len]
+// (row stride w_stride) = softmax(scale * Q_h K_g^T + masks) per head, then out
+// = weights V per head. Parallel over (head, token); each row is computed
+// whole, so threads do not change results.
+HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
+                                      const AttentionWork& work, float* weights,
+                                      int64_t w_stride) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const int64_t n_rows = dims.n_heads * work.n_tokens;
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, n_rows, 1),
+      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+        float* qs = ThreadAttentionScratch().Get(2 * row_stride);
+        float* acc_row = qs + row_stride;
+        for (int64_t row = range.begin(); row < range.end(); ++row) {
+          const int64_t h = row / work.n_tokens;
+          const int64_t t = row % work.n_tokens;
+          const int64_t g = h / group;
+          const float* keys = work.keys + g * dims.head_stride;
+          const float* values = work.values + g * dims.head_stride;
+          const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
+          for (int64_t p = 0; p < dims.head_dim; ++p)
+            qs[p] = dims.scale * q_row[p];
+          std::fill(qs + dims.head_dim, qs + row_stride, 0.0f);
+          float* w_row = weights + row * w_stride;
+          const int64_t visible =
+              dims.causal ? std::min(work.kv_len, work.q_pos0 + t + 1)
+                          : work.kv_len;
+          const float* mask_row =
+              work.mask ? work.mask + t * work.mask_stride : nullptr;
+          for (int64_t s = 0; s < work.kv_len; ++s) {
+            w_row[s] = s < visible ? DotPadded(qs, keys + s * dims.row_stride,
+                                               row_stride)
+                                   : -std::numeric_limits<float>::infinity();
+            if (mask_row) w_row[s] += mask_row[s];
+          }
+          SoftmaxRow(w_row, w_row, static_cast<size_t>(work.kv_len), 1.0f);
+          for (size_t p = 0; p < row_stride; p += N) {
+            auto acc = hn::Zero(d);
+            for (int64_t s = 0; s < work.kv_len; ++s) {
+              acc = hn::MulAdd(hn::Set(d, w_row[s]),
+                               hn::Load(d, values + s * dims.row_stride + p),
+                               acc);
+            }
+            hn::Store(acc, d, acc_row + p);
+          }
+          std::copy(acc_row, acc_row + dims.head_dim,
+                    work.out + t * work.out_stride + h * dims.head_dim);
+        }
+      });
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_

@@ -1,0 +1,602 @@
+// Attention core tests: every target, against the float64 reference
+// (test/support/reference.h).
+//
+// Tolerance, per output element of query row t and head h (u = 2^-24):
+//   4 u |V|max (sqrt(d) S_t + sqrt(L_t) + 8)
+// S_t = scale * max_s sum_p |q_p k_sp| bounds the row's scores, L_t is the
+// number of keys the row sees. An error e in a score changes the weights by
+// about e relative, and a float32 sum of n terms is off by about sqrt(n) u
+// times its magnitude (rounding errors behave like a random walk: Higham,
+// Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 2.8); the score
+// is a sum of d products, the output a sum of L weighted values. The factor 4
+// and the 8 cover exp, the online rescaling and the chunk merge. It is the same
+// on every target; the observed errors are several times smaller, and the
+// worst-case bound (n instead of sqrt(n)) would be loose by a factor of ten or
+// more.
+#include "headway/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "headway/kv_cache.h"
+#include "tbb/task_arena.h"
+#include "test/support/lanes.h"
+#include "test/support/random.h"
+#include "test/support/reference.h"
+#include "test/support/target_test.h"
+
+namespace headway {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct Layout {
+  int64_t n_heads;
+  int64_t n_kv_heads;
+};
+
+// A cache with one or more sequences of random K and V (values in [-1, 1]).
+KvCache MakeCache(int64_t n_kv_heads, int64_t head_dim,
+                  const std::vector<int64_t>& lengths, uint64_t seed,
+                  int64_t extra_capacity = 0) {
+  KvCacheConfig config;
+  config.n_sequences = static_cast<int64_t>(lengths.size());
+  config.n_kv_heads = n_kv_heads;
+  config.head_dim = head_dim;
+  config.capacity =
+      *std::max_element(lengths.begin(), lengths.end()) + extra_capacity;
+  config.capacity = std::max<int64_t>(config.capacity, 1);
+  KvCache cache;
+  EXPECT_TRUE(KvCache::Create(config, &cache).ok());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] == 0) continue;
+    const int64_t width = n_kv_heads * head_dim;
+    std::vector<float> k(lengths[i] * width), v(lengths[i] * width);
+    test::FillRandom(k.data(), k.size(), seed + 2 * i);
+    test::FillRandom(v.data(), v.size(), seed + 2 * i + 1);
+    EXPECT_TRUE(
+        cache
+            .Append(static_cast<int64_t>(i),
+                    MatrixView<const float>(k.data(), lengths[i], width),
+                    MatrixView<const float>(v.data(), lengths[i], width))
+            .ok());
+  }
+  return cache;
+}
+
+// The cache's rows of one sequence as a dense double [length, n_kv_heads *
+// head_dim].
+void CacheToDouble(const KvCache& cache, int64_t seq, std::vector<double>* k,
+                   std::vector<double>* v) {
+  const int64_t length = cache.length(seq), d = cache.head_dim();
+  const int64_t width = cache.n_kv_heads() * d;
+  k->assign(length * width, 0.0);
+  v->assign(length * width, 0.0);
+  for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
+    const MatrixView<const float> keys = cache.Keys(seq, g);
+    const MatrixView<const float> values = cache.Values(seq, g);
+    for (int64_t s = 0; s < length; ++s) {
+      for (int64_t p = 0; p < d; ++p) {
+        (*k)[s * width + g * d + p] = keys.data[s * keys.stride + p];
+        (*v)[s * width + g * d + p] = values.data[s * values.stride + p];
+      }
+    }
+  }
+}
+
+// Checks out [n_tokens, n_heads * d] against the reference for query `query` of
+// `cache`.
+void ExpectMatchesReference(const KvCache& cache, int64_t n_heads,
+                            const AttentionQuery& query, bool causal,
+                            float scale, const std::string& what) {
+  const int64_t d = cache.head_dim(), n_tokens = query.q.rows;
+  const int64_t length = cache.length(query.seq);
+  const int64_t group = n_heads / cache.n_kv_heads();
+  const int64_t kv_width = cache.n_kv_heads() * d;
+  std::vector<double> k, v;
+  CacheToDouble(cache, query.seq, &k, &v);
+  const std::vector<double> q =
+      test::ref::ToDouble(query.q.data, n_tokens, n_heads * d, query.q.stride);
+  const std::vector<double> ref = test::ref::AttentionCore(
+      q.data(), n_heads * d, n_tokens, k.data(), kv_width, v.data(), kv_width,
+      length, n_heads, cache.n_kv_heads(), d, query.q_pos0, causal,
+      query.mask.data, query.mask.stride, scale);
+  double v_abs = 0.0;
+  for (double x : v) v_abs = std::max(v_abs, std::fabs(x));
+  double worst_ratio = 0.0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t seen =
+        causal ? std::min(length, query.q_pos0 + t + 1) : length;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t g = h / group;
+      double s_abs = 0.0;
+      for (int64_t s = 0; s < seen; ++s) {
+        double dot = 0.0;
+        for (int64_t p = 0; p < d; ++p) {
+          dot += std::fabs(q[t * n_heads * d + h * d + p] *
+                           k[s * kv_width + g * d + p]);
+        }
+        s_abs = std::max(s_abs, scale * dot);
+      }
+      const double tol = 4 * kU * v_abs *
+                         (std::sqrt(static_cast<double>(d)) * s_abs +
+                          std::sqrt(static_cast<double>(seen)) + 8);
+      for (int64_t p = 0; p < d; ++p) {
+        const double want = ref[t * n_heads * d + h * d + p];
+        const double got = query.out.data[t * query.out.stride + h * d + p];
+        ASSERT_LE(std::fabs(got - want), tol)
+            << what << ": token " << t << " head " << h << " col " << p
+            << ": got " << got << ", want " << want;
+        worst_ratio = std::max(worst_ratio, std::fabs(got - want) / tol);
+      }
+    }
+  }
+  // The tolerance must stay meaningful: errors well inside it, not at its edge.
+  EXPECT_LT(worst_ratio, 1.0) << what;
+}
+
+struct Case {
+  Layout layout;
+  int64_t head_dim;
+  int64_t kv_len;
+  int64_t n_tokens;
+  bool causal;
+};
+
+std::string Describe(const Case& c) {
+  return "heads " + std::to_string(c.layout.n_heads) + "/" +
+         std::to_string(c.layout.n_kv_heads) + ", d " +
+         std::to_string(c.head_dim) + ", kv_len " + std::to_string(c.kv_len) +
+         ", n_tokens " + std::to_string(c.n_tokens) +
+         (c.causal ? ", causal" : ", no mask");
+}
+
+// Runs one case through the fused path (q strided, out strided), checks it.
+void RunCase(const Case& c, uint64_t seed) {
+  KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, seed);
+  const int64_t width = c.layout.n_heads * c.head_dim;
+  const int64_t q_stride = width + 5, out_stride = width + 3;
+  std::vector<float> q(c.n_tokens * q_stride), out(c.n_tokens * out_stride);
+  test::FillRandomMatrix(q.data(), c.n_tokens, width, q_stride, seed + 100);
+  test::FillRandomMatrix(out.data(), c.n_tokens, width, out_stride, seed + 101);
+  AttentionQuery query;
+  query.seq = 0;
+  query.q_pos0 = c.kv_len - c.n_tokens;
+  query.q = MatrixView<const float>(q.data(), c.n_tokens, width, q_stride);
+  query.out = MatrixView<float>(out.data(), c.n_tokens, width, out_stride);
+  AttentionOptions options;
+  options.mask = c.causal ? AttentionMask::kCausal : AttentionMask::kNone;
+  const Status status = Attention(cache, c.layout.n_heads, &query, 1, options);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectMatchesReference(cache, c.layout.n_heads, query, c.causal,
+                         static_cast<float>(1.0 / std::sqrt(c.head_dim)),
+                         Describe(c));
+  // Padding of out is not the kernel's.
+  for (int64_t t = 0; t + 1 < c.n_tokens; ++t) {
+    for (int64_t col = width; col < out_stride; ++col) {
+      ASSERT_TRUE(std::isnan(out[t * out_stride + col])) << Describe(c);
+    }
+  }
+}
+
+class AttentionTest : public test::TargetTest {};
+
+const Layout kLayouts[] = {{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}};
+
+// Decode: one query token against caches around the key block (64) and chunk
+// sizes.
+TEST_P(AttentionTest, Decode) {
+  uint64_t seed = 1;
+  for (const Layout& layout : kLayouts) {
+    for (const int64_t head_dim : {16, 72, 128}) {
+      for (const int64_t kv_len : {1, 63, 64, 65, 700, 3001}) {
+        RunCase({layout, head_dim, kv_len, 1, true}, seed++);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Prefill: tile edges (the wide tile has 2 vectors of query rows), every
+// head_dim.
+TEST_P(AttentionTest, Prefill) {
+  const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
+  const int64_t tile = 2 * lanes;
+  uint64_t seed = 100;
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+    for (const int64_t head_dim : {16, 64, 72, 80, 96, 128, 256}) {
+      for (const int64_t n :
+           {int64_t{1}, tile - 1, tile, tile + 1, int64_t{130}}) {
+        for (const bool causal : {true, false}) {
+          RunCase({layout, head_dim, n, n, causal}, seed++);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(AttentionTest, LongPrefillAndGroup32) {
+  RunCase({{4, 2}, 64, 1009, 1009, true}, 7);
+  RunCase({{32, 1}, 64, 300, 300, true}, 8);
+  RunCase({{32, 32}, 32, 257, 257, false}, 9);
+}
+
+// Chunked prefill: new queries at q_pos0 > 0 attend to the cached prefix and to
+// each other.
+TEST_P(AttentionTest, ChunkedPrefill) {
+  uint64_t seed = 200;
+  for (const Layout& layout : kLayouts) {
+    for (const int64_t n_tokens : {2, 17, 50}) {
+      RunCase({layout, 64, 300, n_tokens, true}, seed++);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Additive masks with -inf entries, a fully masked row (zeros), causal and not.
+TEST_P(AttentionTest, AdditiveMask) {
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{32, 1}}) {
+    for (const int64_t n_tokens : {1, 5, 40}) {
+      for (const bool causal : {true, false}) {
+        const int64_t d = 64, kv_len = 150;
+        KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 31);
+        const int64_t width = layout.n_heads * d;
+        std::vector<float> q(n_tokens * width), out(n_tokens * width, -7.0f);
+        test::FillRandom(q.data(), q.size(), 32);
+        std::vector<float> mask(n_tokens * (kv_len + 2));
+        test::FillRandom(mask.data(), mask.size(), 33, -2.0f, 2.0f);
+        for (size_t i = 0; i < mask.size(); i += 3) mask[i] = -kInf;
+        // Row 0 sees nothing: zeros, not NaN.
+        std::fill(mask.begin(), mask.begin() + kv_len, -kInf);
+        AttentionQuery query;
+        query.q_pos0 = kv_len - n_tokens;
+        query.q = MatrixView<const float>(q.data(), n_tokens, width);
+        query.out = MatrixView<float>(out.data(), n_tokens, width);
+        query.mask =
+            MatrixView<const float>(mask.data(), n_tokens, kv_len, kv_len + 2);
+        AttentionOptions options;
+        options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+        ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1, options).ok());
+        for (int64_t col = 0; col < width; ++col) ASSERT_EQ(out[col], 0.0f);
+        ExpectMatchesReference(cache, layout.n_heads, query, causal, 0.125f,
+                               "masked");
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Several sequences of different lengths in one call: each matches the
+// reference.
+TEST_P(AttentionTest, SeveralSequences) {
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+    const int64_t d = 64;
+    const std::vector<int64_t> lengths = {1, 90, 700, 33};
+    const std::vector<int64_t> tokens = {1, 90, 1, 5};
+    KvCache cache = MakeCache(layout.n_kv_heads, d, lengths, 41);
+    const int64_t width = layout.n_heads * d;
+    std::vector<std::vector<float>> qs, outs;
+    std::vector<AttentionQuery> queries;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      qs.emplace_back(tokens[i] * width);
+      outs.emplace_back(tokens[i] * width);
+      test::FillRandom(qs.back().data(), qs.back().size(), 50 + i);
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      AttentionQuery query;
+      query.seq = static_cast<int64_t>(i);
+      query.q_pos0 = lengths[i] - tokens[i];
+      query.q = MatrixView<const float>(qs[i].data(), tokens[i], width);
+      query.out = MatrixView<float>(outs[i].data(), tokens[i], width);
+      queries.push_back(query);
+    }
+    ASSERT_TRUE(Attention(cache, layout.n_heads, queries.data(),
+                          static_cast<int64_t>(queries.size()))
+                    .ok());
+    for (const AttentionQuery& query : queries) {
+      ExpectMatchesReference(cache, layout.n_heads, query, true, 0.125f,
+                             "sequence " + std::to_string(query.seq));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// GQA with K/V heads repeated G times is MHA.
+TEST_P(AttentionTest, GqaEqualsRepeatedMha) {
+  const int64_t d = 32, n_heads = 8, kv_len = 200, n_tokens = 40;
+  for (const int64_t n_kv : {1, 2, 4}) {
+    const int64_t group = n_heads / n_kv;
+    KvCache gqa = MakeCache(n_kv, d, {kv_len}, 61);
+    KvCacheConfig config = gqa.config();
+    config.n_kv_heads = n_heads;
+    KvCache mha;
+    ASSERT_TRUE(KvCache::Create(config, &mha).ok());
+    std::vector<float> k(kv_len * n_heads * d), v(kv_len * n_heads * d);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const MatrixView<const float> keys = gqa.Keys(0, h / group);
+      const MatrixView<const float> values = gqa.Values(0, h / group);
+      for (int64_t s = 0; s < kv_len; ++s) {
+        std::memcpy(&k[(s * n_heads + h) * d], keys.data + s * keys.stride,
+                    d * sizeof(float));
+        std::memcpy(&v[(s * n_heads + h) * d], values.data + s * values.stride,
+                    d * sizeof(float));
+      }
+    }
+    ASSERT_TRUE(
+        mha.Append(0, MatrixView<const float>(k.data(), kv_len, n_heads * d),
+                   MatrixView<const float>(v.data(), kv_len, n_heads * d))
+            .ok());
+    std::vector<float> q(n_tokens * n_heads * d), out_gqa(q.size()),
+        out_mha(q.size());
+    test::FillRandom(q.data(), q.size(), 62);
+    AttentionQuery query;
+    query.q_pos0 = kv_len - n_tokens;
+    query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
+    query.out = MatrixView<float>(out_gqa.data(), n_tokens, n_heads * d);
+    ASSERT_TRUE(Attention(gqa, n_heads, &query, 1).ok());
+    query.out = MatrixView<float>(out_mha.data(), n_tokens, n_heads * d);
+    ASSERT_TRUE(Attention(mha, n_heads, &query, 1).ok());
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_NEAR(out_gqa[i], out_mha[i], 1e-5)
+          << "n_kv " << n_kv << " at " << i;
+    }
+  }
+}
+
+// The materialised path: weights are a softmax per row, masked entries are 0,
+// and its output matches both the reference and the fused path.
+TEST_P(AttentionTest, MaterializedMatchesFused) {
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+    for (const int64_t n_tokens : {1, 37}) {
+      const int64_t d = 80, kv_len = 150;
+      KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 71);
+      const int64_t width = layout.n_heads * d;
+      std::vector<float> q(n_tokens * width), fused(q.size()), mat(q.size());
+      test::FillRandom(q.data(), q.size(), 72);
+      std::vector<float> weights(layout.n_heads * n_tokens * kv_len);
+      AttentionQuery query;
+      query.q_pos0 = kv_len - n_tokens;
+      query.q = MatrixView<const float>(q.data(), n_tokens, width);
+      query.out = MatrixView<float>(fused.data(), n_tokens, width);
+      ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1).ok());
+      query.out = MatrixView<float>(mat.data(), n_tokens, width);
+      const Status status = AttentionWithWeights(
+          cache, layout.n_heads, query,
+          MatrixView<float>(weights.data(), layout.n_heads * n_tokens, kv_len));
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      ExpectMatchesReference(cache, layout.n_heads, query, true,
+                             static_cast<float>(1.0 / std::sqrt(d)),
+                             "materialized");
+      for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(fused[i], mat[i], 2e-6);
+      for (int64_t row = 0; row < layout.n_heads * n_tokens; ++row) {
+        const int64_t t = row % n_tokens;
+        double sum = 0.0;
+        for (int64_t s = 0; s < kv_len; ++s) {
+          const float w = weights[row * kv_len + s];
+          if (s > query.q_pos0 + t) {
+            ASSERT_EQ(w, 0.0f);
+          }
+          sum += w;
+        }
+        ASSERT_NEAR(sum, 1.0, 1e-5);
+      }
+    }
+  }
+}
+
+// Bit-identical outputs for 1, 2 and 7 threads: decode (chunked) and prefill.
+TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
+  for (const Case& c :
+       {Case{{8, 2}, 64, 5000, 1, true}, Case{{8, 8}, 128, 3000, 1, true},
+        Case{{32, 1}, 64, 2000, 1, true}, Case{{8, 4}, 64, 300, 300, true}}) {
+    KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 81);
+    const int64_t width = c.layout.n_heads * c.head_dim;
+    std::vector<float> q(c.n_tokens * width);
+    test::FillRandom(q.data(), q.size(), 82);
+    std::vector<float> first;
+    for (const int threads : {1, 2, 7}) {
+      std::vector<float> out(q.size());
+      AttentionQuery query;
+      query.q_pos0 = c.kv_len - c.n_tokens;
+      query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
+      query.out = MatrixView<float>(out.data(), c.n_tokens, width);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        ASSERT_TRUE(Attention(cache, c.layout.n_heads, &query, 1).ok());
+      });
+      if (first.empty()) {
+        first = out;
+      } else {
+        ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
+                                 out.size() * sizeof(float)))
+            << Describe(c) << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+// Prefill of k tokens, then one-token decode steps, equals one-shot prefill of
+// all tokens.
+TEST_P(AttentionTest, PrefillThenDecodeEqualsOneShot) {
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+    const int64_t d = 64, total = 80, first = 50;
+    const int64_t width = layout.n_heads * d, kv_width = layout.n_kv_heads * d;
+    std::vector<float> q(total * width), k(total * kv_width),
+        v(total * kv_width);
+    test::FillRandom(q.data(), q.size(), 91);
+    test::FillRandom(k.data(), k.size(), 92);
+    test::FillRandom(v.data(), v.size(), 93);
+    KvCacheConfig config{1, layout.n_kv_heads, d, total};
+    KvCache one_shot, stepped;
+    ASSERT_TRUE(KvCache::Create(config, &one_shot).ok());
+    ASSERT_TRUE(KvCache::Create(config, &stepped).ok());
+    ASSERT_TRUE(one_shot
+                    .Append(0,
+                            MatrixView<const float>(k.data(), total, kv_width),
+                            MatrixView<const float>(v.data(), total, kv_width))
+                    .ok());
+    std::vector<float> want(total * width), got(total * width);
+    AttentionQuery query;
+    query.q = MatrixView<const float>(q.data(), total, width);
+    query.out = MatrixView<float>(want.data(), total, width);
+    ASSERT_TRUE(Attention(one_shot, layout.n_heads, &query, 1).ok());
+    for (int64_t t0 = 0; t0 < total;) {
+      const int64_t n = t0 == 0 ? first : 1;
+      ASSERT_TRUE(
+          stepped
+              .Append(0,
+                      MatrixView<const float>(&k[t0 * kv_width], n, kv_width),
+                      MatrixView<const float>(&v[t0 * kv_width], n, kv_width))
+              .ok());
+      query.q_pos0 = t0;
+      query.q = MatrixView<const float>(&q[t0 * width], n, width);
+      query.out = MatrixView<float>(&got[t0 * width], n, width);
+      ASSERT_TRUE(Attention(stepped, layout.n_heads, &query, 1).ok());
+      t0 += n;
+    }
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6) << i;
+  }
+}
+
+TEST_P(AttentionTest, NaNInAQueryRowReachesItsOutput) {
+  const int64_t d = 32, n_heads = 8, kv_len = 100;
+  for (const int64_t n_kv : {8, 1}) {
+    for (const int64_t n_tokens : {1, 40}) {
+      KvCache cache = MakeCache(n_kv, d, {kv_len}, 101);
+      std::vector<float> q(n_tokens * n_heads * d), out(q.size());
+      test::FillRandom(q.data(), q.size(), 102);
+      q[(n_tokens - 1) * n_heads * d + 3] =
+          std::numeric_limits<float>::quiet_NaN();
+      AttentionQuery query;
+      query.q_pos0 = kv_len - n_tokens;
+      query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
+      query.out = MatrixView<float>(out.data(), n_tokens, n_heads * d);
+      ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+      // Head 0 of the last token is NaN; head 1 is not.
+      EXPECT_TRUE(std::isnan(out[(n_tokens - 1) * n_heads * d]));
+      EXPECT_FALSE(std::isnan(out[(n_tokens - 1) * n_heads * d + d]));
+    }
+  }
+}
+
+HEADWAY_INSTANTIATE_TARGET_TEST(AttentionTest);
+
+// Bad arguments: a clear error naming the argument, and nothing written.
+TEST(AttentionErrors, RejectBadArguments) {
+  const int64_t d = 16, n_heads = 4, kv_len = 10, n_tokens = 3;
+  KvCache cache = MakeCache(2, d, {kv_len, 4}, 5);
+  const int64_t width = n_heads * d;
+  std::vector<float> q(n_tokens * width, 0.5f), out(n_tokens * width, -7.0f),
+      mask(n_tokens * kv_len, 0.0f);
+  const std::vector<float> out_before = out;
+  AttentionQuery good;
+  good.q_pos0 = kv_len - n_tokens;
+  good.q = MatrixView<const float>(q.data(), n_tokens, width);
+  good.out = MatrixView<float>(out.data(), n_tokens, width);
+
+  struct Bad {
+    std::string expect;
+    StatusCode code;
+    AttentionQuery query;
+    int64_t n_heads = 4;
+    AttentionOptions options = {};
+  };
+  std::vector<Bad> cases;
+  auto add = [&](std::string expect, StatusCode code, auto edit) {
+    Bad bad{std::move(expect), code, good};
+    edit(bad);
+    cases.push_back(bad);
+  };
+  add("n_heads must be >= 1 (got 0)", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.n_heads = 0; });
+  add("n_heads (3) is not a multiple of the cache's n_kv_heads (2)",
+      StatusCode::kInvalidArgument, [](Bad& b) { b.n_heads = 3; });
+  add("queries[0].seq (2) is out of range [0, 2)", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.query.seq = 2; });
+  add("queries[0].seq (-1) is out of range", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.query.seq = -1; });
+  add("queries[0].q.data is null", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.query.q.data = nullptr; });
+  add("queries[0].out.data is null", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.query.out.data = nullptr; });
+  add("queries[0].q.cols (63) != n_heads * head_dim (4 * 16)",
+      StatusCode::kInvalidArgument, [&](Bad& b) {
+        b.query.q.cols = 63;
+        b.query.out.cols = 63;
+      });
+  add("queries[0].out is [2, 64] but queries[0].q is [3, 64]",
+      StatusCode::kInvalidArgument, [](Bad& b) { b.query.out.rows = 2; });
+  add("queries[0].q_pos0 must be >= 0 (got -1)", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.query.q_pos0 = -1; });
+  add("q_pos0 + n_tokens (8 + 3) exceeds the 10 cached rows of sequence 0",
+      StatusCode::kOutOfRange, [](Bad& b) { b.query.q_pos0 = 8; });
+  add("q_pos0 + n_tokens (2 + 3) exceeds the 4 cached rows of sequence 1",
+      StatusCode::kOutOfRange, [](Bad& b) {
+        b.query.seq = 1;
+        b.query.q_pos0 = 2;
+      });
+  add("queries[0].mask is [3, 9] but must be [n_tokens, length] = [3, 10]",
+      StatusCode::kInvalidArgument, [&](Bad& b) {
+        b.query.mask =
+            MatrixView<const float>(mask.data(), n_tokens, kv_len - 1);
+      });
+  add("queries[0].out overlaps queries[0].q", StatusCode::kInvalidArgument,
+      [&](Bad& b) {
+        b.query.out = MatrixView<float>(q.data(), n_tokens, width);
+      });
+  add("options.scale must be finite and >= 0", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.scale = -1.0f; });
+  add("options.scale must be finite and >= 0", StatusCode::kInvalidArgument,
+      [](Bad& b) {
+        b.options.scale = std::numeric_limits<float>::quiet_NaN();
+      });
+  add("options.mask is not an AttentionMask (got 7)",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.mask = static_cast<AttentionMask>(7); });
+  for (const Bad& bad : cases) {
+    const Status status =
+        Attention(cache, bad.n_heads, &bad.query, 1, bad.options);
+    EXPECT_EQ(status.code(), bad.code) << status.ToString();
+    EXPECT_NE(status.message().find(bad.expect), std::string::npos)
+        << "message: " << status.message() << "\nexpected: " << bad.expect;
+    EXPECT_EQ(status.message().rfind("Attention: ", 0), 0u) << status.message();
+    EXPECT_EQ(out, out_before)
+        << "out was written on error: " << status.ToString();
+  }
+  // Null or empty query lists, an empty cache.
+  EXPECT_EQ(Attention(cache, n_heads, nullptr, 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Attention(cache, n_heads, &good, 0).code(),
+            StatusCode::kInvalidArgument);
+  const Status empty = Attention(KvCache(), n_heads, &good, 1);
+  EXPECT_NE(empty.message().find("cache is empty"), std::string::npos)
+      << empty.message();
+  // Two queries writing the same out.
+  AttentionQuery twice[2] = {good, good};
+  const Status overlap = Attention(cache, n_heads, twice, 2);
+  EXPECT_NE(overlap.message().find("queries[1].out overlaps queries[0].out"),
+            std::string::npos)
+      << overlap.message();
+  EXPECT_EQ(out, out_before);
+  // The materialised path checks its weights.
+  std::vector<float> weights(n_heads * n_tokens * kv_len);
+  const Status bad_weights = AttentionWithWeights(
+      cache, n_heads, good,
+      MatrixView<float>(weights.data(), n_heads * n_tokens, kv_len - 1));
+  EXPECT_NE(bad_weights.message().find("weights is [12, 9] but must be"),
+            std::string::npos)
+      << bad_weights.message();
+  EXPECT_EQ(out, out_before);
+}
+
+}  // namespace
+}  // namespace headway
