@@ -67,10 +67,15 @@ Buffers MakeBuffers(int64_t n_tokens, bool weights, int64_t kv_len) {
   const size_t size = static_cast<size_t>(n_tokens * kHeads * kHeadDim);
   buffers.q = hwy::AllocateAligned<float>(size);
   buffers.out = hwy::AllocateAligned<float>(size);
+  // Every buffer is written once before timing: a first touch costs a page
+  // fault per 4 KiB, which would otherwise be timed in the first (at these
+  // sizes often the only) iteration.
   FillUniform(buffers.q.get(), size, -1.0f, 1.0f, 7);
+  FillUniform(buffers.out.get(), size, -1.0f, 1.0f, 8);
   if (weights) {
-    buffers.weights = hwy::AllocateAligned<float>(
-        static_cast<size_t>(kHeads * n_tokens * kv_len));
+    const size_t weights_size = static_cast<size_t>(kHeads * n_tokens * kv_len);
+    buffers.weights = hwy::AllocateAligned<float>(weights_size);
+    FillUniform(buffers.weights.get(), weights_size, 0.0f, 1.0f, 9);
   }
   return buffers;
 }

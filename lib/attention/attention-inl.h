@@ -191,6 +191,16 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
   size_t j = 0;
   for (; j + 2 <= n_vec; j += 2) {
     size_t i = 0;
+#if HWY_TARGET <= HWY_AVX3
+    // 32 vector registers: 16 accumulators, 2 rows of B and a broadcast. Per k:
+    // 10 loads for 16 FMAs, so the two FMA pipes set the pace rather than the
+    // two 512-bit load ports.
+    for (; i + 8 <= n_i; i += 8) {
+      OuterProduct<8, 2>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
+                         c + i * c_stride + j * N, c_stride, accumulate);
+    }
+#endif
+    // 16 registers: 8 accumulators (two FMA pipes x 4 cycles of latency).
     for (; i + 4 <= n_i; i += 4) {
       OuterProduct<4, 2>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
                          c + i * c_stride + j * N, c_stride, accumulate);
@@ -210,6 +220,48 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
       OuterProduct<1, 1>(a + i * a_si, a_si, a_sk, b + j * N, b_stride, n_k,
                          c + i * c_stride + j * N, c_stride, accumulate);
     }
+  }
+}
+
+// C [n_i, n_vec vectors] += A B as OuterProductBlock, for few rows (n_i <
+// lanes): the tiles span up to 8 vectors of C, so that B is walked row by row
+// in long runs (the V rows of decode, streamed from memory) instead of in many
+// narrow column passes.
+template <size_t kJ>
+HWY_INLINE void NarrowAccumulateColumns(const float* a, size_t a_si,
+                                        size_t a_sk, const float* b,
+                                        size_t b_stride, size_t n_k, float* c,
+                                        size_t c_stride, size_t n_i) {
+  size_t i = 0;
+#if HWY_TARGET <= HWY_AVX3
+  for (; i + 2 <= n_i; i += 2) {
+    OuterProduct<2, kJ>(a + i * a_si, a_si, a_sk, b, b_stride, n_k,
+                        c + i * c_stride, c_stride, /*accumulate=*/true);
+  }
+#endif
+  for (; i < n_i; ++i) {
+    OuterProduct<1, kJ>(a + i * a_si, a_si, a_sk, b, b_stride, n_k,
+                        c + i * c_stride, c_stride, /*accumulate=*/true);
+  }
+}
+
+HWY_INLINE void NarrowAccumulate(const float* a, size_t a_si, size_t a_sk,
+                                 const float* b, size_t b_stride, size_t n_k,
+                                 float* c, size_t c_stride, size_t n_i,
+                                 size_t n_vec) {
+  const size_t N = hn::Lanes(AttnD());
+  size_t j = 0;
+  for (; j + 8 <= n_vec; j += 8) {
+    NarrowAccumulateColumns<8>(a, a_si, a_sk, b + j * N, b_stride, n_k,
+                               c + j * N, c_stride, n_i);
+  }
+  for (; j + 4 <= n_vec; j += 4) {
+    NarrowAccumulateColumns<4>(a, a_si, a_sk, b + j * N, b_stride, n_k,
+                               c + j * N, c_stride, n_i);
+  }
+  for (; j < n_vec; ++j) {
+    NarrowAccumulateColumns<1>(a, a_si, a_sk, b + j * N, b_stride, n_k,
+                               c + j * N, c_stride, n_i);
   }
 }
 
@@ -448,19 +500,17 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
           state.sum[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
       state.max[r] = m_new;
 
-      // o[r] = o[r] * alpha + sum_s P[r, s] V[s].
+      // o[r] *= alpha; the sum over this block's keys comes below for all rows
+      // at once.
       float* o_row = o + r * row_stride;
       const auto valpha = hn::Set(d, alpha);
       for (size_t p = 0; p < row_stride; p += N) {
-        auto acc = hn::Mul(hn::Load(d, o_row + p), valpha);
-        for (size_t s = 0; s < n_keys; ++s) {
-          acc =
-              hn::MulAdd(hn::Set(d, sc_row[s]),
-                         hn::Load(d, values + (k0 + s) * row_stride + p), acc);
-        }
-        hn::Store(acc, d, o_row + p);
+        hn::Store(hn::Mul(hn::Load(d, o_row + p), valpha), d, o_row + p);
       }
     }
+    // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride].
+    NarrowAccumulate(sc, bkp, 1, values + k0 * dims.row_stride, row_stride,
+                     n_keys, o, row_stride, rows, row_stride / N);
   }
 }
 
