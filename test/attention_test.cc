@@ -490,6 +490,38 @@ TEST_P(AttentionTest, NaNInAQueryRowReachesItsOutput) {
 
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionTest);
 
+// The decode step shown in README.md, as written there.
+TEST(AttentionReadme, DecodeStep) {
+  std::vector<float> k(8 * 128), v(8 * 128), q(32 * 128), out(32 * 128);
+  test::FillRandom(k.data(), k.size(), 1);
+  test::FillRandom(v.data(), v.size(), 2);
+  test::FillRandom(q.data(), q.size(), 3);
+  const int64_t seq = 2;
+  headway::KvCache cache;
+  headway::Status s = headway::KvCache::Create(
+      {/*n_sequences=*/4, /*n_kv_heads=*/8, /*head_dim=*/128,
+       /*capacity=*/8192},
+      &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = cache.Append(seq, headway::MatrixView<const float>(k.data(), 1, 8 * 128),
+                   headway::MatrixView<const float>(v.data(), 1, 8 * 128));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  headway::AttentionQuery query;
+  query.seq = seq;
+  query.q_pos0 = cache.length(seq) - 1;
+  query.q = headway::MatrixView<const float>(q.data(), 1, 32 * 128);
+  query.out = headway::MatrixView<float>(out.data(), 1, 32 * 128);
+  s = headway::Attention(cache, /*n_heads=*/32, &query, /*n_queries=*/1);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // One cached token: every head's output is that token's value row of its KV
+  // head.
+  for (int64_t h = 0; h < 32; ++h) {
+    for (int64_t p = 0; p < 128; ++p) {
+      ASSERT_EQ(out[h * 128 + p], v[(h / 4) * 128 + p]);
+    }
+  }
+}
+
 // Bad arguments: a clear error naming the argument, and nothing written.
 TEST(AttentionErrors, RejectBadArguments) {
   const int64_t d = 16, n_heads = 4, kv_len = 10, n_tokens = 3;
