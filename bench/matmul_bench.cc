@@ -1,0 +1,296 @@
+// headway::Matmul per target and thread count, against OpenBLAS (cblas_sgemm)
+// and oneDNN (dnnl_sgemm) in the same binary when bench/meson.build found them.
+//
+// Shapes (M x N x K; C [M, N] = A [M, K] * op(B) [K, N]):
+//   decode:    1 x 4096 x 4096 and 8 x 4096 x 4096, B pre-packed (PackedB; the
+//   peers get plain
+//              B): bound by reading B (64 MiB, twice the L3), so they also
+//              report the GB/s of reading B and "%read" of the measured
+//              streaming-read ceiling.
+//   prefill:   128 x 4096 x 4096, 512 x 512 x 512, 2048 x 2048 x 2048, B packed
+//   by each call
+//              (what cblas_sgemm does too); packed:1 rows show the pre-packed
+//              variant.
+//   per head:  32 x (1024 x 1024 x 128, B^T) (scores Q K^T) and 32 x (1024 x
+//   128 x 1024)
+//              (values P V): one call per head, 32 heads per iteration.
+// Compute-bound rows report GFLOP/s and "%FMA" of the measured FMA ceiling of
+// the target (the peers: of the best target, since both run AVX-512 kernels
+// here).
+//
+// OpenBLAS: this environment sets OPENBLAS_CORETYPE=Haswell, which holds
+// OpenBLAS to its AVX2 kernel. OpenBLAS reads the variable once, when the
+// library initialises, so the benchmark is not linked with it: it unsets the
+// variable (HEADWAY_BENCH_OPENBLAS_CORETYPE, if set, is put in its place) and
+// then dlopen()s libopenblas, which then detects the CPU. The kernel that ran
+// (openblas_get_corename()) is in the benchmark's name and in the JSON context.
+// oneDNN (Debian's build) threads with OpenMP: omp_set_num_threads sets its
+// thread count.
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/harness/harness.h"
+#include "benchmark/benchmark.h"
+#include "headway/matmul.h"
+#include "headway/targets.h"
+#include "headway/view.h"
+#include "hwy/aligned_allocator.h"
+
+#ifdef HEADWAY_BENCH_OPENBLAS
+#include <dlfcn.h>
+#endif
+#ifdef HEADWAY_BENCH_DNNL
+#include "dnnl.h"
+#endif
+#ifdef HEADWAY_BENCH_OPENMP
+#include <omp.h>
+#endif
+
+namespace headway {
+namespace bench {
+namespace {
+
+// Arguments of every matmul benchmark.
+struct Shape {
+  int64_t m, n, k;
+  int64_t batch;  // independent products per iteration (attention heads)
+  bool trans_b;   // B given as [N, K]
+  bool packed;    // B pre-packed (Headway only)
+  static Shape From(const benchmark::State& state) {
+    return Shape{state.range(0), state.range(1),      state.range(2),
+                 state.range(3), state.range(4) != 0, state.range(5) != 0};
+  }
+  double Flops() const { return 2.0 * m * n * k * batch; }
+  // Decode shapes: bound by reading B.
+  bool MemoryBound() const { return m <= 16; }
+  double BBytes() const { return 4.0 * k * n * batch; }
+};
+
+const std::vector<std::string> kArgNames = {"m",     "n",  "k",
+                                            "batch", "tb", "packed"};
+
+std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
+  std::vector<std::vector<int64_t>> shapes = {
+      {1, 4096, 4096, 1, 0, 1},    {8, 4096, 4096, 1, 0, 1},
+      {128, 4096, 4096, 1, 0, 0},  {512, 512, 512, 1, 0, 0},
+      {2048, 2048, 2048, 1, 0, 0}, {1024, 1024, 128, 32, 1, 0},
+      {1024, 128, 1024, 32, 0, 0},
+  };
+  if (with_packed) {
+    shapes.push_back({128, 4096, 4096, 1, 0, 1});
+    shapes.push_back({512, 512, 512, 1, 0, 1});
+    shapes.push_back({2048, 2048, 2048, 1, 0, 1});
+  } else {
+    // Peers have no pre-packed B: they run the decode shapes on plain B.
+    shapes[0][5] = 0;
+    shapes[1][5] = 0;
+  }
+  return shapes;
+}
+
+// Inputs of one shape, allocated once per process (filling 64 MiB per benchmark
+// run would dominate), A [batch][M, K], B [batch][K, N] or [batch][N, K], C
+// [batch][M, N]. Decode shapes rotate through `copies` copies of B (kColdBytes
+// in all), so that every iteration reads B from memory, not from the 32 MiB L3.
+struct Operands {
+  hwy::AlignedFreeUniquePtr<float[]> a, b, c;
+  size_t copies = 1;
+  size_t b_size = 0;  // floats of one copy
+  size_t next = 0;
+  // The copy of B for this iteration.
+  size_t NextCopy() {
+    const size_t copy = next;
+    next = next + 1 == copies ? 0 : next + 1;
+    return copy;
+  }
+};
+Operands& SharedOperands(const Shape& s) {
+  static std::vector<std::pair<std::vector<int64_t>, Operands>> cache;
+  const std::vector<int64_t> key = {s.m, s.n, s.k, s.batch};
+  for (auto& entry : cache) {
+    if (entry.first == key) return entry.second;
+  }
+  // One set of operands at a time: the big shapes take 200 MiB.
+  cache.clear();
+  Operands ops;
+  const size_t a_size = static_cast<size_t>(s.m * s.k * s.batch);
+  const size_t b_size = static_cast<size_t>(s.k * s.n * s.batch);
+  const size_t c_size = static_cast<size_t>(s.m * s.n * s.batch);
+  ops.copies = s.MemoryBound() ? kColdBytes / (b_size * sizeof(float)) + 1 : 1;
+  ops.b_size = b_size;
+  ops.a = hwy::AllocateAligned<float>(a_size);
+  ops.b = hwy::AllocateAligned<float>(b_size * ops.copies);
+  ops.c = hwy::AllocateAligned<float>(c_size);
+  FillUniform(ops.a.get(), a_size, -1.0f, 1.0f, 1);
+  for (size_t copy = 0; copy < ops.copies; ++copy) {
+    FillUniform(ops.b.get() + copy * b_size, b_size, -1.0f, 1.0f, 2);
+  }
+  FillUniform(ops.c.get(), c_size, -1.0f, 1.0f, 3);
+  cache.emplace_back(key, std::move(ops));
+  return cache.back().second;
+}
+
+void Report(benchmark::State& state, const Shape& s, const Target& target,
+            int threads) {
+  ReportCompute(state, s.Flops(), target, threads);
+  if (s.MemoryBound())
+    ReportMemory(state, s.BBytes(), MemoryCeiling::kRead, threads);
+}
+
+void BM_Matmul(benchmark::State& state, const RunConfig& run) {
+  const Shape s = Shape::From(state);
+  Operands& ops = SharedOperands(s);
+  const Transpose tb = s.trans_b ? Transpose::kYes : Transpose::kNo;
+  const int64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
+  // [copy][head], packed for this target.
+  std::vector<PackedB> packed(s.packed ? ops.copies * s.batch : 0);
+  for (size_t i = 0; i < packed.size(); ++i) {
+    const float* b =
+        ops.b.get() + (i / s.batch) * ops.b_size + (i % s.batch) * s.k * s.n;
+    if (!Check(state, PackedB::Pack(MatrixView<const float>(b, b_rows, b_cols),
+                                    tb, &packed[i]))) {
+      return;
+    }
+  }
+  float alpha = 1.0f;
+  for (auto _ : state) {
+    const size_t copy = ops.NextCopy();
+    for (int64_t h = 0; h < s.batch; ++h) {
+      const MatrixView<const float> a(ops.a.get() + h * s.m * s.k, s.m, s.k);
+      const MatrixView<float> c(ops.c.get() + h * s.m * s.n, s.m, s.n);
+      const Status status =
+          s.packed ? Matmul(a, Transpose::kNo, packed[copy * s.batch + h], c,
+                            alpha, 0.0f)
+                   : Matmul(a, Transpose::kNo,
+                            MatrixView<const float>(
+                                ops.b.get() + copy * ops.b_size + h * s.k * s.n,
+                                b_rows, b_cols),
+                            tb, c, alpha, 0.0f);
+      if (!Check(state, status)) return;
+    }
+    benchmark::ClobberMemory();
+    alpha = 1.5f - alpha;  // no two consecutive iterations do the same work
+  }
+  Report(state, s, run.target, run.threads);
+}
+
+void RegisterMatmul() {
+  RegisterPerTarget("matmul", BM_Matmul, kArgNames, Shapes(true));
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterMatmul);
+
+// -----------------------------------------------------------------------------------------
+// Peers.
+
+// Registers `name`/<kernel>/args.../threads:N for every shape and thread count;
+// fn runs one row-major sgemm C = alpha * A * op(B) on `threads` threads.
+using PeerGemm = void (*)(const Shape& s, int threads, const float* a,
+                          const float* b, float* c, float alpha);
+void RegisterPeer(const std::string& name, PeerGemm gemm) {
+  std::vector<std::string> names = kArgNames;
+  names.push_back("threads");
+  benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
+      name.c_str(), [gemm](benchmark::State& state) {
+        const Shape s = Shape::From(state);
+        const int threads = static_cast<int>(state.range(6));
+        Operands& ops = SharedOperands(s);
+        float alpha = 1.0f;
+        for (auto _ : state) {
+          const float* b = ops.b.get() + ops.NextCopy() * ops.b_size;
+          for (int64_t h = 0; h < s.batch; ++h) {
+            gemm(s, threads, ops.a.get() + h * s.m * s.k, b + h * s.k * s.n,
+                 ops.c.get() + h * s.m * s.n, alpha);
+          }
+          benchmark::ClobberMemory();
+          alpha = 1.5f - alpha;
+        }
+        Report(state, s, SupportedTargets().front(), threads);
+      });
+  bench->ArgNames(names)->UseRealTime();
+  for (std::vector<int64_t> args : Shapes(false)) {
+    for (int threads : ThreadCounts()) {
+      std::vector<int64_t> with_threads = args;
+      with_threads.push_back(threads);
+      bench->Args(with_threads);
+    }
+  }
+}
+
+#ifdef HEADWAY_BENCH_OPENBLAS
+enum CblasOrder { kCblasRowMajor = 101 };
+enum CblasTranspose { kCblasNoTrans = 111, kCblasTrans = 112 };
+using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int,
+                         const float*, int, float, float*, int);
+SgemmFn openblas_sgemm = nullptr;
+void (*openblas_set_num_threads)(int) = nullptr;
+
+void OpenBlasGemm(const Shape& s, int threads, const float* a, const float* b,
+                  float* c, float alpha) {
+  openblas_set_num_threads(threads);
+  openblas_sgemm(
+      kCblasRowMajor, kCblasNoTrans, s.trans_b ? kCblasTrans : kCblasNoTrans,
+      static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k),
+      alpha, a, static_cast<int>(s.k), b,
+      static_cast<int>(s.trans_b ? s.k : s.n), 0.0f, c, static_cast<int>(s.n));
+}
+
+void RegisterOpenBlas() {
+  // Before dlopen: OpenBLAS picks its kernel when it initialises.
+  const char* from_env = getenv("OPENBLAS_CORETYPE");
+  const std::string previous = from_env != nullptr ? from_env : "";
+  const char* wanted = getenv("HEADWAY_BENCH_OPENBLAS_CORETYPE");
+  if (wanted != nullptr && wanted[0] != '\0') {
+    setenv("OPENBLAS_CORETYPE", wanted, 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
+  }
+  void* lib = dlopen(HEADWAY_BENCH_OPENBLAS, RTLD_NOW | RTLD_LOCAL);
+  if (!previous.empty()) setenv("OPENBLAS_CORETYPE", previous.c_str(), 1);
+  if (lib == nullptr) return;
+  openblas_sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cblas_sgemm"));
+  openblas_set_num_threads =
+      reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
+  auto corename =
+      reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_corename"));
+  if (openblas_sgemm == nullptr || openblas_set_num_threads == nullptr) return;
+  const std::string core = corename != nullptr ? corename() : "unknown";
+  benchmark::AddCustomContext("openblas_corename", core);
+  benchmark::AddCustomContext("openblas_coretype_env_was",
+                              previous.empty() ? "(unset)" : previous);
+  RegisterPeer("matmul_openblas/" + core, OpenBlasGemm);
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterOpenBlas);
+#endif  // HEADWAY_BENCH_OPENBLAS
+
+#ifdef HEADWAY_BENCH_DNNL
+void DnnlGemm(const Shape& s, int threads, const float* a, const float* b,
+              float* c, float alpha) {
+#ifdef HEADWAY_BENCH_OPENMP
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+  (void)dnnl_sgemm('N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, alpha, a, s.k, b,
+                   s.trans_b ? s.k : s.n, 0.0f, c, s.n);
+}
+
+void RegisterDnnl() {
+  const dnnl_version_t* version = dnnl_version();
+  benchmark::AddCustomContext(
+      "onednn_version", std::to_string(version->major) + "." +
+                            std::to_string(version->minor) + "." +
+                            std::to_string(version->patch) + " cpu_runtime " +
+                            std::to_string(version->cpu_runtime));
+  RegisterPeer("matmul_onednn/sgemm", DnnlGemm);
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterDnnl);
+#endif  // HEADWAY_BENCH_DNNL
+
+}  // namespace
+}  // namespace bench
+}  // namespace headway

@@ -1,0 +1,759 @@
+// Matmul: the per-target packing, micro-kernels and blocked driver.
+//
+// The attention kernels include this header from their own per-target
+// translation units and call MatmulPacked / PackBPanels directly (no second
+// dispatch).
+//
+// Algorithm (Goto & van de Geijn, "Anatomy of high-performance matrix
+// multiplication", 2008, and BLIS), for
+// C [M, N] = alpha * op(A) [M, K] * op(B) [K, N] + beta * C:
+//
+// - K is cut into blocks of at most KC = 512 (MatmulKBlocks: a function of K).
+//
+// - B is packed into slices [kc][NR] of NR columns (the edge panel
+//   zero-padded), laid out [K block][panel][kc][NR] (MatmulPackedLayout): the
+//   slices of one K block follow each other in the order the kernels read
+//   them. PackedB holds all of them. An unpacked call packs into a buffer of
+//   the calling thread: all of B first, in parallel, when it fits the L2
+//   caches (<= 4 MiB), else each slice when a task first needs it
+//   (MatmulLazyB), so that a large B is not written to memory and read back.
+//
+// - A is packed per K block into strips of MR rows, [MR][KC + 16] (row copies;
+//   the padding spreads the rows over L1 sets), in a per-thread buffer.
+//
+// - The micro-kernel (MatmulTile) keeps an MR x NR tile of C in registers (MR
+//   rows of kNV vectors); per k it does kNV aligned loads of B, MR broadcasts
+//   of A and MR * kNV FMAs. At the end of its K block it adds alpha * tile to C
+//   (to beta * C on the first block).
+//
+// - Tasks (tbb::parallel_for, simple partitioner, >= 8 per thread) are blocks
+//   of MC rows times groups of panels, numbered panel-group major so that
+//   threads work on different parts of B. One task: for each K block: for each
+//   NC block of panels (kc x NC of B, 256 KiB, stays in L2): for each strip
+//   (A: MR x kc, 25 KiB, stays in L1; packed before its first kernel, while
+//   the next strip is prefetched piece by piece): for each panel:
+//   micro-kernel.
+//
+// - Few rows (M <= kMatmulSmallM = 16, decode): one task per group of panels,
+//   A packed once for all K blocks; for each K block, for each panel, the 1 or
+//   2 strips. B, the bulk of the bytes, is read once, front to back.
+//
+// Determinism: only KC shapes the arithmetic of an element: its dot product is
+// accumulated in registers over one K block in k order, then added to C
+// (alpha * acc + C), block after block in order. MC, NC, the loop order and the
+// number of threads decide who computes a tile and when, never how: results
+// are identical for any thread count, and for packed and unpacked B. Strips
+// start at multiples of MR from row 0, panels at multiples of NR.
+//
+// Edges: strips of fewer than MR rows run a micro-kernel instantiated for that
+// row count; columns past N are zeros in the packed panel and are never stored
+// (the edge tile is stored one lane at a time). Nothing reads or writes past a
+// view (no masked loads: on SSE4 they are full aligned loads).
+
+// Non-SIMD part: normal include guard.
+#ifndef HEADWAY_LIB_MATMUL_MATMUL_INL_H_PLAN_
+#define HEADWAY_LIB_MATMUL_MATMUL_INL_H_PLAN_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <new>
+#include <thread>
+
+#include "hwy/aligned_allocator.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+#include "tbb/partitioner.h"
+#include "tbb/task_arena.h"
+
+namespace headway {
+
+// M up to this many rows takes the streaming (decode) loop order: B is read
+// once.
+inline constexpr size_t kMatmulSmallM = 16;
+
+// K blocks: the largest block length is max_kc; the blocks of one K are of
+// equal length (the last one shorter by less than 4), so K = 600 gives
+// 300 + 300 for max_kc = 512, not 512 + 88.
+struct MatmulKBlocks {
+  MatmulKBlocks(size_t k, size_t max_kc) {
+    count = (k + max_kc - 1) / max_kc;
+    length = ((k + count - 1) / count + 3) / 4 * 4;
+    count = (k + length - 1) / length;
+  }
+  size_t Begin(size_t b) const { return b * length; }
+  size_t Size(size_t b, size_t k) const {
+    return std::min(length, k - b * length);
+  }
+  size_t count;
+  size_t length;
+};
+
+// A grow-only aligned buffer per thread (and per call site): A strips, packed B
+// of unpacked calls. Throws std::bad_alloc, which the public entry point turns
+// into a Status.
+struct MatmulScratch {
+  float* Get(size_t floats) {
+    if (capacity < floats) {
+      buffer.reset();
+      capacity = 0;
+      buffer = hwy::AllocateAligned<float>(floats);
+      if (!buffer) throw std::bad_alloc();
+      capacity = floats;
+    }
+    return buffer.get();
+  }
+  // Frees a buffer above `keep` floats, so that one huge call does not pin
+  // memory forever.
+  void Trim(size_t keep) {
+    if (capacity > keep) {
+      buffer.reset();
+      capacity = 0;
+    }
+  }
+  hwy::AlignedFreeUniquePtr<float[]> buffer;
+  size_t capacity = 0;
+};
+
+}  // namespace headway
+
+#endif  // HEADWAY_LIB_MATMUL_MATMUL_INL_H_PLAN_
+
+// Per-target part: toggle guard, included once per target by foreach_target.h.
+#if defined(HEADWAY_LIB_MATMUL_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADWAY_LIB_MATMUL_MATMUL_INL_H_
+#undef HEADWAY_LIB_MATMUL_MATMUL_INL_H_
+#else
+#define HEADWAY_LIB_MATMUL_MATMUL_INL_H_
+#endif
+
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Register blocking. A tile holds MR * kNV accumulators, plus kNV vectors of B
+// and one broadcast of A: 12 * 2 + 2 + 1 = 27 of the 32 registers of AVX-512,
+// 6 * 2 + 2 + 1 = 15 of the 16 of AVX2/SSE4. Per k the kernel does MR * kNV
+// FMAs for kNV + MR loads: on AVX3, 24 FMAs (12 cycles at 2 per cycle on Zen 5)
+// for 14 loads (Zen 5 does up to 4 per cycle). NR = 2 vectors keeps the edge
+// panel small for head_dim = 64 or 128 (no partial panel at all).
+#if HWY_TARGET == HWY_SCALAR
+inline constexpr size_t kMatmulMR = 4;
+inline constexpr size_t kMatmulNV = 4;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr size_t kMatmulMR = 12;
+inline constexpr size_t kMatmulNV = 2;
+#else
+inline constexpr size_t kMatmulMR = 6;
+inline constexpr size_t kMatmulNV = 2;
+#endif
+
+using MatmulTag = hn::ScalableTag<float>;
+// Columns per vector and per panel (NR). Fixed per target on x86.
+inline constexpr size_t kMatmulLanes = hn::MaxLanes(MatmulTag());
+inline constexpr size_t kMatmulNR = kMatmulNV * kMatmulLanes;
+
+// K block length. Longer blocks update C less often (once per block); the
+// strip of A that the kernel broadcasts from, MR x KC, stays in L1 (48 KiB on
+// Zen 5): 12 x 528 x 4 = 25 KiB on AVX3. Measured on Zen 5, one core, AVX3_DL:
+// KC = 512 gave 191 / 211 GFLOP/s at 2048^3 / 512^3, KC = 256 gave 184 / 202.
+inline constexpr size_t kMatmulMaxKC = 512;
+// Rows per task: the A block MC x KC (384 KiB on AVX3) stays in L2 (1 MiB)
+// while the NC blocks of B pass under it; each NC block of B (KC x NC, a
+// quarter of L2) is fetched from L3 / memory once per MC rows. 16 strips
+// measured 5% faster than 8 at 2048^3.
+inline constexpr size_t kMatmulMC = kMatmulMR * 16;
+// Fraction of L2 for an NC block of B.
+inline constexpr size_t kMatmulNCDiv = 4;
+// Zen 5: 1 MiB of L2 per core.
+inline constexpr size_t kMatmulL2Bytes = size_t{1} << 20;
+
+// ---------------------------------------------------------------------------------------------
+// Packing.
+
+// Packs columns [j0, j0 + cols) and rows [k0, k0 + kc) of op(B), cols <= NR,
+// into one slice dst [kc][NR], zeros in the columns past `cols`. op(B) = b [k,
+// n] (row stride ldb), or b^T with b [n, k].
+HWY_INLINE void PackBSlice(const float* HWY_RESTRICT b, size_t ldb, bool trans,
+                           size_t k0, size_t kc, size_t j0, size_t cols,
+                           float* HWY_RESTRICT dst) {
+  constexpr size_t NR = kMatmulNR;
+  if (!trans) {
+    const MatmulTag d;
+    // Rows of NR floats, ldb apart: a stride the hardware prefetchers do not
+    // follow across pages. Prefetching 32 rows ahead keeps 32 (AVX2) to 64
+    // (AVX3) lines in flight: +10% for AVX2 at 2048^3 with unpacked B.
+    constexpr size_t kAhead = 32;
+    for (size_t kk = 0; kk < kc; ++kk) {
+      const float* src = b + (k0 + kk) * ldb + j0;
+      if (kk + kAhead < kc) {
+        hwy::Prefetch(src + kAhead * ldb);
+        hwy::Prefetch(src + kAhead * ldb + cols - 1);
+      }
+      float* out = dst + kk * NR;
+      if (cols == NR) {
+        for (size_t v = 0; v < kMatmulNV; ++v) {
+          hn::Store(hn::LoadU(d, src + v * kMatmulLanes), d,
+                    out + v * kMatmulLanes);
+        }
+      } else {
+        memcpy(out, src, cols * sizeof(float));
+        memset(out + cols, 0, (NR - cols) * sizeof(float));
+      }
+    }
+    return;
+  }
+  // op(B)[kk][j] = b[j][kk]: a transpose, in 4 x 4 blocks of 128-bit vectors,
+  // over chunks of 64 k whose 64 destination rows (8 KiB on AVX3) stay in L1
+  // while the source rows are read.
+  constexpr size_t kChunk = 64;
+  for (size_t c0 = 0; c0 < kc; c0 += kChunk) {
+    const size_t c1 = std::min(kc, c0 + kChunk);
+    size_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+    const hn::Full128<float> d4;
+    const hn::Repartition<uint64_t, decltype(d4)> d64;
+    for (; j + 4 <= cols; j += 4) {
+      const float* src = b + (j0 + j) * ldb + k0;
+      size_t kk = c0;
+      for (; kk + 4 <= c1; kk += 4) {
+        // Rows j..j+3 of b, k kk..kk+3: r_i[t] = b[j + i][kk + t].
+        const auto r0 = hn::LoadU(d4, src + kk);
+        const auto r1 = hn::LoadU(d4, src + ldb + kk);
+        const auto r2 = hn::LoadU(d4, src + 2 * ldb + kk);
+        const auto r3 = hn::LoadU(d4, src + 3 * ldb + kk);
+        // t0 = r0[0] r1[0] r0[1] r1[1], t1 = r2[0] r3[0] r2[1] r3[1], t2/t3:
+        // lanes 2 and 3.
+        const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, r0, r1));
+        const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, r2, r3));
+        const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, r0, r1));
+        const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, r2, r3));
+        float* out = dst + kk * NR + j;
+        hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1)), d4, out);
+        hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1)), d4,
+                   out + NR);
+        hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3)), d4,
+                   out + 2 * NR);
+        hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3)), d4,
+                   out + 3 * NR);
+      }
+      for (; kk < c1; ++kk) {
+        for (size_t i = 0; i < 4; ++i) dst[kk * NR + j + i] = src[i * ldb + kk];
+      }
+    }
+#endif
+    for (; j < cols; ++j) {
+      const float* src = b + (j0 + j) * ldb + k0;
+      for (size_t kk = c0; kk < c1; ++kk) dst[kk * NR + j] = src[kk];
+    }
+    if (cols < NR) {
+      for (size_t kk = c0; kk < c1; ++kk) {
+        memset(dst + kk * NR + cols, 0, (NR - cols) * sizeof(float));
+      }
+    }
+  }
+}
+
+// Layout of a packed op(B) [k, n]: [K blocks][panels][kc][NR], panels of NR
+// columns (the last zero-padded), so that the slices of one K block lie one
+// after the other in the order the kernels read them and the hardware
+// prefetcher streams them.
+struct MatmulPackedLayout {
+  MatmulPackedLayout(size_t k, size_t n)
+      : kblocks(k, kMatmulMaxKC),
+        panels((n + kMatmulNR - 1) / kMatmulNR),
+        k(k) {}
+  size_t Floats() const { return panels * kMatmulNR * k; }
+  // Offset of the [kc][NR] slice of K block kb and panel p.
+  size_t Slice(size_t kb, size_t p) const {
+    return kblocks.Begin(kb) * panels * kMatmulNR +
+           p * kblocks.Size(kb, k) * kMatmulNR;
+  }
+  MatmulKBlocks kblocks;
+  size_t panels;
+  size_t k;
+};
+
+// Floats of the packed op(B) [k, n].
+HWY_INLINE size_t PackedBFloats(size_t k, size_t n) {
+  return MatmulPackedLayout(k, n).Floats();
+}
+
+// Packs all of op(B) [k, n] into dst (PackedBFloats(k, n) floats, 64-byte
+// aligned), panels in parallel.
+HWY_INLINE void PackBPanels(const float* b, size_t ldb, bool trans, size_t k,
+                            size_t n, float* dst) {
+  const MatmulPackedLayout layout(k, n);
+  // ~64 KiB of packed output per task at least: below that a task costs more
+  // than it saves.
+  const size_t grain = std::max<size_t>(1, 16384 / (k * kMatmulNR));
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, layout.panels, grain),
+                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+                      for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+                        const size_t k0 = layout.kblocks.Begin(kb);
+                        const size_t kc = layout.kblocks.Size(kb, k);
+                        for (size_t p = range.begin(); p < range.end(); ++p) {
+                          const size_t j0 = p * kMatmulNR;
+                          PackBSlice(b, ldb, trans, k0, kc, j0,
+                                     std::min(kMatmulNR, n - j0),
+                                     dst + layout.Slice(kb, p));
+                        }
+                      }
+                    });
+}
+
+// Row stride of a packed A strip: KC plus one cache line, so that the MR rows
+// of a strip fall into different L1 sets (1088 bytes apart on every target),
+// and the kernel addresses row r with a constant displacement r *
+// kMatmulAStride.
+inline constexpr size_t kMatmulAStride = kMatmulMaxKC + 16;
+// Floats of one packed A strip.
+inline constexpr size_t kMatmulAStripFloats = kMatmulMR * kMatmulAStride;
+
+// Packs rows [i0, i0 + rows), rows <= MR, and k in [k0, k0 + kc), kc <= KC, of
+// op(A) into one strip dst [MR][kMatmulAStride] (rows past `rows` are left
+// unset: the kernel for `rows` rows does not read them). op(A) = a [m, k] (row
+// stride lda): row copies; or a^T with a [k, m].
+HWY_INLINE void PackAStrip(const float* HWY_RESTRICT a, size_t lda, bool trans,
+                           size_t i0, size_t rows, size_t k0, size_t kc,
+                           float* HWY_RESTRICT dst) {
+  constexpr size_t S = kMatmulAStride;
+  if (!trans) {
+    for (size_t r = 0; r < rows; ++r) {
+      memcpy(dst + r * S, a + (i0 + r) * lda + k0, kc * sizeof(float));
+    }
+    return;
+  }
+  for (size_t kk = 0; kk < kc; ++kk) {
+    const float* src = a + (k0 + kk) * lda + i0;
+    for (size_t r = 0; r < rows; ++r) dst[r * S + kk] = src[r];
+  }
+}
+
+// Prefetches piece `piece` of `pieces` of what PackAStrip with the same
+// arguments reads (a strip of A in memory is MR rows of kc floats, each only
+// 2 KiB long: too short for the hardware prefetchers to get going). Spread
+// over the kernels of the strip before it: a burst of a whole strip (384 lines
+// on AVX3) would wait for free miss buffers and stall the kernels.
+HWY_INLINE void PrefetchAStrip(const float* a, size_t lda, bool trans,
+                               size_t i0, size_t rows, size_t k0, size_t kc,
+                               size_t piece, size_t pieces) {
+  if (!trans) {
+    for (size_t r = piece * rows / pieces; r < (piece + 1) * rows / pieces;
+         ++r) {
+      const float* row = a + (i0 + r) * lda + k0;
+      for (size_t kk = 0; kk < kc; kk += 16) hwy::Prefetch(row + kk);
+      hwy::Prefetch(row + kc - 1);
+    }
+    return;
+  }
+  for (size_t kk = piece * kc / pieces; kk < (piece + 1) * kc / pieces; ++kk) {
+    hwy::Prefetch(a + (k0 + kk) * lda + i0);
+    hwy::Prefetch(a + (k0 + kk) * lda + i0 + rows - 1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Micro-kernel.
+
+// Independent accumulator sets: FMA latency (4 cycles) x 2 pipes needs >= 8
+// independent chains, so tiles with fewer than 8 accumulators split k over
+// several sets (k mod sets), summed in a fixed order at the end.
+template <size_t kRows>
+constexpr size_t MatmulSets() {
+  constexpr size_t chains = kRows * kMatmulNV;
+  return chains >= 8 ? 1 : (chains >= 4 ? 2 : 4);
+}
+
+// Stores one row of a tile: c[0, cols) = alpha * acc + (first ? beta * c : c),
+// with beta == 0 on the first block meaning c is not read.
+template <class V>
+HWY_INLINE void MatmulStoreRow(const V (&acc)[kMatmulNV], float* HWY_RESTRICT c,
+                               size_t cols, float alpha, float beta,
+                               bool first) {
+  const MatmulTag d;
+  constexpr size_t N = kMatmulLanes;
+  const auto valpha = hn::Set(d, alpha);
+  if (cols == kMatmulNR) {
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      float* p = c + v * N;
+      V out;
+      if (!first) {
+        out = hn::MulAdd(valpha, acc[v], hn::LoadU(d, p));
+      } else if (beta == 0.0f) {
+        out = hn::Mul(valpha, acc[v]);
+      } else {
+        out = hn::MulAdd(valpha, acc[v],
+                         hn::Mul(hn::Set(d, beta), hn::LoadU(d, p)));
+      }
+      hn::StoreU(out, d, p);
+    }
+    return;
+  }
+  // Edge tile: the same operations one lane at a time, so values match the
+  // full-tile path.
+  HWY_ALIGN float lanes[kMatmulNR];
+  for (size_t v = 0; v < kMatmulNV; ++v) hn::Store(acc[v], d, lanes + v * N);
+  const hn::CappedTag<float, 1> d1;
+  const auto valpha1 = hn::Set(d1, alpha);
+  const auto vbeta1 = hn::Set(d1, beta);
+  for (size_t j = 0; j < cols; ++j) {
+    const auto a1 = hn::LoadU(d1, lanes + j);
+    hn::Vec<decltype(d1)> out;
+    if (!first) {
+      out = hn::MulAdd(valpha1, a1, hn::LoadU(d1, c + j));
+    } else if (beta == 0.0f) {
+      out = hn::Mul(valpha1, a1);
+    } else {
+      out = hn::MulAdd(valpha1, a1, hn::Mul(vbeta1, hn::LoadU(d1, c + j)));
+    }
+    hn::StoreU(out, d1, c + j);
+  }
+}
+
+// C tile [kRows, cols] (row stride ldc) op= alpha * A strip
+// [MR][kMatmulAStride] * B slice [kc][NR]. Not inlined: on its own the kernel
+// gets all 32 registers (inlined into the loops of the driver, GCC 12 at -O3
+// hoists loop invariants into them and spills a B vector).
+template <size_t kRows>
+HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
+                             const float* HWY_RESTRICT b, float* HWY_RESTRICT c,
+                             size_t ldc, size_t cols, float alpha, float beta,
+                             bool first) {
+  const MatmulTag d;
+  using V = hn::Vec<MatmulTag>;
+  constexpr size_t AS = kMatmulAStride;
+  constexpr size_t NR = kMatmulNR;
+  constexpr size_t N = kMatmulLanes;
+  constexpr size_t kNV = kMatmulNV;
+  constexpr size_t kSets = MatmulSets<kRows>();
+  // C is read (or written) at the end: start its lines on their way from L3 /
+  // memory now (2 lines per row on AVX3), so that the kernel's KC iterations
+  // hide the latency.
+  for (size_t r = 0; r < kRows; ++r) {
+    for (size_t j = 0; j < cols; j += 16) hwy::Prefetch(c + r * ldc + j);
+    hwy::Prefetch(c + r * ldc + cols - 1);
+  }
+  V acc[kSets][kRows][kNV];
+  for (size_t s = 0; s < kSets; ++s) {
+    for (size_t r = 0; r < kRows; ++r) {
+      for (size_t v = 0; v < kNV; ++v) acc[s][r][v] = hn::Zero(d);
+    }
+  }
+  size_t k = 0;
+  if constexpr (kSets == 1 && kNV == 2) {
+    // The common case, written out: two B vectors per k, one broadcast per row.
+    for (; k < kc; ++k) {
+      const V b0 = hn::Load(d, b + k * NR);
+      const V b1 = hn::Load(d, b + k * NR + N);
+      const float* ak = a + k;
+      for (size_t r = 0; r < kRows; ++r) {
+        const V ar = hn::Set(d, ak[r * AS]);
+        acc[0][r][0] = hn::MulAdd(ar, b0, acc[0][r][0]);
+        acc[0][r][1] = hn::MulAdd(ar, b1, acc[0][r][1]);
+      }
+    }
+  }
+  for (; k + kSets <= kc; k += kSets) {
+    for (size_t s = 0; s < kSets; ++s) {
+      const float* bk = b + (k + s) * NR;
+      const float* ak = a + (k + s);
+      V bv[kNV];
+      for (size_t v = 0; v < kNV; ++v) bv[v] = hn::Load(d, bk + v * N);
+      for (size_t r = 0; r < kRows; ++r) {
+        const V ar = hn::Set(d, ak[r * AS]);
+        for (size_t v = 0; v < kNV; ++v) {
+          acc[s][r][v] = hn::MulAdd(ar, bv[v], acc[s][r][v]);
+        }
+      }
+    }
+  }
+  // The last kc mod kSets k, set s taking k = kc - (kc mod kSets) + s (constant
+  // indices keep the accumulators in registers).
+  for (size_t s = 0; s + 1 < kSets; ++s) {
+    if (k + s < kc) {
+      const float* bk = b + (k + s) * NR;
+      const float* ak = a + k + s;
+      for (size_t r = 0; r < kRows; ++r) {
+        const V ar = hn::Set(d, ak[r * AS]);
+        for (size_t v = 0; v < kNV; ++v) {
+          acc[s][r][v] = hn::MulAdd(ar, hn::Load(d, bk + v * N), acc[s][r][v]);
+        }
+      }
+    }
+  }
+  // Pairwise sum of the sets, in a fixed order.
+  for (size_t step = kSets / 2; step >= 1; step /= 2) {
+    for (size_t s = 0; s < step; ++s) {
+      for (size_t r = 0; r < kRows; ++r) {
+        for (size_t v = 0; v < kNV; ++v) {
+          acc[s][r][v] = hn::Add(acc[s][r][v], acc[s + step][r][v]);
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < kRows; ++r) {
+    MatmulStoreRow(acc[0][r], c + r * ldc, cols, alpha, beta, first);
+  }
+}
+
+// Runs the micro-kernel for a strip of `rows` (1..MR) rows.
+HWY_INLINE void MatmulStrip(size_t rows, size_t kc, const float* a,
+                            const float* b, float* c, size_t ldc, size_t cols,
+                            float alpha, float beta, bool first) {
+  switch (rows) {
+#define HEADWAY_MATMUL_CASE(R)                                   \
+  case R:                                                        \
+    if constexpr (R <= kMatmulMR) {                              \
+      MatmulTile<R>(kc, a, b, c, ldc, cols, alpha, beta, first); \
+    }                                                            \
+    break;
+    HEADWAY_MATMUL_CASE(1)
+    HEADWAY_MATMUL_CASE(2)
+    HEADWAY_MATMUL_CASE(3)
+    HEADWAY_MATMUL_CASE(4)
+    HEADWAY_MATMUL_CASE(5)
+    HEADWAY_MATMUL_CASE(6)
+    HEADWAY_MATMUL_CASE(7)
+    HEADWAY_MATMUL_CASE(8)
+    HEADWAY_MATMUL_CASE(9)
+    HEADWAY_MATMUL_CASE(10)
+    HEADWAY_MATMUL_CASE(11)
+    HEADWAY_MATMUL_CASE(12)
+#undef HEADWAY_MATMUL_CASE
+    default:
+      HWY_DASSERT(false);
+  }
+}
+static_assert(kMatmulMR <= 12, "MatmulStrip has cases up to 12 rows");
+
+// ---------------------------------------------------------------------------------------------
+// Driver.
+
+// C = beta * C (alpha == 0: A and B are not read); beta == 0 writes zeros.
+HWY_INLINE void MatmulScaleC(float* c, size_t ldc, size_t m, size_t n,
+                             float beta) {
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, m),
+                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+                      for (size_t i = range.begin(); i < range.end(); ++i) {
+                        float* row = c + i * ldc;
+                        if (beta == 0.0f) {
+                          std::fill(row, row + n, 0.0f);
+                        } else {
+                          for (size_t j = 0; j < n; ++j) row[j] *= beta;
+                        }
+                      }
+                    });
+}
+
+// B packed during the multiplication, each slice by the first task that needs
+// it, so that the slice is in that core's cache when it is first used (packing
+// all of B first would write it to memory and read it back: 25% of the time of
+// 128 x 4096 x 4096).
+class MatmulLazyB {
+ public:
+  MatmulLazyB(const float* b, size_t ldb, bool trans,
+              const MatmulPackedLayout& layout, size_t n, float* packed)
+      : b_(b),
+        ldb_(ldb),
+        trans_(trans),
+        layout_(layout),
+        n_(n),
+        packed_(packed),
+        state_(new std::atomic<uint8_t>[layout.kblocks.count * layout.panels]) {
+    for (size_t i = 0; i < layout.kblocks.count * layout.panels; ++i) {
+      state_[i].store(kEmpty, std::memory_order_relaxed);
+    }
+  }
+
+  // Returns slice (kb, p), packing it first if no other thread has; waits
+  // (spinning: a slice takes microseconds) while another thread packs it.
+  const float* Slice(size_t kb, size_t p) {
+    float* slice = packed_ + layout_.Slice(kb, p);
+    std::atomic<uint8_t>& state = state_[kb * layout_.panels + p];
+    if (state.load(std::memory_order_acquire) == kReady) return slice;
+    uint8_t expected = kEmpty;
+    if (state.compare_exchange_strong(expected, kPacking,
+                                      std::memory_order_acquire)) {
+      const size_t j0 = p * kMatmulNR;
+      PackBSlice(b_, ldb_, trans_, layout_.kblocks.Begin(kb),
+                 layout_.kblocks.Size(kb, layout_.k), j0,
+                 std::min(kMatmulNR, n_ - j0), slice);
+      state.store(kReady, std::memory_order_release);
+      return slice;
+    }
+    for (size_t spins = 0; state.load(std::memory_order_acquire) != kReady;
+         ++spins) {
+      if (spins > 64) std::this_thread::yield();
+    }
+    return slice;
+  }
+
+ private:
+  static constexpr uint8_t kEmpty = 0, kPacking = 1, kReady = 2;
+  const float* b_;
+  size_t ldb_;
+  bool trans_;
+  const MatmulPackedLayout& layout_;
+  size_t n_;
+  float* packed_;
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [K block][panel]
+};
+
+// C [m, n] (row stride ldc) = alpha * op(A) [m, k] * B + beta * C, with B
+// packed by PackBPanels (MatmulPackedLayout), or, when lazy_b is not null,
+// packed by it on first use. alpha != 0.
+HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
+                             const float* packed_b, size_t m, size_t n,
+                             size_t k, float* c, size_t ldc, float alpha,
+                             float beta, MatmulLazyB* lazy_b = nullptr) {
+  constexpr size_t MR = kMatmulMR;
+  constexpr size_t NR = kMatmulNR;
+  const MatmulPackedLayout layout(k, n);
+  const MatmulKBlocks& kblocks = layout.kblocks;
+  const size_t panels = layout.panels;
+  const size_t threads =
+      static_cast<size_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+  const bool small_m = m <= kMatmulSmallM;
+
+  // Work split (never changes the arithmetic, see the top of this file).
+  // Rows: blocks of MC (fewer rows: one block, so that B is read once). Panels:
+  // enough groups for >= 8 tasks per thread (the last task then costs the other
+  // threads at most ~1/8 of a thread's share of the time), each of >= 4 panels
+  // (128 columns on AVX3) so that packing the A block pays off.
+  // With few panels (N = 128: 4), rows are cut finer (down to one strip) to
+  // make the tasks.
+  const size_t want_tasks = 8 * threads;
+  const size_t max_panel_blocks = std::max<size_t>(1, panels / 4);
+  size_t mc = std::min(m, kMatmulMC);
+  if (threads > 1) {
+    const size_t want_row_blocks =
+        (want_tasks + max_panel_blocks - 1) / max_panel_blocks;
+    const size_t rows_per_block = (m + want_row_blocks - 1) / want_row_blocks;
+    mc = std::min(mc, std::max(MR, (rows_per_block + MR - 1) / MR * MR));
+  }
+  const size_t row_blocks = (m + mc - 1) / mc;
+  size_t panel_blocks = (want_tasks + row_blocks - 1) / row_blocks;
+  panel_blocks = std::min(panel_blocks, max_panel_blocks);
+  if (threads == 1) panel_blocks = 1;
+  const size_t panels_per_block = (panels + panel_blocks - 1) / panel_blocks;
+  panel_blocks = (panels + panels_per_block - 1) / panels_per_block;
+
+  // Small M packs A for all K blocks at once:
+  // [strip][K block][MR][kMatmulAStride].
+  const size_t strip_floats =
+      kMatmulAStripFloats * (small_m ? kblocks.count : 1);
+  const size_t tasks = row_blocks * panel_blocks;
+  // Panels per NC block: kc x NC of B in a quarter of the 1 MiB L2 (128
+  // columns on AVX3 for kc = 512).
+  const size_t nc_panels = std::max<size_t>(
+      1, kMatmulL2Bytes / kMatmulNCDiv / (kblocks.length * NR * sizeof(float)));
+  tbb::parallel_for(
+      tbb::blocked_range<size_t>(0, tasks, 1),
+      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+        thread_local MatmulScratch scratch;
+        const size_t strips_max = (mc + MR - 1) / MR;
+        float* a_buf = scratch.Get(strips_max * strip_floats);
+        for (size_t task = range.begin(); task < range.end(); ++task) {
+          // Panel-group major: TBB hands each thread a contiguous range of
+          // tasks, so threads mostly work on different panels of B (their own
+          // B in their own L2, and no waiting for a slice another packs).
+          const size_t i0 = (task % row_blocks) * mc;
+          const size_t i1 = std::min(m, i0 + mc);
+          const size_t p0 = (task / row_blocks) * panels_per_block;
+          const size_t p1 = std::min(panels, p0 + panels_per_block);
+          const size_t strips = (i1 - i0 + MR - 1) / MR;
+          if (small_m) {
+            // A once for all of K; then per K block the task's panels in
+            // order, which lie one after the other: B streams once.
+            for (size_t s = 0; s < strips; ++s) {
+              const size_t r0 = i0 + s * MR;
+              for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                PackAStrip(a, lda, trans_a, r0, std::min(MR, i1 - r0),
+                           kblocks.Begin(kb), kblocks.Size(kb, k),
+                           a_buf + s * strip_floats + kb * kMatmulAStripFloats);
+              }
+            }
+            for (size_t kb = 0; kb < kblocks.count; ++kb) {
+              const size_t kc = kblocks.Size(kb, k);
+              for (size_t p = p0; p < p1; ++p) {
+                const size_t j0 = p * NR;
+                const size_t cols = std::min(NR, n - j0);
+                const float* slice = lazy_b != nullptr
+                                         ? lazy_b->Slice(kb, p)
+                                         : packed_b + layout.Slice(kb, p);
+                for (size_t s = 0; s < strips; ++s) {
+                  const size_t r0 = i0 + s * MR;
+                  MatmulStrip(
+                      std::min(MR, i1 - r0), kc,
+                      a_buf + s * strip_floats + kb * kMatmulAStripFloats,
+                      slice, c + r0 * ldc + j0, ldc, cols, alpha, beta,
+                      kb == 0);
+                }
+              }
+            }
+            continue;
+          }
+          for (size_t kb = 0; kb < kblocks.count; ++kb) {
+            const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
+            // NC blocks of panels: their B (kc x NC) stays in L2 while every
+            // strip passes over it; each strip's A (MR x kc) stays in L1 across
+            // the panels. A strip is packed just before its first kernels, and
+            // the next strip's A (the first of the next K block after the last)
+            // is prefetched then, so that memory delivers it during those
+            // kernels instead of in a packing phase of its own.
+            for (size_t q0 = p0; q0 < p1; q0 += nc_panels) {
+              const size_t q1 = std::min(p1, q0 + nc_panels);
+              for (size_t s = 0; s < strips; ++s) {
+                const size_t r0 = i0 + s * MR;
+                const size_t rows = std::min(MR, i1 - r0);
+                float* a_strip = a_buf + s * strip_floats;
+                // The strip to prefetch during this one's kernels: the next
+                // one, or the first of the next K block.
+                size_t next_r0 = 0, next_rows = 0, next_kb = kb;
+                if (q0 == p0) {
+                  PackAStrip(a, lda, trans_a, r0, rows, k0, kc, a_strip);
+                  if (s + 1 < strips) {
+                    next_r0 = r0 + MR;
+                    next_rows = std::min(MR, i1 - next_r0);
+                  } else if (kb + 1 < kblocks.count) {
+                    next_r0 = i0;
+                    next_rows = std::min(MR, i1 - i0);
+                    next_kb = kb + 1;
+                  }
+                }
+                for (size_t p = q0; p < q1; ++p) {
+                  if (next_rows != 0) {
+                    PrefetchAStrip(a, lda, trans_a, next_r0, next_rows,
+                                   kblocks.Begin(next_kb),
+                                   kblocks.Size(next_kb, k), p - q0, q1 - q0);
+                  }
+                  const size_t j0 = p * NR;
+                  const float* slice = s == 0 && lazy_b != nullptr
+                                           ? lazy_b->Slice(kb, p)
+                                           : packed_b + layout.Slice(kb, p);
+                  MatmulStrip(rows, kc, a_strip, slice, c + r0 * ldc + j0, ldc,
+                              std::min(NR, n - j0), alpha, beta, kb == 0);
+                }
+              }
+            }
+          }
+        }
+      },
+      tbb::simple_partitioner());
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADWAY_LIB_MATMUL_MATMUL_INL_H_

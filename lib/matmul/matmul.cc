@@ -1,0 +1,317 @@
+// Matmul: argument checks and the one dynamic dispatch per call (kernels:
+// matmul-inl.h).
+#include <stddef.h>
+#include <stdint.h>
+
+#include <new>
+
+#include "tbb/task_arena.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "lib/matmul/matmul.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "lib/matmul/matmul-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+
+// Packs op(B) [k, n] for this target into a new aligned buffer of *floats
+// floats; null when out of memory. *panel_width and *target describe the
+// layout.
+float* PackBT(const float* b, size_t ldb, bool trans_b, size_t k, size_t n,
+              size_t* floats, size_t* panel_width, int64_t* target) {
+  *panel_width = kMatmulNR;
+  *target = HWY_TARGET;
+  *floats = PackedBFloats(k, n);
+  float* packed = static_cast<float*>(
+      hwy::AllocateAlignedBytes(*floats * sizeof(float), nullptr, nullptr));
+  if (packed == nullptr) return nullptr;
+  try {
+    PackBPanels(b, ldb, trans_b, k, n, packed);
+  } catch (...) {
+    hwy::FreeAlignedBytes(packed, nullptr, nullptr);
+    throw;
+  }
+  return packed;
+}
+
+// C = alpha * op(A) * op(B) + beta * C, B packed here into a buffer of the
+// calling thread.
+void MatmulT(const float* a, size_t lda, bool trans_a, const float* b,
+             size_t ldb, bool trans_b, size_t m, size_t n, size_t k, float* c,
+             size_t ldc, float alpha, float beta) {
+  if (alpha == 0.0f) {
+    MatmulScaleC(c, ldc, m, n, beta);
+    return;
+  }
+  // Reused across calls. isolate(): while this thread waits for the parallel
+  // loops below it must not pick up another task of the host that calls Matmul
+  // and reuses the same buffer.
+  thread_local MatmulScratch b_scratch;
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    const MatmulPackedLayout layout(k, n);
+    float* packed = b_scratch.Get(layout.Floats());
+    // Packed B that fits the L2 caches (4 MiB: a 1024 x 1024 B) is packed
+    // first, all threads on disjoint panels: written and read back from cache.
+    // A larger one is packed slice by slice by the tasks that first need it,
+    // so that it is not written to memory and read back.
+    if (layout.Floats() * sizeof(float) <= (size_t{4} << 20)) {
+      PackBPanels(b, ldb, trans_b, k, n, packed);
+      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta);
+    } else {
+      MatmulLazyB lazy_b(b, ldb, trans_b, layout, n, packed);
+      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta,
+                   &lazy_b);
+    }
+  });
+  // Keep up to 64 MiB (a 4096 x 4096 B) for the next call; free anything
+  // larger.
+  b_scratch.Trim(size_t{16} << 20);
+}
+
+// The same with B packed by PackBT. Returns 0, or this target's panel width
+// when it differs from panel_width (nothing written).
+size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
+                     const float* packed_b, size_t panel_width, size_t m,
+                     size_t n, size_t k, float* c, size_t ldc, float alpha,
+                     float beta) {
+  if (panel_width != kMatmulNR) return kMatmulNR;
+  if (alpha == 0.0f) {
+    MatmulScaleC(c, ldc, m, n, beta);
+    return 0;
+  }
+  MatmulPacked(a, lda, trans_a, packed_b, m, n, k, c, ldc, alpha, beta);
+  return 0;
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <string>
+#include <utility>
+
+#include "headway/matmul.h"
+#include "headway/targets.h"
+#include "hwy/targets.h"
+#include "lib/core/init.h"
+#include "lib/core/validate.h"
+
+namespace headway {
+
+HWY_EXPORT(PackBT);
+HWY_EXPORT(MatmulT);
+HWY_EXPORT(MatmulPackedT);
+
+namespace {
+
+// Widest panel of any target (AVX-512: 2 vectors of 16 floats): bounds the
+// packed size.
+constexpr int64_t kMaxPanelWidth = 64;
+
+std::string Shape(int64_t rows, int64_t cols) {
+  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+Status CheckTranspose(const char* fn, const char* name, Transpose t) {
+  if (t == Transpose::kNo || t == Transpose::kYes) return Status::Ok();
+  return Status::InvalidArgument(std::string(fn) + ": " + name +
+                                 " is not Transpose::kNo or kYes (got " +
+                                 std::to_string(static_cast<int>(t)) + ")");
+}
+
+int64_t ViewBytes(int64_t rows, int64_t cols, int64_t stride) {
+  int64_t bytes = 0;
+  internal::SpanBytes(rows, cols, stride, sizeof(float), &bytes);
+  return bytes;
+}
+
+// Checks everything but B's own view: a, ta, c, alpha, beta against op(B) [k_b,
+// n].
+Status CheckMatmul(const char* fn, MatrixView<const float> a, Transpose ta,
+                   int64_t k_b, int64_t n, MatrixView<float> c, float alpha,
+                   float beta) {
+  Status status = internal::CheckMatrix(fn, "a", a);
+  if (status.ok()) status = CheckTranspose(fn, "ta", ta);
+  if (status.ok()) status = internal::CheckMatrix(fn, "c", c);
+  if (!status.ok()) return status;
+  const bool trans_a = ta == Transpose::kYes;
+  const int64_t m = trans_a ? a.cols : a.rows;
+  const int64_t k = trans_a ? a.rows : a.cols;
+  if (k != k_b) {
+    return Status::InvalidArgument(
+        std::string(fn) + ": op(a) is " + Shape(m, k) + " but op(b) is " +
+        Shape(k_b, n) + " (inner dimensions differ)");
+  }
+  if (c.rows != m || c.cols != n) {
+    return Status::InvalidArgument(std::string(fn) + ": c is " +
+                                   Shape(c.rows, c.cols) +
+                                   " but op(a) * op(b) is " + Shape(m, n));
+  }
+  if (internal::Overlaps(a.data, ViewBytes(a.rows, a.cols, a.stride), c.data,
+                         ViewBytes(c.rows, c.cols, c.stride))) {
+    return Status::InvalidArgument(std::string(fn) + ": c overlaps a");
+  }
+  status = internal::CheckFinite(fn, "alpha", alpha);
+  if (status.ok()) status = internal::CheckFinite(fn, "beta", beta);
+  return status;
+}
+
+Status CheckPackedSize(const char* fn, int64_t k, int64_t n) {
+  const int64_t padded_n =
+      (n + kMaxPanelWidth - 1) / kMaxPanelWidth * kMaxPanelWidth;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(padded_n, k, &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<int64_t>(sizeof(float)),
+                             &bytes)) {
+    return Status::ResourceExhausted(std::string(fn) + ": packing op(b) " +
+                                     Shape(k, n) + " overflows the byte count");
+  }
+  return Status::Ok();
+}
+
+// Runs a dispatched call; no exception escapes.
+template <class Body>
+Status Guarded(const char* fn, const Body& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(std::string(fn) + ": out of memory");
+  } catch (...) {
+    return Status::Internal(std::string(fn) + ": unexpected exception");
+  }
+}
+
+}  // namespace
+
+namespace internal {
+void PackedFree::operator()(float* data) const {
+  hwy::FreeAlignedBytes(data, nullptr, nullptr);
+}
+}  // namespace internal
+
+PackedB::PackedB() = default;
+PackedB::~PackedB() = default;
+PackedB::PackedB(PackedB&& other) noexcept
+    : data_(std::move(other.data_)),
+      floats_(std::exchange(other.floats_, 0)),
+      rows_(std::exchange(other.rows_, 0)),
+      cols_(std::exchange(other.cols_, 0)),
+      panel_width_(std::exchange(other.panel_width_, 0)),
+      target_name_(std::exchange(other.target_name_, "")) {}
+PackedB& PackedB::operator=(PackedB&& other) noexcept {
+  if (this != &other) {
+    data_ = std::move(other.data_);
+    floats_ = std::exchange(other.floats_, 0);
+    rows_ = std::exchange(other.rows_, 0);
+    cols_ = std::exchange(other.cols_, 0);
+    panel_width_ = std::exchange(other.panel_width_, 0);
+    target_name_ = std::exchange(other.target_name_, "");
+  }
+  return *this;
+}
+
+Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
+  constexpr const char* kFn = "PackedB::Pack";
+  if (out == nullptr)
+    return Status::InvalidArgument("PackedB::Pack: out is null");
+  Status status = internal::CheckMatrix(kFn, "b", b);
+  if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
+  if (!status.ok()) return status;
+  const bool trans_b = tb == Transpose::kYes;
+  const int64_t k = trans_b ? b.cols : b.rows;
+  const int64_t n = trans_b ? b.rows : b.cols;
+  status = CheckPackedSize(kFn, k, n);
+  if (!status.ok()) return status;
+  internal::InitOnce();
+  return Guarded(kFn, [&]() -> Status {
+    size_t floats = 0, panel_width = 0;
+    int64_t target = 0;
+    float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
+        b.data, static_cast<size_t>(b.stride), trans_b, static_cast<size_t>(k),
+        static_cast<size_t>(n), &floats, &panel_width, &target);
+    if (packed == nullptr) {
+      return Status::ResourceExhausted(std::string(kFn) + ": no memory for " +
+                                       std::to_string(floats * sizeof(float)) +
+                                       " bytes");
+    }
+    out->data_.reset(packed);
+    out->floats_ = floats;
+    out->rows_ = k;
+    out->cols_ = n;
+    out->panel_width_ = static_cast<int64_t>(panel_width);
+    out->target_name_ = hwy::TargetName(target);
+    return Status::Ok();
+  });
+}
+
+Status Matmul(MatrixView<const float> a, Transpose ta,
+              MatrixView<const float> b, Transpose tb, MatrixView<float> c,
+              float alpha, float beta) {
+  constexpr const char* kFn = "Matmul";
+  Status status = internal::CheckMatrix(kFn, "b", b);
+  if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
+  if (!status.ok()) return status;
+  const bool trans_b = tb == Transpose::kYes;
+  const int64_t k = trans_b ? b.cols : b.rows;
+  const int64_t n = trans_b ? b.rows : b.cols;
+  status = CheckMatmul(kFn, a, ta, k, n, c, alpha, beta);
+  if (status.ok() &&
+      internal::Overlaps(b.data, ViewBytes(b.rows, b.cols, b.stride), c.data,
+                         ViewBytes(c.rows, c.cols, c.stride))) {
+    status = Status::InvalidArgument("Matmul: c overlaps b");
+  }
+  if (status.ok()) status = CheckPackedSize(kFn, k, n);
+  if (!status.ok()) return status;
+  internal::InitOnce();
+  const bool trans_a = ta == Transpose::kYes;
+  return Guarded(kFn, [&]() -> Status {
+    HWY_DYNAMIC_DISPATCH(MatmulT)
+    (a.data, static_cast<size_t>(a.stride), trans_a, b.data,
+     static_cast<size_t>(b.stride), trans_b, static_cast<size_t>(c.rows),
+     static_cast<size_t>(c.cols), static_cast<size_t>(k), c.data,
+     static_cast<size_t>(c.stride), alpha, beta);
+    return Status::Ok();
+  });
+}
+
+Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
+              MatrixView<float> c, float alpha, float beta) {
+  constexpr const char* kFn = "Matmul";
+  if (b.data() == nullptr) {
+    return Status::InvalidArgument(
+        "Matmul: b is empty (PackedB::Pack it first)");
+  }
+  Status status = CheckMatmul(kFn, a, ta, b.rows(), b.cols(), c, alpha, beta);
+  if (status.ok() &&
+      internal::Overlaps(b.data(), static_cast<int64_t>(b.bytes()), c.data,
+                         ViewBytes(c.rows, c.cols, c.stride))) {
+    status = Status::InvalidArgument("Matmul: c overlaps b");
+  }
+  if (!status.ok()) return status;
+  internal::InitOnce();
+  const bool trans_a = ta == Transpose::kYes;
+  return Guarded(kFn, [&]() -> Status {
+    const size_t want = HWY_DYNAMIC_DISPATCH(MatmulPackedT)(
+        a.data, static_cast<size_t>(a.stride), trans_a, b.data(),
+        static_cast<size_t>(b.panel_width()), static_cast<size_t>(c.rows),
+        static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
+        static_cast<size_t>(c.stride), alpha, beta);
+    if (want != 0) {
+      return Status::FailedPrecondition(
+          std::string(kFn) + ": b was packed for " + b.target_name() +
+          " (panels of " + std::to_string(b.panel_width()) +
+          " columns) but this call runs on " + ActiveTarget().name +
+          " (panels of " + std::to_string(want) +
+          "): pack b again after changing the target");
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace headway
+#endif  // HWY_ONCE

@@ -1,0 +1,535 @@
+// Matmul tests: every target, against the float64 reference
+// (test/support/reference.h), over the tile edges of the micro-kernel, every op
+// combination, alpha/beta, strided, misaligned and guard-paged views,
+// pre-packed B, thread counts and every argument error.
+#include "headway/matmul.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "tbb/parallel_for.h"
+#include "tbb/task_arena.h"
+#include "test/support/guard_page.h"
+#include "test/support/lanes.h"
+#include "test/support/random.h"
+#include "test/support/reference.h"
+#include "test/support/target_test.h"
+
+namespace headway {
+namespace {
+
+constexpr Transpose kOps[2] = {Transpose::kNo, Transpose::kYes};
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The micro-kernel tile of the active target (lib/matmul/matmul-inl.h): MR
+// rows, NR = 2 vectors of columns (4 single floats on SCALAR), K blocks of at
+// most 512.
+struct Tile {
+  int64_t lanes, mr, nr, kc;
+};
+Tile ActiveTile() {
+  const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
+  if (lanes == 1) return {1, 4, 4, 512};
+  if (lanes >= 16) return {lanes, 12, 2 * lanes, 512};
+  return {lanes, 6, 2 * lanes, 512};
+}
+
+// Storage for op(x) [rows, cols] given as x [rows, cols] (kNo) or [cols, rows]
+// (kYes), with row stride = stored cols + pad and `offset` floats before the
+// data (misaligned views).
+struct Operand {
+  Operand(int64_t op_rows, int64_t op_cols, Transpose t, int64_t pad,
+          int64_t offset, uint64_t seed)
+      : rows(t == Transpose::kNo ? op_rows : op_cols),
+        cols(t == Transpose::kNo ? op_cols : op_rows),
+        stride(cols + pad),
+        storage(static_cast<size_t>(offset + (rows - 1) * stride + cols)),
+        data(storage.data() + offset) {
+    test::FillRandomMatrix(data, rows, cols, stride, seed);
+  }
+  MatrixView<const float> view() const {
+    return MatrixView<const float>(data, rows, cols, stride);
+  }
+  int64_t rows, cols, stride;
+  std::vector<float> storage;
+  float* data;
+};
+
+// The documented bound (include/headway/matmul.h), the same on every target:
+// |c - exact| <= (K + K / 512 + 3) * 2^-24 * (|alpha| sum_k |a| |b| + |beta|
+// |c_old|). Each element is a float32 dot product accumulated with one FMA (one
+// rounding) per term in K blocks of at most 512, each block added to C with one
+// more FMA (ceil(K / 512) <= K / 512 + 1 roundings), plus the rounding of beta
+// * c_old and of the split accumulators' final sums (small tiles): at most K +
+// K / 512 + 3 roundings, each at most 2^-24 relative to a partial sum that
+// abs_c bounds (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1).
+// The float64 reference is exact to ~1e-16 of abs_c, far below the bound.
+double Tolerance(int64_t k, double abs_c) {
+  const double kd = static_cast<double>(k);
+  return (kd + kd / 512.0 + 3.0) * std::ldexp(1.0, -24) * abs_c +
+         std::numeric_limits<float>::denorm_min();
+}
+
+// Runs Matmul on op(A) [m, k], op(B) [k, n] with the given ops and checks it
+// against the reference. C has a row stride of n + c_pad with sentinels in the
+// padding that must survive.
+void CheckCase(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
+               float alpha, float beta, int64_t pad = 0, int64_t offset = 0,
+               bool packed = false, uint64_t seed = 1) {
+  SCOPED_TRACE(testing::Message()
+               << "m=" << m << " n=" << n << " k=" << k << " ta="
+               << static_cast<int>(ta) << " tb=" << static_cast<int>(tb)
+               << " alpha=" << alpha << " beta=" << beta << " pad=" << pad
+               << " offset=" << offset << " packed=" << packed);
+  const Operand a(m, k, ta, pad, offset, seed * 3 + 1);
+  const Operand b(k, n, tb, pad, offset, seed * 3 + 2);
+  const int64_t ldc = n + pad;
+  std::vector<float> c_storage(static_cast<size_t>(offset + m * ldc), -7.0f);
+  float* c = c_storage.data() + offset;
+  std::vector<double> ref(static_cast<size_t>(m * n)), abs_ref(ref.size());
+  if (beta == 0.0f) {
+    // Whatever C holds must not survive, NaN included.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = kNaN;
+    }
+  } else {
+    test::FillRandomMatrix(c, m, n, ldc, seed * 3 + 3);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) ref[i * n + j] = c[i * ldc + j];
+    }
+  }
+  // FillRandomMatrix put NaN in C's padding: make it a sentinel that must stay.
+  for (int64_t i = 0; i + 1 < m; ++i) {
+    for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = -7.0f;
+  }
+  test::ref::Matmul(m, n, k, alpha, a.data, a.stride, ta == Transpose::kYes,
+                    b.data, b.stride, tb == Transpose::kYes, beta, ref.data(),
+                    abs_ref.data());
+  const MatrixView<float> c_view(c, m, n, ldc);
+  if (packed) {
+    PackedB packed_b;
+    ASSERT_TRUE(PackedB::Pack(b.view(), tb, &packed_b).ok());
+    const Status status = Matmul(a.view(), ta, packed_b, c_view, alpha, beta);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  } else {
+    const Status status =
+        Matmul(a.view(), ta, b.view(), tb, c_view, alpha, beta);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+  int failures = 0;
+  for (int64_t i = 0; i < m && failures < 5; ++i) {
+    for (int64_t j = 0; j < n && failures < 5; ++j) {
+      const double got = c[i * ldc + j];
+      const double want = ref[i * n + j];
+      const double tol = Tolerance(k, abs_ref[i * n + j]);
+      if (!(std::abs(got - want) <= tol)) {
+        ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want "
+                      << want << " +- " << tol;
+        ++failures;
+      }
+    }
+    if (i + 1 < m) {
+      for (int64_t j = n; j < ldc; ++j) {
+        if (c[i * ldc + j] != -7.0f) {
+          ADD_FAILURE() << "padding c[" << i << ", " << j << "] was written";
+          ++failures;
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < offset; ++i) {
+    EXPECT_EQ(c_storage[i], -7.0f) << "wrote before c";
+  }
+}
+
+class MatmulTest : public test::TargetTest {};
+
+// Each of M, N, K swept over the kernel's edges while the other two stay at
+// sizes with edges of their own, for every op combination.
+TEST_P(MatmulTest, TileEdges) {
+  const Tile t = ActiveTile();
+  const std::vector<int64_t> sizes = {
+      1,        2,    3,        t.lanes - 1, t.lanes,  t.lanes + 1,
+      t.mr - 1, t.mr, t.mr + 1, t.nr - 1,    t.nr + 1, 2 * t.mr + 1,
+      17};
+  for (Transpose ta : kOps) {
+    for (Transpose tb : kOps) {
+      for (int64_t s : sizes) {
+        if (s < 1) continue;
+        CheckCase(s, t.nr + 3, 19, ta, tb, 1.0f, 0.0f);
+        CheckCase(t.mr + 2, s, 23, ta, tb, 1.0f, 0.0f);
+        CheckCase(t.mr - 1, t.nr - 1, s, ta, tb, 1.0f, 0.0f);
+      }
+    }
+  }
+}
+
+// K across the K-block boundary (KC = 512) and beyond, with M and N crossing
+// their tiles.
+TEST_P(MatmulTest, KBlocks) {
+  const Tile t = ActiveTile();
+  for (int64_t k : {t.kc - 1, t.kc, t.kc + 1, 2 * t.kc + 3, int64_t{1009}}) {
+    CheckCase(t.mr + 1, t.nr + 1, k, Transpose::kNo, Transpose::kNo, 1.0f,
+              0.0f);
+    CheckCase(2 * t.mr - 1, 2 * t.nr - 3, k, Transpose::kYes, Transpose::kYes,
+              -1.5f, 0.5f);
+  }
+}
+
+// Sizes from the small-M (decode) path, M = 1..17, against wide B.
+TEST_P(MatmulTest, SmallM) {
+  const Tile t = ActiveTile();
+  for (int64_t m = 1; m <= 17; ++m) {
+    CheckCase(m, 5 * t.nr + 3, 300, Transpose::kNo, Transpose::kNo, 1.0f, 0.0f);
+  }
+  CheckCase(1, 1021, 509, Transpose::kNo, Transpose::kYes, 1.0f, 1.0f);
+  CheckCase(16, 1021, 509, Transpose::kYes, Transpose::kNo, 2.0f, 0.0f);
+}
+
+// Larger primes: many tasks, every edge at once.
+TEST_P(MatmulTest, Primes) {
+  CheckCase(127, 251, 509, Transpose::kNo, Transpose::kNo, 1.0f, 0.0f);
+  CheckCase(1009, 37, 61, Transpose::kNo, Transpose::kNo, 1.0f, 0.5f);
+  CheckCase(97, 1009, 61, Transpose::kYes, Transpose::kNo, 1.0f, 0.0f);
+  CheckCase(211, 61, 263, Transpose::kNo, Transpose::kYes, 1.0f, 0.0f);
+}
+
+TEST_P(MatmulTest, Random) {
+  test::SplitMix64 rng(42);
+  for (int i = 0; i < 12; ++i) {
+    const int64_t m = 1 + static_cast<int64_t>(rng.Next() % 150);
+    const int64_t n = 1 + static_cast<int64_t>(rng.Next() % 150);
+    const int64_t k = 1 + static_cast<int64_t>(rng.Next() % 400);
+    const Transpose ta = kOps[rng.Next() % 2], tb = kOps[rng.Next() % 2];
+    const float alpha = rng.Uniform(-2.0f, 2.0f);
+    const float beta = (rng.Next() % 2) ? 0.0f : rng.Uniform(-2.0f, 2.0f);
+    CheckCase(
+        m, n, k, ta, tb, alpha, beta, static_cast<int64_t>(rng.Next() % 3),
+        static_cast<int64_t>(rng.Next() % 3), rng.Next() % 2 == 0, rng.Next());
+  }
+}
+
+TEST_P(MatmulTest, AlphaBeta) {
+  const Tile t = ActiveTile();
+  const int64_t m = t.mr + 3, n = t.nr + 5, k = 37;
+  const float cases[][2] = {{1, 0}, {2.5f, 0}, {1, 1}, {-0.5f, 0.75f}, {1, -1}};
+  for (const auto& ab : cases) {
+    for (Transpose ta : kOps) {
+      for (Transpose tb : kOps) CheckCase(m, n, k, ta, tb, ab[0], ab[1]);
+    }
+  }
+}
+
+// alpha == 0 reads neither A nor B (BLAS): NaN there does not reach C.
+TEST_P(MatmulTest, AlphaZeroIgnoresInputs) {
+  for (float beta : {0.0f, 0.5f}) {
+    const int64_t m = 7, n = 9, k = 5;
+    std::vector<float> a(m * k, kNaN), b(k * n, kNaN), c(m * n);
+    test::FillRandom(c.data(), c.size(), 3);
+    const std::vector<float> old = c;
+    ASSERT_TRUE(Matmul(MatrixView<const float>(a.data(), m, k), Transpose::kNo,
+                       MatrixView<const float>(b.data(), k, n), Transpose::kNo,
+                       MatrixView<float>(c.data(), m, n), 0.0f, beta)
+                    .ok());
+    for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], beta * old[i]) << i;
+  }
+}
+
+// Row strides longer than the rows (NaN padding that must not be read) and data
+// that starts off vector alignment, packed and unpacked.
+TEST_P(MatmulTest, StridedAndMisaligned) {
+  const Tile t = ActiveTile();
+  for (int64_t pad : {1, 3, 17}) {
+    for (int64_t offset : {1, 3}) {
+      for (Transpose ta : kOps) {
+        for (Transpose tb : kOps) {
+          for (bool packed : {false, true}) {
+            CheckCase(2 * t.mr + 1, 2 * t.nr + 1, 45, ta, tb, 1.0f, 0.5f, pad,
+                      offset, packed);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Views that end or start against a PROT_NONE page: a read or write past them
+// crashes.
+TEST_P(MatmulTest, GuardPages) {
+  const Tile t = ActiveTile();
+  for (test::GuardSide side :
+       {test::GuardSide::kAfter, test::GuardSide::kBefore}) {
+    for (int64_t m : {int64_t{1}, t.mr + 1}) {
+      for (int64_t n : {int64_t{1}, t.lanes + 1, t.nr - 1}) {
+        for (Transpose ta : kOps) {
+          for (Transpose tb : kOps) {
+            const int64_t k = 13;
+            test::GuardedBuffer<float> a(static_cast<size_t>(m * k), side);
+            test::GuardedBuffer<float> b(static_cast<size_t>(k * n), side);
+            test::GuardedBuffer<float> c(static_cast<size_t>(m * n), side);
+            test::FillRandom(a.data(), a.size(), 1);
+            test::FillRandom(b.data(), b.size(), 2);
+            test::FillRandom(c.data(), c.size(), 3);
+            const int64_t a_cols = ta == Transpose::kNo ? k : m;
+            const int64_t b_cols = tb == Transpose::kNo ? n : k;
+            const MatrixView<const float> av(a.data(), m * k / a_cols, a_cols);
+            const MatrixView<const float> bv(b.data(), k * n / b_cols, b_cols);
+            const MatrixView<float> cv(c.data(), m, n);
+            ASSERT_TRUE(Matmul(av, ta, bv, tb, cv, 1.0f, 1.0f).ok());
+            PackedB packed;
+            ASSERT_TRUE(PackedB::Pack(bv, tb, &packed).ok());
+            ASSERT_TRUE(Matmul(av, ta, packed, cv, 1.0f, 0.0f).ok());
+          }
+        }
+      }
+    }
+  }
+}
+
+// Multiplies with fresh C buffers, returns C.
+std::vector<float> RunMatmul(const Operand& a, Transpose ta, const Operand& b,
+                             Transpose tb, int64_t m, int64_t n,
+                             const PackedB* packed, float beta) {
+  std::vector<float> c(static_cast<size_t>(m * n));
+  test::FillRandom(c.data(), c.size(), 77);
+  const MatrixView<float> cv(c.data(), m, n);
+  const Status status =
+      packed != nullptr ? Matmul(a.view(), ta, *packed, cv, 0.75f, beta)
+                        : Matmul(a.view(), ta, b.view(), tb, cv, 0.75f, beta);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return c;
+}
+
+bool BitIdentical(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() &&
+         std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// Pre-packed B gives exactly the unpacked result.
+TEST_P(MatmulTest, PackedEqualsUnpacked) {
+  const Tile t = ActiveTile();
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape& s : {Shape{1, 300, 700}, Shape{9, 77, 513},
+                         Shape{3 * t.mr + 1, 3 * t.nr + 1, 2 * t.kc + 1}}) {
+    for (Transpose ta : kOps) {
+      for (Transpose tb : kOps) {
+        const Operand a(s.m, s.k, ta, 1, 0, 11), b(s.k, s.n, tb, 2, 0, 12);
+        PackedB packed;
+        ASSERT_TRUE(PackedB::Pack(b.view(), tb, &packed).ok());
+        EXPECT_EQ(packed.rows(), s.k);
+        EXPECT_EQ(packed.cols(), s.n);
+        EXPECT_EQ(packed.panel_width(), t.nr);
+        EXPECT_EQ(packed.bytes(),
+                  static_cast<size_t>(s.k * ((s.n + t.nr - 1) / t.nr) * t.nr) *
+                      sizeof(float));
+        EXPECT_STREQ(packed.target_name(), GetParam().name);
+        for (float beta : {0.0f, 1.0f}) {
+          EXPECT_TRUE(
+              BitIdentical(RunMatmul(a, ta, b, tb, s.m, s.n, nullptr, beta),
+                           RunMatmul(a, ta, b, tb, s.m, s.n, &packed, beta)))
+              << s.m << "x" << s.n << "x" << s.k;
+        }
+      }
+    }
+  }
+}
+
+// 1, 2 and 7 threads give bit-identical results (work split over M and N only).
+TEST_P(MatmulTest, ThreadCountInvariant) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape& s :
+       {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 700}}) {
+    const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
+    const Operand b(s.k, s.n, Transpose::kYes, 0, 0, 22);
+    PackedB packed;
+    ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kYes, &packed).ok());
+    std::vector<float> results[3], packed_results[3];
+    const int threads[3] = {1, 2, 7};
+    for (int i = 0; i < 3; ++i) {
+      tbb::task_arena arena(threads[i]);
+      arena.execute([&] {
+        results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kYes, s.m, s.n,
+                               nullptr, 0.5f);
+        packed_results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kYes,
+                                      s.m, s.n, &packed, 0.5f);
+      });
+    }
+    for (int i = 1; i < 3; ++i) {
+      EXPECT_TRUE(BitIdentical(results[0], results[i]))
+          << threads[i] << " threads";
+      EXPECT_TRUE(BitIdentical(results[0], packed_results[i]))
+          << threads[i] << " threads, packed";
+    }
+  }
+}
+
+// Calls from inside the host's own parallel loop (nested parallelism): each
+// call's per-thread buffers stay its own.
+TEST_P(MatmulTest, ConcurrentCalls) {
+  constexpr int kCalls = 8;
+  const Operand a(37, 300, Transpose::kNo, 0, 0, 31);
+  std::vector<Operand> bs;
+  for (int i = 0; i < kCalls; ++i)
+    bs.emplace_back(300, 70 + i, Transpose::kNo, 0, 0, 40 + i);
+  std::vector<std::vector<float>> serial(kCalls), nested(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    serial[i] = RunMatmul(a, Transpose::kNo, bs[i], Transpose::kNo, 37, 70 + i,
+                          nullptr, 0.0f);
+  }
+  tbb::parallel_for(0, kCalls, [&](int i) {
+    nested[i] = RunMatmul(a, Transpose::kNo, bs[i], Transpose::kNo, 37, 70 + i,
+                          nullptr, 0.0f);
+  });
+  for (int i = 0; i < kCalls; ++i)
+    EXPECT_TRUE(BitIdentical(serial[i], nested[i])) << i;
+}
+
+// A PackedB from a target with another panel width is refused, not misread.
+TEST_P(MatmulTest, PackedForOtherTarget) {
+  const Operand a(5, 40, Transpose::kNo, 0, 0, 1),
+      b(40, 50, Transpose::kNo, 0, 0, 2);
+  PackedB packed;
+  ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed).ok());
+  std::vector<float> c(5 * 50);
+  for (const Target& other : SupportedTargets()) {
+    ASSERT_TRUE(SetMaxTarget(other.name).ok());
+    const int64_t width = ActiveTile().nr;
+    const std::vector<float> before = c;
+    const Status status = Matmul(a.view(), Transpose::kNo, packed,
+                                 MatrixView<float>(c.data(), 5, 50));
+    if (width == packed.panel_width()) {
+      EXPECT_TRUE(status.ok()) << other.name << ": " << status.ToString();
+    } else {
+      EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << other.name;
+      EXPECT_NE(status.message().find("pack b again"), std::string::npos)
+          << status.message();
+      EXPECT_TRUE(BitIdentical(before, c)) << "written on error";
+    }
+  }
+  ASSERT_TRUE(SetMaxTarget(GetParam().name).ok());
+}
+
+HEADWAY_INSTANTIATE_TARGET_TEST(MatmulTest);
+
+// ---------------------------------------------------------------------------------------------
+// Errors (target-independent: checked before dispatch).
+
+Status Mm(MatrixView<const float> a, MatrixView<const float> b,
+          MatrixView<float> c, Transpose ta = Transpose::kNo,
+          Transpose tb = Transpose::kNo, float alpha = 1, float beta = 0) {
+  return Matmul(a, ta, b, tb, c, alpha, beta);
+}
+
+void ExpectError(const Status& status, StatusCode code, const char* needle) {
+  EXPECT_EQ(status.code(), code) << status.ToString();
+  EXPECT_NE(status.message().find(needle), std::string::npos)
+      << status.message();
+}
+
+TEST(MatmulErrors, Arguments) {
+  std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 3.0f);
+  const MatrixView<const float> a44(a.data(), 4, 4), b44(b.data(), 4, 4);
+  const MatrixView<float> c44(c.data(), 4, 4);
+  ExpectError(Mm(MatrixView<const float>(nullptr, 4, 4), b44, c44),
+              StatusCode::kInvalidArgument, "a.data is null");
+  ExpectError(Mm(a44, MatrixView<const float>(nullptr, 4, 4), c44),
+              StatusCode::kInvalidArgument, "b.data is null");
+  ExpectError(Mm(a44, b44, MatrixView<float>(nullptr, 4, 4)),
+              StatusCode::kInvalidArgument, "c.data is null");
+  ExpectError(Mm(MatrixView<const float>(a.data(), 0, 4), b44, c44),
+              StatusCode::kInvalidArgument, "a.rows");
+  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, -1), c44),
+              StatusCode::kInvalidArgument, "b.cols");
+  ExpectError(Mm(MatrixView<const float>(a.data(), 4, 4, 3), b44, c44),
+              StatusCode::kInvalidArgument, "a.stride (3)");
+  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 4, 2)),
+              StatusCode::kInvalidArgument, "c.stride (2)");
+  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 3, 4), c44),
+              StatusCode::kInvalidArgument, "inner dimensions");
+  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 3)),
+              StatusCode::kInvalidArgument, "c is [4, 3]");
+  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, 2), c44,
+                 Transpose::kNo, Transpose::kYes),
+              StatusCode::kInvalidArgument, "inner dimensions");
+  ExpectError(Mm(a44, b44, c44, static_cast<Transpose>(2)),
+              StatusCode::kInvalidArgument, "ta is not");
+  ExpectError(Mm(a44, b44, c44, Transpose::kNo, static_cast<Transpose>(-1)),
+              StatusCode::kInvalidArgument, "tb is not");
+  ExpectError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, kNaN),
+              StatusCode::kInvalidArgument, "alpha must be finite");
+  ExpectError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, 1,
+                 std::numeric_limits<float>::infinity()),
+              StatusCode::kInvalidArgument, "beta must be finite");
+  // Aliasing: C overlapping A or B (even partly) is refused.
+  ExpectError(Mm(MatrixView<const float>(c.data(), 4, 4), b44, c44),
+              StatusCode::kInvalidArgument, "c overlaps a");
+  ExpectError(Mm(a44, MatrixView<const float>(c.data() + 15, 4, 4), c44),
+              StatusCode::kInvalidArgument, "c overlaps b");
+  // Byte counts that overflow.
+  const int64_t huge = int64_t{1} << 62;
+  ExpectError(Mm(MatrixView<const float>(a.data(), 4, 4, huge), b44, c44),
+              StatusCode::kResourceExhausted, "overflows");
+  for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
+}
+
+TEST(MatmulErrors, PackedB) {
+  std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 3.0f);
+  const MatrixView<const float> a44(a.data(), 4, 4), b44(b.data(), 4, 4);
+  const MatrixView<float> c44(c.data(), 4, 4);
+  PackedB empty;
+  EXPECT_EQ(empty.rows(), 0);
+  EXPECT_EQ(empty.bytes(), 0u);
+  ExpectError(Matmul(a44, Transpose::kNo, empty, c44),
+              StatusCode::kInvalidArgument, "b is empty");
+  ExpectError(PackedB::Pack(b44, Transpose::kNo, nullptr),
+              StatusCode::kInvalidArgument, "out is null");
+  ExpectError(PackedB::Pack(MatrixView<const float>(nullptr, 4, 4),
+                            Transpose::kNo, &empty),
+              StatusCode::kInvalidArgument, "b.data is null");
+  ExpectError(PackedB::Pack(b44, static_cast<Transpose>(5), &empty),
+              StatusCode::kInvalidArgument, "tb is not");
+  // K * N * 4 overflows although the view itself (one huge row) is addressable.
+  ExpectError(
+      PackedB::Pack(MatrixView<const float>(b.data(), int64_t{1} << 31,
+                                            int64_t{1} << 31, int64_t{1} << 31),
+                    Transpose::kNo, &empty),
+      StatusCode::kResourceExhausted, "overflows");
+  EXPECT_EQ(empty.bytes(), 0u);
+
+  PackedB packed;
+  ASSERT_TRUE(PackedB::Pack(b44, Transpose::kNo, &packed).ok());
+  EXPECT_GT(packed.bytes(), 0u);
+  ExpectError(Matmul(MatrixView<const float>(a.data(), 4, 3), Transpose::kNo,
+                     packed, c44),
+              StatusCode::kInvalidArgument, "inner dimensions");
+  ExpectError(
+      Matmul(a44, Transpose::kNo, packed, MatrixView<float>(c.data(), 4, 5)),
+      StatusCode::kInvalidArgument, "c is [4, 5]");
+  ExpectError(Matmul(MatrixView<const float>(c.data(), 4, 4), Transpose::kNo,
+                     packed, c44),
+              StatusCode::kInvalidArgument, "c overlaps a");
+  for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
+
+  // Moves transfer ownership.
+  const size_t bytes = packed.bytes();
+  PackedB moved(std::move(packed));
+  EXPECT_EQ(moved.bytes(), bytes);
+  EXPECT_EQ(packed.bytes(),
+            0u);  // NOLINT(bugprone-use-after-move): documented empty
+  EXPECT_TRUE(Matmul(a44, Transpose::kNo, moved, c44).ok());
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], 4.0f);
+}
+
+}  // namespace
+}  // namespace headway
