@@ -128,6 +128,7 @@ inline AttentionScratch& ThreadAttentionScratch() {
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "lib/matmul/matmul-inl.h"
 #include "lib/softmax/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -794,59 +795,53 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
       });
 }
 
-// The materialised path for one sequence: weights [n_heads * n_tokens, kv_len]
-// (row stride w_stride) = softmax(scale * Q_h K_g^T + masks) per head, then out
-// = weights V per head. Parallel over (head, token); each row is computed
-// whole, so threads do not change results.
+// The materialised path for one sequence, as the seed's numpy code does it with
+// a BLAS, head by head: weights_h [n_tokens, kv_len] (row stride w_stride) =
+// scale * Q_h K_g^T (matmul), masks, softmax (rows in parallel), out_h =
+// weights_h V_g (matmul). The weights are [n_heads * n_tokens, kv_len]: head
+// h's rows start at h * n_tokens.
 HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
                                       const AttentionWork& work, float* weights,
                                       int64_t w_stride) {
-  const AttnD d;
-  const size_t N = hn::Lanes(d);
   const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const size_t n_tokens = static_cast<size_t>(work.n_tokens);
+  const size_t kv_len = static_cast<size_t>(work.kv_len);
+  const size_t dim = static_cast<size_t>(dims.head_dim);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
-  const int64_t n_rows = dims.n_heads * work.n_tokens;
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, n_rows, 1),
-      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
-        float* qs = ThreadAttentionScratch().Get(2 * row_stride);
-        float* acc_row = qs + row_stride;
-        for (int64_t row = range.begin(); row < range.end(); ++row) {
-          const int64_t h = row / work.n_tokens;
-          const int64_t t = row % work.n_tokens;
-          const int64_t g = h / group;
-          const float* keys = work.keys + g * dims.head_stride;
-          const float* values = work.values + g * dims.head_stride;
-          const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
-          for (int64_t p = 0; p < dims.head_dim; ++p)
-            qs[p] = dims.scale * q_row[p];
-          std::fill(qs + dims.head_dim, qs + row_stride, 0.0f);
-          float* w_row = weights + row * w_stride;
-          const int64_t visible =
-              dims.causal ? std::min(work.kv_len, work.q_pos0 + t + 1)
-                          : work.kv_len;
-          const float* mask_row =
-              work.mask ? work.mask + t * work.mask_stride : nullptr;
-          for (int64_t s = 0; s < work.kv_len; ++s) {
-            w_row[s] = s < visible ? DotPadded(qs, keys + s * dims.row_stride,
-                                               row_stride)
-                                   : -std::numeric_limits<float>::infinity();
-            if (mask_row) w_row[s] += mask_row[s];
-          }
-          SoftmaxRow(w_row, w_row, static_cast<size_t>(work.kv_len), 1.0f);
-          for (size_t p = 0; p < row_stride; p += N) {
-            auto acc = hn::Zero(d);
-            for (int64_t s = 0; s < work.kv_len; ++s) {
-              acc = hn::MulAdd(hn::Set(d, w_row[s]),
-                               hn::Load(d, values + s * dims.row_stride + p),
-                               acc);
+  for (int64_t h = 0; h < dims.n_heads; ++h) {
+    const int64_t g = h / group;
+    const float* keys = work.keys + g * dims.head_stride;
+    const float* values = work.values + g * dims.head_stride;
+    float* w = weights + h * work.n_tokens * w_stride;
+    MatmulUnpacked(
+        work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),
+        /*trans_a=*/false, keys, row_stride, /*trans_b=*/true, n_tokens, kv_len,
+        dim, w, static_cast<size_t>(w_stride), dims.scale, 0.0f);
+    if (dims.causal || work.mask != nullptr) {
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, work.n_tokens),
+          [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+            for (int64_t t = range.begin(); t < range.end(); ++t) {
+              float* row = w + t * w_stride;
+              if (work.mask != nullptr) {
+                const float* mask_row = work.mask + t * work.mask_stride;
+                for (int64_t s = 0; s < work.kv_len; ++s) row[s] += mask_row[s];
+              }
+              if (dims.causal) {
+                for (int64_t s = work.q_pos0 + t + 1; s < work.kv_len; ++s) {
+                  row[s] = -std::numeric_limits<float>::infinity();
+                }
+              }
             }
-            hn::Store(acc, d, acc_row + p);
-          }
-          std::copy(acc_row, acc_row + dims.head_dim,
-                    work.out + t * work.out_stride + h * dims.head_dim);
-        }
-      });
+          });
+    }
+    SoftmaxRows(w, static_cast<size_t>(w_stride), w,
+                static_cast<size_t>(w_stride), n_tokens, kv_len, 1.0f);
+    MatmulUnpacked(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
+                   row_stride, /*trans_b=*/false, n_tokens, dim, kv_len,
+                   work.out + h * dims.head_dim,
+                   static_cast<size_t>(work.out_stride), 1.0f, 0.0f);
+  }
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -751,6 +751,42 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
       tbb::simple_partitioner());
 }
 
+// C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the
+// calling thread: an unpacked call, for the public entry point and for other
+// kernels' per-target code (the materialised attention path).
+HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
+                               const float* b, size_t ldb, bool trans_b,
+                               size_t m, size_t n, size_t k, float* c,
+                               size_t ldc, float alpha, float beta) {
+  if (alpha == 0.0f) {
+    MatmulScaleC(c, ldc, m, n, beta);
+    return;
+  }
+  // Reused across calls. isolate(): while this thread waits for the parallel
+  // loops below it must not pick up another task of the host that calls Matmul
+  // and reuses the same buffer.
+  thread_local MatmulScratch b_scratch;
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    const MatmulPackedLayout layout(k, n);
+    float* packed = b_scratch.Get(layout.Floats());
+    // Packed B that fits the L2 caches (4 MiB: a 1024 x 1024 B) is packed
+    // first, all threads on disjoint panels: written and read back from cache.
+    // A larger one is packed slice by slice by the tasks that first need it,
+    // so that it is not written to memory and read back.
+    if (layout.Floats() * sizeof(float) <= (size_t{4} << 20)) {
+      PackBPanels(b, ldb, trans_b, k, n, packed);
+      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta);
+    } else {
+      MatmulLazyB lazy_b(b, ldb, trans_b, layout, n, packed);
+      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta,
+                   &lazy_b);
+    }
+  });
+  // Keep up to 64 MiB (a 4096 x 4096 B) for the next call; free anything
+  // larger.
+  b_scratch.Trim(size_t{16} << 20);
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace headway
