@@ -461,23 +461,32 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
         static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
+    // Scores key by key: a K row comes from memory once and serves every query
+    // row while it is in L1 (row by row, the first row would stream K and the
+    // others re-read it).
+    for (size_t s = 0; s < n_keys; ++s) {
+      const float* k_row =
+          keys + (k0 + static_cast<int64_t>(s)) * dims.row_stride;
+      for (size_t r = 0; r < rows; ++r) {
+        sc[r * bkp + s] = DotPadded(qs + r * row_stride, k_row, row_stride);
+      }
+    }
+    // Masks: the additive one, then -inf past each row's position (causal).
     for (size_t r = 0; r < rows; ++r) {
       const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-      const int64_t visible_end =
-          dims.causal ? std::min<int64_t>(n_keys, work.q_pos0 + t + 1 - k0)
-                      : static_cast<int64_t>(n_keys);
       float* sc_row = sc + r * bkp;
-      const float* mask_row =
-          work.mask ? work.mask + t * work.mask_stride + k0 : nullptr;
-      for (size_t s = 0; s < n_keys; ++s) {
-        if (static_cast<int64_t>(s) >= visible_end) {
-          sc_row[s] = neg_inf;
-          continue;
-        }
-        sc_row[s] = DotPadded(qs + r * row_stride, keys + (k0 + s) * row_stride,
-                              row_stride);
-        if (mask_row) sc_row[s] += mask_row[s];
+      if (work.mask) {
+        const float* mask_row = work.mask + t * work.mask_stride + k0;
+        for (size_t s = 0; s < n_keys; ++s) sc_row[s] += mask_row[s];
       }
+      if (dims.causal) {
+        const int64_t visible_end = std::max<int64_t>(
+            0, std::min<int64_t>(n_keys, work.q_pos0 + t + 1 - k0));
+        std::fill(sc_row + visible_end, sc_row + n_keys, neg_inf);
+      }
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      float* sc_row = sc + r * bkp;
       std::fill(sc_row + n_keys, sc_row + bkp, neg_inf);
 
       // Online softmax along the row (vectors along keys).
