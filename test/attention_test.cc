@@ -196,7 +196,7 @@ TEST_P(AttentionTest, Decode) {
   uint64_t seed = 1;
   for (const Layout& layout : kLayouts) {
     for (const int64_t head_dim : {16, 72, 128}) {
-      for (const int64_t kv_len : {1, 63, 64, 65, 700, 3001}) {
+      for (const int64_t kv_len : {1, 63, 64, 65, 127, 128, 129, 700, 3001}) {
         RunCase({layout, head_dim, kv_len, 1, true}, seed++);
         if (HasFatalFailure()) return;
       }

@@ -73,10 +73,11 @@ struct AttentionDims {
   bool causal;
 };
 
-// Keys per block: the scores of a block for a tile are 64 x 32 floats = 8 KiB
-// on AVX-512; K and V blocks of 64 rows of 128 floats are 32 KiB each and come
-// from L2.
-inline constexpr int64_t kAttentionKeyBlock = 64;
+// Keys per block: the scores of a block for a tile are 128 x 32 floats = 16 KiB
+// on AVX-512. 128 rather than 64 halves the per-block costs (softmax
+// bookkeeping, rescaling the output tile): causal prefill 5-15% faster in an
+// A/B run here (noisy machine).
+inline constexpr int64_t kAttentionKeyBlock = 128;
 // Chunking aims at this many work items in a call, so that up to 64 threads
 // have work however few (sequence, KV head) pairs there are (it depends on
 // shapes only, never on threads).
