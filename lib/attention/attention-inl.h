@@ -545,8 +545,8 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   AttentionSplit split;
   split.wide = group * work.n_tokens >= N;
   if (split.wide) {
-    // Two vectors of query rows: 32 on AVX-512 (a 64 x 32 score block is 8
-    // KiB).
+    // Two vectors of query rows: 32 on AVX-512 (a 128 x 32 score block is
+    // 16 KiB), as many as the outer-product kernel's tiles span.
     split.tile_tokens = std::max<int64_t>(1, 2 * N / group);
   } else {
     split.tile_tokens = work.n_tokens;
