@@ -105,5 +105,33 @@ TEST(Threads, CapAndUncap) {
             std::string::npos);
 }
 
+// The pre-packed matmul shown in README.md, as written there, through the
+// shared library.
+TEST(Readme, PackedMatmul) {
+  const int64_t M = 3, K = 4, N = 5;
+  std::vector<float> weights(K * N), x(M * K), y(M * N);
+  for (size_t i = 0; i < weights.size(); ++i)
+    weights[i] = 0.25f * (i % 7) - 0.5f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (i % 5) - 1.0f;
+  headway::Status s;
+  headway::PackedB w;  // op(B): [K, N]
+  s = headway::PackedB::Pack(
+      headway::MatrixView<const float>(weights.data(), K, N),
+      headway::Transpose::kNo, &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = headway::Matmul(headway::MatrixView<const float>(x.data(), M, K),
+                      headway::Transpose::kNo, w,
+                      headway::MatrixView<float>(y.data(), M, N));  // y = x W
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // Small integers times quarters: every product and sum is exact in float.
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      float want = 0.0f;
+      for (int64_t p = 0; p < K; ++p) want += x[i * K + p] * weights[p * N + j];
+      EXPECT_EQ(y[i * N + j], want) << i << ", " << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace headway
