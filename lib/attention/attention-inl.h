@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "lib/core/blocks.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -86,31 +87,9 @@ inline constexpr int64_t kAttentionMinItems = 64;
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
 
-// A grow-only, 64-byte aligned scratch buffer per thread: no allocation once
-// warm.
-class AttentionScratch {
- public:
-  float* Get(size_t floats) {
-    if (floats > size_) {
-      buffer_ = hwy::AllocateAligned<float>(floats);
-      size_ = floats;
-    }
-    return buffer_.get();
-  }
-
- private:
-  hwy::AlignedFreeUniquePtr<float[]> buffer_;
-  size_t size_ = 0;
-};
-
-// x rounded up to a multiple of align (> 0).
-template <typename T>
-constexpr T RoundUp(T x, T align) {
-  return (x + align - 1) / align * align;
-}
-
-inline AttentionScratch& ThreadAttentionScratch() {
-  thread_local AttentionScratch scratch;
+// The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
+inline ScratchBuffer& ThreadAttentionScratch() {
+  thread_local ScratchBuffer scratch;
   return scratch;
 }
 
@@ -726,7 +705,7 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
           const size_t row_stride = static_cast<size_t>(dims.row_stride);
           const size_t bkp =
               RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
-          AttentionScratch& scratch = ThreadAttentionScratch();
+          ScratchBuffer& scratch = ThreadAttentionScratch();
           float* o;
           size_t o_rs, o_ps;
           OnlineSoftmaxState state;

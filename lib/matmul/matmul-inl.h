@@ -65,6 +65,7 @@
 #include <thread>
 
 #include "hwy/aligned_allocator.h"
+#include "lib/core/blocks.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
@@ -79,44 +80,9 @@ inline constexpr size_t kMatmulSmallM = 16;
 // K blocks: the largest block length is max_kc; the blocks of one K are of
 // equal length (the last one shorter by less than 4), so K = 600 gives
 // 300 + 300 for max_kc = 512, not 512 + 88.
-struct MatmulKBlocks {
-  MatmulKBlocks(size_t k, size_t max_kc) {
-    count = (k + max_kc - 1) / max_kc;
-    length = ((k + count - 1) / count + 3) / 4 * 4;
-    count = (k + length - 1) / length;
-  }
-  size_t Begin(size_t b) const { return b * length; }
-  size_t Size(size_t b, size_t k) const {
-    return std::min(length, k - b * length);
-  }
-  size_t count;
-  size_t length;
-};
-
-// A grow-only aligned buffer per thread (and per call site): A strips, packed B
-// of unpacked calls. Throws std::bad_alloc, which the public entry point turns
-// into a Status.
-struct MatmulScratch {
-  float* Get(size_t floats) {
-    if (capacity < floats) {
-      buffer.reset();
-      capacity = 0;
-      buffer = hwy::AllocateAligned<float>(floats);
-      if (!buffer) throw std::bad_alloc();
-      capacity = floats;
-    }
-    return buffer.get();
-  }
-  // Frees a buffer above `keep` floats, so that one huge call does not pin
-  // memory forever.
-  void Trim(size_t keep) {
-    if (capacity > keep) {
-      buffer.reset();
-      capacity = 0;
-    }
-  }
-  hwy::AlignedFreeUniquePtr<float[]> buffer;
-  size_t capacity = 0;
+struct MatmulKBlocks : EvenBlocks {
+  MatmulKBlocks(size_t k, size_t max_kc)
+      : EvenBlocks(k, (k + max_kc - 1) / max_kc, 4) {}
 };
 
 }  // namespace headway
@@ -659,7 +625,7 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
   tbb::parallel_for(
       tbb::blocked_range<size_t>(0, tasks, 1),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        thread_local MatmulScratch scratch;
+        thread_local ScratchBuffer scratch;
         const size_t strips_max = (mc + MR - 1) / MR;
         float* a_buf = scratch.Get(strips_max * strip_floats);
         for (size_t task = range.begin(); task < range.end(); ++task) {
@@ -765,7 +731,7 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
   // Reused across calls. isolate(): while this thread waits for the parallel
   // loops below it must not pick up another task of the host that calls Matmul
   // and reuses the same buffer.
-  thread_local MatmulScratch b_scratch;
+  thread_local ScratchBuffer b_scratch;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
     const MatmulPackedLayout layout(k, n);
     float* packed = b_scratch.Get(layout.Floats());

@@ -136,6 +136,18 @@ Status CheckMatmul(const char* fn, MatrixView<const float> a, Transpose ta,
   return status;
 }
 
+// Checks b and tb; *k, *n = the shape of op(b).
+Status CheckOpB(const char* fn, MatrixView<const float> b, Transpose tb,
+                int64_t* k, int64_t* n) {
+  Status status = internal::CheckMatrix(fn, "b", b);
+  if (status.ok()) status = CheckTranspose(fn, "tb", tb);
+  if (!status.ok()) return status;
+  const bool trans_b = tb == Transpose::kYes;
+  *k = trans_b ? b.cols : b.rows;
+  *n = trans_b ? b.rows : b.cols;
+  return Status::Ok();
+}
+
 Status CheckPackedSize(const char* fn, int64_t k, int64_t n) {
   const int64_t padded_n =
       (n + kMaxPanelWidth - 1) / kMaxPanelWidth * kMaxPanelWidth;
@@ -194,21 +206,18 @@ Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
   constexpr const char* kFn = "PackedB::Pack";
   if (out == nullptr)
     return Status::InvalidArgument("PackedB::Pack: out is null");
-  Status status = internal::CheckMatrix(kFn, "b", b);
-  if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
-  if (!status.ok()) return status;
-  const bool trans_b = tb == Transpose::kYes;
-  const int64_t k = trans_b ? b.cols : b.rows;
-  const int64_t n = trans_b ? b.rows : b.cols;
-  status = CheckPackedSize(kFn, k, n);
+  int64_t k = 0, n = 0;
+  Status status = CheckOpB(kFn, b, tb, &k, &n);
+  if (status.ok()) status = CheckPackedSize(kFn, k, n);
   if (!status.ok()) return status;
   internal::InitOnce();
   return Guarded(kFn, [&]() -> Status {
     size_t floats = 0, panel_width = 0;
     int64_t target = 0;
     float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
-        b.data, static_cast<size_t>(b.stride), trans_b, static_cast<size_t>(k),
-        static_cast<size_t>(n), &floats, &panel_width, &target);
+        b.data, static_cast<size_t>(b.stride), tb == Transpose::kYes,
+        static_cast<size_t>(k), static_cast<size_t>(n), &floats, &panel_width,
+        &target);
     if (packed == nullptr) {
       return Status::ResourceExhausted(std::string(kFn) + ": no memory for " +
                                        std::to_string(floats * sizeof(float)) +
@@ -228,12 +237,10 @@ Status Matmul(MatrixView<const float> a, Transpose ta,
               MatrixView<const float> b, Transpose tb, MatrixView<float> c,
               float alpha, float beta) {
   constexpr const char* kFn = "Matmul";
-  Status status = internal::CheckMatrix(kFn, "b", b);
-  if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
+  int64_t k = 0, n = 0;
+  Status status = CheckOpB(kFn, b, tb, &k, &n);
   if (!status.ok()) return status;
   const bool trans_b = tb == Transpose::kYes;
-  const int64_t k = trans_b ? b.cols : b.rows;
-  const int64_t n = trans_b ? b.rows : b.cols;
   status = CheckMatmul(kFn, a, ta, k, n, c, alpha, beta);
   if (status.ok() &&
       internal::Overlaps(b.data, ViewBytes(b.rows, b.cols, b.stride), c.data,

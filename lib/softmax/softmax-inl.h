@@ -33,13 +33,14 @@
 #include <cmath>
 #include <limits>
 
+#include "lib/core/blocks.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
 namespace headway {
 
 // How a row of n elements is cut into blocks.
-struct SoftmaxBlocks {
+struct SoftmaxBlocks : EvenBlocks {
   // 2048 floats = 8 KiB: a block stays in the 48 KiB L1d between its max and
   // its exp pass, together with the output it writes.
   static constexpr size_t kMinLength = 2048;
@@ -47,20 +48,11 @@ struct SoftmaxBlocks {
   // longer blocks.
   static constexpr size_t kMaxCount = 256;
 
-  explicit SoftmaxBlocks(size_t n) {
-    count = std::min(kMaxCount, (n + kMinLength - 1) / kMinLength);
-    // Multiple of 64 floats (one AVX-512 vector x 4) so that only the last
-    // block has a tail.
-    length = ((n + count - 1) / count + 63) / 64 * 64;
-    count = (n + length - 1) / length;
-  }
-  size_t Begin(size_t b) const { return b * length; }
-  size_t Size(size_t b, size_t n) const {
-    return std::min(length, n - b * length);
-  }
-
-  size_t count;
-  size_t length;
+  // Lengths are multiples of 64 floats (one AVX-512 vector x 4) so that only
+  // the last block has a tail.
+  explicit SoftmaxBlocks(size_t n)
+      : EvenBlocks(n, std::min(kMaxCount, (n + kMinLength - 1) / kMinLength),
+                   64) {}
 };
 
 // Work below this many elements is not worth a TBB task (~10 us of exp at ~1

@@ -1,0 +1,69 @@
+// Small pieces shared by the kernels' planning code (no SIMD): rounding,
+// cutting a length into equal blocks, and a grow-only scratch buffer.
+#ifndef HEADWAY_LIB_CORE_BLOCKS_H_
+#define HEADWAY_LIB_CORE_BLOCKS_H_
+
+#include <stddef.h>
+
+#include <algorithm>
+#include <new>
+
+#include "hwy/aligned_allocator.h"
+
+namespace headway {
+
+// x rounded up to a multiple of align (> 0).
+template <typename T>
+constexpr T RoundUp(T x, T align) {
+  return (x + align - 1) / align * align;
+}
+
+// [0, n) cut into about `count` blocks of one length, a multiple of `multiple`;
+// only the last block is shorter. n = 600 in 2 blocks of multiples of 4 is 300
+// + 300, not 512 + 88. The split depends on its arguments only (never on
+// threads), which keeps results deterministic.
+struct EvenBlocks {
+  EvenBlocks(size_t n, size_t count, size_t multiple) {
+    count = std::max<size_t>(count, 1);
+    length = RoundUp((n + count - 1) / count, multiple);
+    this->count = (n + length - 1) / length;
+  }
+  size_t Begin(size_t b) const { return b * length; }
+  size_t Size(size_t b, size_t n) const {
+    return std::min(length, n - b * length);
+  }
+
+  size_t count;
+  size_t length;
+};
+
+// A grow-only, 64-byte aligned buffer, one per thread and call site: no
+// allocation once warm. Throws std::bad_alloc, which the public entry points
+// turn into a Status.
+struct ScratchBuffer {
+  float* Get(size_t floats) {
+    if (capacity < floats) {
+      buffer.reset();
+      capacity = 0;
+      buffer = hwy::AllocateAligned<float>(floats);
+      if (!buffer) throw std::bad_alloc();
+      capacity = floats;
+    }
+    return buffer.get();
+  }
+  // Frees a buffer above `keep` floats, so that one huge call does not pin
+  // memory forever.
+  void Trim(size_t keep) {
+    if (capacity > keep) {
+      buffer.reset();
+      capacity = 0;
+    }
+  }
+
+  hwy::AlignedFreeUniquePtr<float[]> buffer;
+  size_t capacity = 0;
+};
+
+}  // namespace headway
+
+#endif  // HEADWAY_LIB_CORE_BLOCKS_H_
