@@ -4,26 +4,26 @@
 // Two tile kernels share one online softmax (Milakov & Gimelshein 2018; Dao et
 // al. 2022):
 //
-// * Lanes-along-queries ("wide"), when a tile has at least one vector of query
-// rows (prefill,
-//   and decode of MQA/large GQA groups). A tile holds R query rows: the G heads
-//   of one KV head for nt consecutive tokens, lane r = t * G + h. Everything is
-//   kept transposed so that the queries run along the lanes:
-//     QT [d, RP]   scale * q, loaded once per tile          (RP = R rounded up
-//     to a vector) ST [bk, RP]  scores of a key block: ST[s] += K[s, p] * QT[p]
-//     (broadcast K, FMA rows of QT) OT [d, RP]   output: OT[p] = OT[p] * alpha
-//     + sum_s V[s, p] * PT[s]
+// - Lanes along queries ("wide"), when a tile has at least one vector of query
+//   rows (prefill, and decode of MQA and large GQA groups). A tile holds R
+//   query rows: the G heads of one KV head for nt consecutive tokens, lane
+//   r = t * G + h. Everything is kept transposed so that the queries run along
+//   the lanes (RP = R rounded up to a vector):
+//     QT [d, RP]   scale * q, loaded once per tile
+//     ST [bk, RP]  scores of a key block: ST[s] += K[s, p] * QT[p]
+//     OT [d, RP]   output: OT[p] = OT[p] * alpha + sum_s V[s, p] * PT[s]
 //   Both products are the same register-blocked outer-product kernel
 //   (OuterProduct below), the softmax's max and sum run down the columns (no
 //   horizontal reductions) and the rescaling factor alpha is one vector per
 //   lane group. K and V are read in their cache layout.
-// * Lanes-along-head_dim ("narrow"), when the tile has fewer query rows than
-// lanes (decode of
-//   MHA and small GQA groups): scores are dot products of q rows with K rows
-//   (vectors along d), and O rows accumulate V rows. Decode is bound by reading
-//   K and V, which this streams once.
+// - Lanes along head_dim ("narrow"), when the tile has fewer query rows than
+//   lanes (decode of MHA and small GQA groups): scores are dot products of q
+//   rows with K rows (vectors along d), and O rows accumulate V rows. Decode is
+//   bound by reading K and V, which this streams once.
 //
-// Work items are (sequence, KV head, query tile, key chunk); the tile and chunk
+// Work items are (sequence, KV head, group of up to 4 consecutive query tiles,
+// key chunk); a group runs key block by key block over all its tiles, so that
+// each K and V block is fetched once for 4 tiles. The tile, group and chunk
 // sizes depend on the shapes (and the vector width) only, chunks are merged by
 // log-sum-exp in a fixed order, so results are bit-identical for any number of
 // threads.
@@ -83,6 +83,12 @@ inline constexpr int64_t kAttentionKeyBlock = 128;
 // have work however few (sequence, KV head) pairs there are (it depends on
 // shapes only, never on threads).
 inline constexpr int64_t kAttentionMinItems = 64;
+// A wide work item runs up to this many consecutive query tiles of one KV head
+// (128 query rows on AVX-512) over each key block in turn: the K and V block
+// (128 KiB at head_dim 128) comes from memory once for all of them and from L2
+// for the others. One tile per item read all of K and V for every 32 rows:
+// MHA prefill at 2048 tokens (64 MiB of K and V) then waited on memory.
+inline constexpr int64_t kAttentionGroupTiles = 4;
 // A chunk has at least this many keys: shorter ones cost more in merging than
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
@@ -313,19 +319,15 @@ HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
   }
 }
 
-// One work item on a wide tile: keys [key_begin, key_end) of the tile's KV
-// head. Leaves the unnormalised output in ot [d, rp] and m, l per lane.
-HWY_INLINE void WideTile(const AttentionDims& dims, const AttentionTile& tile,
-                         float* HWY_RESTRICT qt, float* HWY_RESTRICT st,
-                         float* HWY_RESTRICT ot, size_t rp,
-                         OnlineSoftmaxState state) {
-  const AttnD d;
-  const hn::RebindToSigned<AttnD> di;
-  const size_t N = hn::Lanes(d);
+// Starts a wide tile: QT [d, rp] from the queries, OT [d, rp] = 0, m = -inf,
+// l = 0 per lane.
+HWY_INLINE void WideTileBegin(const AttentionDims& dims,
+                              const AttentionTile& tile, float* HWY_RESTRICT qt,
+                              float* HWY_RESTRICT ot, size_t rp,
+                              OnlineSoftmaxState state) {
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const AttentionWork& work = *tile.work;
-
   // QT[p, r] = scale * q[t0 + r / group, (kv_head * group + r % group) * d +
   // p]; 0 for padding.
   for (size_t r = 0; r < rp; ++r) {
@@ -341,51 +343,60 @@ HWY_INLINE void WideTile(const AttentionDims& dims, const AttentionTile& tile,
   std::fill(ot, ot + dim * rp, 0.0f);
   std::fill(state.max, state.max + rp, -std::numeric_limits<float>::infinity());
   std::fill(state.sum, state.sum + rp, 0.0f);
+}
 
-  // Positions of the lanes, for the causal mask: HWY_ALIGN'd int32 rows of rp.
+// One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile:
+// scores into st [n_keys, rp], masks, online softmax, OT += V^T P.
+HWY_INLINE void WideTileBlock(const AttentionDims& dims,
+                              const AttentionTile& tile, int64_t k0,
+                              size_t n_keys, const float* HWY_RESTRICT qt,
+                              float* HWY_RESTRICT st, float* HWY_RESTRICT ot,
+                              size_t rp, OnlineSoftmaxState state) {
+  const AttnD d;
+  const hn::RebindToSigned<AttnD> di;
+  const size_t N = hn::Lanes(d);
+  const size_t dim = static_cast<size_t>(dims.head_dim);
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
   const int64_t first_pos = work.q_pos0 + tile.t0;
   const float* keys = work.keys + tile.kv_head * dims.head_stride;
   const float* values = work.values + tile.kv_head * dims.head_stride;
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
 
-  for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
-       k0 += kAttentionKeyBlock) {
-    const size_t n_keys =
-        static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
-    // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
-    OuterProductBlock(keys + k0 * dims.row_stride, row_stride, 1, qt, rp, dim,
-                      st, rp, n_keys, rp / N, /*accumulate=*/false);
-    // Causal mask, only on blocks that cross the diagonal of some lane.
-    if (dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos) {
-      for (size_t j = 0; j < rp; j += N) {
-        HWY_ALIGN int32_t pos[hn::MaxLanes(di)];
-        for (size_t lane = 0; lane < N; ++lane) {
-          pos[lane] = static_cast<int32_t>(
-              RowPosition(tile, group, static_cast<int64_t>(j + lane)));
-        }
-        const auto vpos = hn::Load(di, pos);
-        for (size_t s = 0; s < n_keys; ++s) {
-          const auto key = hn::Set(di, static_cast<int32_t>(k0 + s));
-          const auto hidden = hn::RebindMask(d, hn::Gt(key, vpos));
-          float* row = st + s * rp + j;
-          hn::Store(hn::IfThenElse(hidden, neg_inf, hn::Load(d, row)), d, row);
-        }
+  // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
+  OuterProductBlock(keys + k0 * dims.row_stride, row_stride, 1, qt, rp, dim, st,
+                    rp, n_keys, rp / N, /*accumulate=*/false);
+  // Causal mask, only on blocks that cross the diagonal of some lane.
+  if (dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos) {
+    for (size_t j = 0; j < rp; j += N) {
+      // Positions of the lanes (-1 for padding rows, which see no key).
+      HWY_ALIGN int32_t pos[hn::MaxLanes(di)];
+      for (size_t lane = 0; lane < N; ++lane) {
+        pos[lane] = static_cast<int32_t>(
+            RowPosition(tile, group, static_cast<int64_t>(j + lane)));
+      }
+      const auto vpos = hn::Load(di, pos);
+      for (size_t s = 0; s < n_keys; ++s) {
+        const auto key = hn::Set(di, static_cast<int32_t>(k0 + s));
+        const auto hidden = hn::RebindMask(d, hn::Gt(key, vpos));
+        float* row = st + s * rp + j;
+        hn::Store(hn::IfThenElse(hidden, neg_inf, hn::Load(d, row)), d, row);
       }
     }
-    if (work.mask != nullptr) {
-      for (size_t r = 0; r < static_cast<size_t>(tile.rows); ++r) {
-        const float* mask_row =
-            work.mask +
-            (tile.t0 + static_cast<int64_t>(r) / group) * work.mask_stride + k0;
-        for (size_t s = 0; s < n_keys; ++s) st[s * rp + r] += mask_row[s];
-      }
-    }
-    WideSoftmaxStep(st, n_keys, rp, ot, dim, state);
-    // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
-    OuterProductBlock(values + k0 * dims.row_stride, 1, row_stride, st, rp,
-                      n_keys, ot, rp, dim, rp / N, /*accumulate=*/true);
   }
+  if (work.mask != nullptr) {
+    for (size_t r = 0; r < static_cast<size_t>(tile.rows); ++r) {
+      const float* mask_row =
+          work.mask +
+          (tile.t0 + static_cast<int64_t>(r) / group) * work.mask_stride + k0;
+      for (size_t s = 0; s < n_keys; ++s) st[s * rp + r] += mask_row[s];
+    }
+  }
+  WideSoftmaxStep(st, n_keys, rp, ot, dim, state);
+  // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
+  OuterProductBlock(values + k0 * dims.row_stride, 1, row_stride, st, rp,
+                    n_keys, ot, rp, dim, rp / N, /*accumulate=*/true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,7 +523,9 @@ struct AttentionSplit {
   bool wide;
   int64_t tile_tokens;  // tokens per query tile
   int64_t n_tiles;
-  int64_t chunk;  // keys per chunk (multiple of the key block)
+  int64_t group_tiles;  // consecutive tiles of a KV head in one work item
+  int64_t n_groups;     // per KV head
+  int64_t chunk;        // keys per chunk (multiple of the key block)
   int64_t n_chunks;
 };
 
@@ -532,6 +545,8 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   }
   split.tile_tokens = std::min(split.tile_tokens, work.n_tokens);
   split.n_tiles = (work.n_tokens + split.tile_tokens - 1) / split.tile_tokens;
+  split.group_tiles = split.wide ? kAttentionGroupTiles : 1;
+  split.n_groups = (split.n_tiles + split.group_tiles - 1) / split.group_tiles;
   split.chunk = RoundUp(std::max<int64_t>(work.kv_len, 1), kAttentionKeyBlock);
   if (items_without_chunks < kAttentionMinItems) {
     const int64_t want =
@@ -543,6 +558,22 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   }
   split.n_chunks = (work.kv_len + split.chunk - 1) / split.chunk;
   return split;
+}
+
+// Query tile `index` of a sequence's KV head (its key range left to the
+// caller).
+HWY_INLINE AttentionTile MakeTile(const AttentionDims& dims,
+                                  const AttentionWork& work,
+                                  const AttentionSplit& split, int64_t kv_head,
+                                  int64_t index) {
+  AttentionTile tile;
+  tile.work = &work;
+  tile.kv_head = kv_head;
+  tile.t0 = index * split.tile_tokens;
+  tile.nt = std::min(split.tile_tokens, work.n_tokens - tile.t0);
+  tile.rows = tile.nt * (dims.n_heads / dims.n_kv_heads);
+  tile.key_begin = tile.key_end = 0;
+  return tile;
 }
 
 // Writes the normalised output of a finished tile (one chunk) to out, or zeros
@@ -638,7 +669,7 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   int64_t items = 0;
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
-    items += dims.n_kv_heads * splits[i].n_tiles;
+    items += dims.n_kv_heads * splits[i].n_groups;
   }
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], items);
@@ -649,7 +680,8 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   for (size_t i = 0; i < n_works; ++i) {
     const AttentionSplit& sp = splits[i];
     const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
-    first_item[i + 1] = first_item[i] + tiles * sp.n_chunks;
+    first_item[i + 1] =
+        first_item[i] + dims.n_kv_heads * sp.n_groups * sp.n_chunks;
     first_partial[i + 1] =
         first_partial[i] + (sp.n_chunks > 1 ? tiles * sp.n_chunks : 0);
   }
@@ -685,43 +717,64 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
           const AttentionSplit& sp = splits[w];
           const int64_t local = item - first_item[w];
           const int64_t chunk = local % sp.n_chunks;
-          const int64_t tile_index = local / sp.n_chunks;
-          AttentionTile tile;
-          tile.work = &works[w];
-          tile.kv_head = tile_index / sp.n_tiles;
-          tile.t0 = (tile_index % sp.n_tiles) * sp.tile_tokens;
-          tile.nt = std::min(sp.tile_tokens, works[w].n_tokens - tile.t0);
-          tile.rows = tile.nt * group;
-          tile.key_begin = chunk * sp.chunk;
-          tile.key_end = std::min(works[w].kv_len, tile.key_begin + sp.chunk);
-          if (dims.causal) {
-            // Keys after the tile's last position are skipped entirely.
-            tile.key_end =
-                std::min(tile.key_end, works[w].q_pos0 + tile.t0 + tile.nt);
+          const int64_t group_index = local / sp.n_chunks;
+          const int64_t kv_head = group_index / sp.n_groups;
+          const int64_t tile_begin =
+              (group_index % sp.n_groups) * sp.group_tiles;
+          const int64_t n_group =
+              std::min(sp.group_tiles, sp.n_tiles - tile_begin);
+          AttentionTile tiles[kAttentionGroupTiles];
+          int64_t key_end = 0;
+          for (int64_t i = 0; i < n_group; ++i) {
+            AttentionTile& tile = tiles[i];
+            tile = MakeTile(dims, works[w], sp, kv_head, tile_begin + i);
+            tile.key_begin = chunk * sp.chunk;
+            tile.key_end = std::min(works[w].kv_len, tile.key_begin + sp.chunk);
+            if (dims.causal) {
+              // Keys after the tile's last position are skipped entirely.
+              tile.key_end =
+                  std::min(tile.key_end, works[w].q_pos0 + tile.t0 + tile.nt);
+            }
+            key_end = std::max(key_end, tile.key_end);
           }
-          const size_t rows = static_cast<size_t>(tile.rows);
+          const int64_t key_begin = chunk * sp.chunk;
+          const size_t rows = static_cast<size_t>(tiles[0].rows);
           const size_t rp = RoundUp(rows, N);
           const size_t dim = static_cast<size_t>(dims.head_dim);
           const size_t row_stride = static_cast<size_t>(dims.row_stride);
           const size_t bkp =
               RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
           ScratchBuffer& scratch = ThreadAttentionScratch();
-          float* o;
+          // Per tile: its output o, the layout of o and its softmax state.
+          float* o[kAttentionGroupTiles];
+          OnlineSoftmaxState state[kAttentionGroupTiles];
           size_t o_rs, o_ps;
-          OnlineSoftmaxState state;
           if (sp.wide) {
+            // [tile][QT, OT, m, l], then ST shared by the tiles.
+            const size_t tile_floats = 2 * dim * rp + 2 * rp;
             float* buf =
-                scratch.Get(2 * dim * rp + kAttentionKeyBlock * rp + 2 * rp);
-            float* qt = buf;
-            o = qt + dim * rp;
-            float* st = o + dim * rp;
-            state = {st + kAttentionKeyBlock * rp,
-                     st + kAttentionKeyBlock * rp + rp};
-            if (tile.key_begin < tile.key_end) {
-              WideTile(dims, tile, qt, st, o, rp, state);
-            } else {
-              std::fill(state.max, state.max + rp, -INFINITY);
-              std::fill(state.sum, state.sum + rp, 0.0f);
+                scratch.Get(static_cast<size_t>(n_group) * tile_floats +
+                            kAttentionKeyBlock * rp);
+            float* st = buf + static_cast<size_t>(n_group) * tile_floats;
+            float* qt[kAttentionGroupTiles];
+            for (int64_t i = 0; i < n_group; ++i) {
+              qt[i] = buf + static_cast<size_t>(i) * tile_floats;
+              o[i] = qt[i] + dim * rp;
+              state[i] = {o[i] + dim * rp, o[i] + dim * rp + rp};
+              WideTileBegin(dims, tiles[i], qt[i], o[i], rp, state[i]);
+            }
+            // Key blocks outside, tiles inside: each K and V block serves all
+            // the tiles while it is in cache. Every tile sees the same blocks
+            // as it would alone.
+            for (int64_t k0 = key_begin; k0 < key_end;
+                 k0 += kAttentionKeyBlock) {
+              for (int64_t i = 0; i < n_group; ++i) {
+                if (k0 >= tiles[i].key_end) continue;
+                const size_t n_keys = static_cast<size_t>(
+                    std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
+                WideTileBlock(dims, tiles[i], k0, n_keys, qt[i], st, o[i], rp,
+                              state[i]);
+              }
             }
             o_rs = 1;
             o_ps = rp;
@@ -729,23 +782,27 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
             float* buf =
                 scratch.Get(2 * rows * row_stride + rows * bkp + 2 * rp);
             float* qs = buf;
-            o = qs + rows * row_stride;
-            float* sc = o + rows * row_stride;
-            state = {sc + rows * bkp, sc + rows * bkp + rp};
-            if (tile.key_begin < tile.key_end) {
-              NarrowTile(dims, tile, qs, sc, o, state);
+            o[0] = qs + rows * row_stride;
+            float* sc = o[0] + rows * row_stride;
+            state[0] = {sc + rows * bkp, sc + rows * bkp + rp};
+            if (tiles[0].key_begin < tiles[0].key_end) {
+              NarrowTile(dims, tiles[0], qs, sc, o[0], state[0]);
             } else {
-              std::fill(state.max, state.max + rows, -INFINITY);
-              std::fill(state.sum, state.sum + rows, 0.0f);
+              std::fill(state[0].max, state[0].max + rows, -INFINITY);
+              std::fill(state[0].sum, state[0].sum + rows, 0.0f);
             }
             o_rs = row_stride;
             o_ps = 1;
           }
-          if (sp.n_chunks == 1) {
-            WriteTileOutput(dims, tile, o, o_rs, o_ps, state.sum);
-          } else {
-            SavePartial(dims, tile, o, o_rs, o_ps, state,
-                        partial_at(first_partial[w] + local));
+          for (int64_t i = 0; i < n_group; ++i) {
+            if (sp.n_chunks == 1) {
+              WriteTileOutput(dims, tiles[i], o[i], o_rs, o_ps, state[i].sum);
+            } else {
+              const int64_t tile_index = kv_head * sp.n_tiles + tile_begin + i;
+              SavePartial(dims, tiles[i], o[i], o_rs, o_ps, state[i],
+                          partial_at(first_partial[w] +
+                                     tile_index * sp.n_chunks + chunk));
+            }
           }
         }
       });
@@ -768,12 +825,9 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
               merge_first.begin() - 1);
           const AttentionSplit& sp = splits[w];
           const int64_t tile_index = m - merge_first[w];
-          AttentionTile tile;
-          tile.work = &works[w];
-          tile.kv_head = tile_index / sp.n_tiles;
-          tile.t0 = (tile_index % sp.n_tiles) * sp.tile_tokens;
-          tile.nt = std::min(sp.tile_tokens, works[w].n_tokens - tile.t0);
-          tile.rows = tile.nt * group;
+          const AttentionTile tile =
+              MakeTile(dims, works[w], sp, tile_index / sp.n_tiles,
+                       tile_index % sp.n_tiles);
           partials.clear();
           for (int64_t c = 0; c < sp.n_chunks; ++c) {
             partials.push_back(
