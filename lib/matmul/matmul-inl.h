@@ -76,6 +76,8 @@ namespace headway {
 // M up to this many rows takes the streaming (decode) loop order: B is read
 // once.
 inline constexpr size_t kMatmulSmallM = 16;
+// Kinds of destination a segmented MatmulOut may have (Q, K, V).
+inline constexpr size_t kMatmulMaxKinds = 4;
 
 // K blocks: the largest block length is max_kc; the blocks of one K are of
 // equal length (the last one shorter by less than 4), so K = 600 gives
@@ -83,6 +85,37 @@ inline constexpr size_t kMatmulSmallM = 16;
 struct MatmulKBlocks : EvenBlocks {
   MatmulKBlocks(size_t k, size_t max_kc)
       : EvenBlocks(k, (k + max_kc - 1) / max_kc, 4) {}
+};
+
+// Where the product C [m, n] goes. Plain (rows == nullptr): C(i, j) at
+// c + i * ldc + j. Segmented, for the layer's fused QKV projection, which
+// writes Q into a buffer and K and V straight into KV cache rows: the columns
+// are cut into segments of seg_cols; segment s belongs to the last kind q with
+// kind_first[q] <= s, and
+//   C(i, j) is at rows[q * m + i] + (s - kind_first[q]) * kind_stride[q] +
+//                 (j - s * seg_cols).
+struct MatmulOut {
+  float* c = nullptr;
+  size_t ldc = 0;
+  float* const* rows = nullptr;  // [n_kinds][m] row pointers
+  size_t m = 0;
+  size_t seg_cols = 1;
+  size_t n_kinds = 0;
+  size_t kind_first[kMatmulMaxKinds] = {};
+  size_t kind_stride[kMatmulMaxKinds] = {};
+
+  float* At(size_t i, size_t j) const {
+    if (rows == nullptr) return c + i * ldc + j;
+    const size_t s = j / seg_cols;
+    size_t q = n_kinds - 1;
+    while (kind_first[q] > s) --q;
+    return rows[q * m + i] + (s - kind_first[q]) * kind_stride[q] +
+           (j - s * seg_cols);
+  }
+  // Whether columns [j, j + cols) lie next to each other in every row.
+  bool Contiguous(size_t j, size_t cols) const {
+    return rows == nullptr || j / seg_cols == (j + cols - 1) / seg_cols;
+  }
 };
 
 }  // namespace headway
@@ -339,6 +372,35 @@ constexpr size_t MatmulSets() {
   return chains >= 8 ? 1 : (chains >= 4 ? 2 : 4);
 }
 
+// MatmulStoreRow's operations one lane at a time, column j at ptr(j): for the
+// edge tile (values match the full-tile path) and for tiles whose columns are
+// not next to each other in memory (a segmented MatmulOut).
+template <class V, class Ptr>
+HWY_INLINE void MatmulStoreLanes(const V (&acc)[kMatmulNV], const Ptr& ptr,
+                                 size_t cols, float alpha, float beta,
+                                 bool first) {
+  const MatmulTag d;
+  constexpr size_t N = kMatmulLanes;
+  HWY_ALIGN float lanes[kMatmulNR];
+  for (size_t v = 0; v < kMatmulNV; ++v) hn::Store(acc[v], d, lanes + v * N);
+  const hn::CappedTag<float, 1> d1;
+  const auto valpha1 = hn::Set(d1, alpha);
+  const auto vbeta1 = hn::Set(d1, beta);
+  for (size_t j = 0; j < cols; ++j) {
+    float* cj = ptr(j);
+    const auto a1 = hn::LoadU(d1, lanes + j);
+    hn::Vec<decltype(d1)> out;
+    if (!first) {
+      out = hn::MulAdd(valpha1, a1, hn::LoadU(d1, cj));
+    } else if (beta == 0.0f) {
+      out = hn::Mul(valpha1, a1);
+    } else {
+      out = hn::MulAdd(valpha1, a1, hn::Mul(vbeta1, hn::LoadU(d1, cj)));
+    }
+    hn::StoreU(out, d1, cj);
+  }
+}
+
 // Stores one row of a tile: c[0, cols) = alpha * acc + (first ? beta * c : c),
 // with beta == 0 on the first block meaning c is not read.
 template <class V>
@@ -364,36 +426,19 @@ HWY_INLINE void MatmulStoreRow(const V (&acc)[kMatmulNV], float* HWY_RESTRICT c,
     }
     return;
   }
-  // Edge tile: the same operations one lane at a time, so values match the
-  // full-tile path.
-  HWY_ALIGN float lanes[kMatmulNR];
-  for (size_t v = 0; v < kMatmulNV; ++v) hn::Store(acc[v], d, lanes + v * N);
-  const hn::CappedTag<float, 1> d1;
-  const auto valpha1 = hn::Set(d1, alpha);
-  const auto vbeta1 = hn::Set(d1, beta);
-  for (size_t j = 0; j < cols; ++j) {
-    const auto a1 = hn::LoadU(d1, lanes + j);
-    hn::Vec<decltype(d1)> out;
-    if (!first) {
-      out = hn::MulAdd(valpha1, a1, hn::LoadU(d1, c + j));
-    } else if (beta == 0.0f) {
-      out = hn::Mul(valpha1, a1);
-    } else {
-      out = hn::MulAdd(valpha1, a1, hn::Mul(vbeta1, hn::LoadU(d1, c + j)));
-    }
-    hn::StoreU(out, d1, c + j);
-  }
+  MatmulStoreLanes(
+      acc, [c](size_t j) HWY_ATTR { return c + j; }, cols, alpha, beta, first);
 }
 
-// C tile [kRows, cols] (row stride ldc) op= alpha * A strip
+// C tile [kRows, cols] at (i0, j0) of out op= alpha * A strip
 // [MR][kMatmulAStride] * B slice [kc][NR]. Not inlined: on its own the kernel
 // gets all 32 registers (inlined into the loops of the driver, GCC 12 at -O3
 // hoists loop invariants into them and spills a B vector).
 template <size_t kRows>
 HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
-                             const float* HWY_RESTRICT b, float* HWY_RESTRICT c,
-                             size_t ldc, size_t cols, float alpha, float beta,
-                             bool first) {
+                             const float* HWY_RESTRICT b, const MatmulOut& out,
+                             size_t i0, size_t j0, size_t cols, float alpha,
+                             float beta, bool first) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
   constexpr size_t AS = kMatmulAStride;
@@ -404,9 +449,13 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   // C is read (or written) at the end: start its lines on their way from L3 /
   // memory now (2 lines per row on AVX3), so that the kernel's KC iterations
   // hide the latency.
-  for (size_t r = 0; r < kRows; ++r) {
-    for (size_t j = 0; j < cols; j += 16) hwy::Prefetch(c + r * ldc + j);
-    hwy::Prefetch(c + r * ldc + cols - 1);
+  const bool contiguous = out.Contiguous(j0, cols);
+  if (contiguous) {
+    for (size_t r = 0; r < kRows; ++r) {
+      const float* c = out.At(i0 + r, j0);
+      for (size_t j = 0; j < cols; j += 16) hwy::Prefetch(c + j);
+      hwy::Prefetch(c + cols - 1);
+    }
   }
   V acc[kSets][kRows][kNV];
   for (size_t s = 0; s < kSets; ++s) {
@@ -467,20 +516,29 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
     }
   }
   for (size_t r = 0; r < kRows; ++r) {
-    MatmulStoreRow(acc[0][r], c + r * ldc, cols, alpha, beta, first);
+    if (contiguous) {
+      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
+    } else {
+      MatmulStoreLanes(
+          acc[0][r],
+          [&out, i0, j0, r](size_t j)
+              HWY_ATTR { return out.At(i0 + r, j0 + j); },
+          cols, alpha, beta, first);
+    }
   }
 }
 
 // Runs the micro-kernel for a strip of `rows` (1..MR) rows.
 HWY_INLINE void MatmulStrip(size_t rows, size_t kc, const float* a,
-                            const float* b, float* c, size_t ldc, size_t cols,
-                            float alpha, float beta, bool first) {
+                            const float* b, const MatmulOut& out, size_t i0,
+                            size_t j0, size_t cols, float alpha, float beta,
+                            bool first) {
   switch (rows) {
-#define HEADWAY_MATMUL_CASE(R)                                   \
-  case R:                                                        \
-    if constexpr (R <= kMatmulMR) {                              \
-      MatmulTile<R>(kc, a, b, c, ldc, cols, alpha, beta, first); \
-    }                                                            \
+#define HEADWAY_MATMUL_CASE(R)                                        \
+  case R:                                                             \
+    if constexpr (R <= kMatmulMR) {                                   \
+      MatmulTile<R>(kc, a, b, out, i0, j0, cols, alpha, beta, first); \
+    }                                                                 \
     break;
     HEADWAY_MATMUL_CASE(1)
     HEADWAY_MATMUL_CASE(2)
@@ -574,13 +632,13 @@ class MatmulLazyB {
   std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [K block][panel]
 };
 
-// C [m, n] (row stride ldc) = alpha * op(A) [m, k] * B + beta * C, with B
-// packed by PackBPanels (MatmulPackedLayout), or, when lazy_b is not null,
-// packed by it on first use. alpha != 0.
-HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
-                             const float* packed_b, size_t m, size_t n,
-                             size_t k, float* c, size_t ldc, float alpha,
-                             float beta, MatmulLazyB* lazy_b = nullptr) {
+// C [m, n] (at out) = alpha * op(A) [m, k] * B + beta * C, with B packed by
+// PackBPanels (MatmulPackedLayout), or, when lazy_b is not null, packed by it
+// on first use. alpha != 0.
+HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
+                                const float* packed_b, size_t m, size_t n,
+                                size_t k, const MatmulOut& out, float alpha,
+                                float beta, MatmulLazyB* lazy_b = nullptr) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -661,8 +719,7 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
                   MatmulStrip(
                       std::min(MR, i1 - r0), kc,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats,
-                      slice, c + r0 * ldc + j0, ldc, cols, alpha, beta,
-                      kb == 0);
+                      slice, out, r0, j0, cols, alpha, beta, kb == 0);
                 }
               }
             }
@@ -706,7 +763,7 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
                   const float* slice = s == 0 && lazy_b != nullptr
                                            ? lazy_b->Slice(kb, p)
                                            : packed_b + layout.Slice(kb, p);
-                  MatmulStrip(rows, kc, a_strip, slice, c + r0 * ldc + j0, ldc,
+                  MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
                               std::min(NR, n - j0), alpha, beta, kb == 0);
                 }
               }
@@ -715,6 +772,17 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
         }
       },
       tbb::simple_partitioner());
+}
+
+// MatmulPackedOut for a plain C [m, n] with row stride ldc.
+HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
+                             const float* packed_b, size_t m, size_t n,
+                             size_t k, float* c, size_t ldc, float alpha,
+                             float beta, MatmulLazyB* lazy_b = nullptr) {
+  MatmulOut out;
+  out.c = c;
+  out.ldc = ldc;
+  MatmulPackedOut(a, lda, trans_a, packed_b, m, n, k, out, alpha, beta, lazy_b);
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the
