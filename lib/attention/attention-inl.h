@@ -93,6 +93,28 @@ inline constexpr int64_t kAttentionGroupTiles = 4;
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
 
+// How one sequence's work is cut.
+struct AttentionSplit {
+  bool wide;
+  int64_t tile_tokens;  // tokens per query tile
+  int64_t n_tiles;
+  int64_t group_tiles;  // consecutive tiles of a KV head in one work item
+  int64_t n_groups;     // per KV head
+  int64_t chunk;        // keys per chunk (multiple of the key block)
+  int64_t n_chunks;
+};
+
+// What FusedAttention plans per call, kept by the caller between calls so that
+// a call of a size seen before allocates nothing (the vectors keep their
+// capacity).
+struct AttentionPlan {
+  std::vector<AttentionSplit> splits;  // [n_works]
+  std::vector<int64_t> first_item;     // [n_works + 1]
+  std::vector<int64_t> first_partial;  // [n_works + 1]
+  std::vector<int64_t> merge_first;    // [n_works + 1]
+  ScratchBuffer partials;              // the chunks' partial results
+};
+
 // The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
 inline ScratchBuffer& ThreadAttentionScratch() {
   thread_local ScratchBuffer scratch;
@@ -518,17 +540,6 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
 // ---------------------------------------------------------------------------------------------
 // Planning and the parallel loop.
 
-// How one sequence's work is cut.
-struct AttentionSplit {
-  bool wide;
-  int64_t tile_tokens;  // tokens per query tile
-  int64_t n_tiles;
-  int64_t group_tiles;  // consecutive tiles of a KV head in one work item
-  int64_t n_groups;     // per KV head
-  int64_t chunk;        // keys per chunk (multiple of the key block)
-  int64_t n_chunks;
-};
-
 HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
                                         const AttentionWork& work,
                                         int64_t items_without_chunks) {
@@ -659,13 +670,14 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
 
 // The fused attention over all sequences of a call.
 HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
-                               const AttentionDims& dims) {
+                               const AttentionDims& dims, AttentionPlan* plan) {
   const size_t N = hn::Lanes(AttnD());
   const int64_t group = dims.n_heads / dims.n_kv_heads;
 
   // Count items before chunking (depends on shapes only), then split each
   // sequence.
-  std::vector<AttentionSplit> splits(n_works);
+  std::vector<AttentionSplit>& splits = plan->splits;
+  splits.resize(n_works);
   int64_t items = 0;
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
@@ -675,8 +687,10 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
     splits[i] = SplitSequence(dims, works[i], items);
   }
   // Item index ranges per sequence, and partial buffers for chunked tiles.
-  std::vector<int64_t> first_item(n_works + 1, 0);
-  std::vector<int64_t> first_partial(n_works + 1, 0);
+  std::vector<int64_t>& first_item = plan->first_item;
+  std::vector<int64_t>& first_partial = plan->first_partial;
+  first_item.assign(n_works + 1, 0);
+  first_partial.assign(n_works + 1, 0);
   for (size_t i = 0; i < n_works; ++i) {
     const AttentionSplit& sp = splits[i];
     const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
@@ -694,14 +708,13 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   }();
   const size_t partial_floats =
       static_cast<size_t>(max_rows) * (2 + static_cast<size_t>(dims.head_dim));
-  hwy::AlignedFreeUniquePtr<float[]> partial_buffer;
-  if (first_partial[n_works] > 0) {
-    partial_buffer = hwy::AllocateAligned<float>(
-        static_cast<size_t>(first_partial[n_works]) * partial_floats);
-  }
+  float* partial_buffer =
+      first_partial[n_works] > 0
+          ? plan->partials.Get(static_cast<size_t>(first_partial[n_works]) *
+                               partial_floats)
+          : nullptr;
   const auto partial_at = [&](int64_t index) {
-    float* base =
-        partial_buffer.get() + static_cast<size_t>(index) * partial_floats;
+    float* base = partial_buffer + static_cast<size_t>(index) * partial_floats;
     return AttentionPartial{base, base + max_rows, base + 2 * max_rows};
   };
 
@@ -809,7 +822,8 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
 
   // Phase 2: merge the chunks of chunked tiles, in chunk order.
   if (first_partial[n_works] == 0) return;
-  std::vector<int64_t> merge_first(n_works + 1, 0);
+  std::vector<int64_t>& merge_first = plan->merge_first;
+  merge_first.assign(n_works + 1, 0);
   for (size_t i = 0; i < n_works; ++i) {
     merge_first[i + 1] =
         merge_first[i] +
@@ -818,7 +832,8 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, merge_first[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
-        std::vector<AttentionPartial> partials;
+        // At most kAttentionMinItems chunks (SplitSequence never cuts more).
+        AttentionPartial partials[kAttentionMinItems];
         for (int64_t m = range.begin(); m < range.end(); ++m) {
           const size_t w = static_cast<size_t>(
               std::upper_bound(merge_first.begin(), merge_first.end(), m) -
@@ -828,12 +843,11 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
           const AttentionTile tile =
               MakeTile(dims, works[w], sp, tile_index / sp.n_tiles,
                        tile_index % sp.n_tiles);
-          partials.clear();
           for (int64_t c = 0; c < sp.n_chunks; ++c) {
-            partials.push_back(
-                partial_at(first_partial[w] + tile_index * sp.n_chunks + c));
+            partials[c] =
+                partial_at(first_partial[w] + tile_index * sp.n_chunks + c);
           }
-          MergePartials(dims, tile, partials.data(), sp.n_chunks);
+          MergePartials(dims, tile, partials, sp.n_chunks);
         }
       });
 }

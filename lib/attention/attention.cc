@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tbb/task_arena.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lib/attention/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -20,7 +22,12 @@ namespace HWY_NAMESPACE {
 
 void FusedAttentionT(const AttentionWork* works, size_t n_works,
                      const AttentionDims& dims) {
-  FusedAttention(works, n_works, dims);
+  // Reused across calls. isolate(): while this thread waits in the parallel
+  // loops it must not pick up another task of the host that calls Attention
+  // and reuses the same plan.
+  thread_local AttentionPlan plan;
+  tbb::this_task_arena::isolate(
+      [&]() HWY_ATTR { FusedAttention(works, n_works, dims, &plan); });
 }
 
 void MaterializedAttentionT(const AttentionWork& work,
