@@ -1,6 +1,8 @@
 // The non-kernel public API: Status, version, instruction-set and thread
 // control. This test links the shared library, so it also proves that the
 // exported symbols are enough to use it.
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -130,6 +132,75 @@ TEST(Readme, PackedMatmul) {
       for (int64_t p = 0; p < K; ++p) want += x[i * K + p] * weights[p * N + j];
       EXPECT_EQ(y[i * N + j], want) << i << ", " << j;
     }
+  }
+}
+
+// The attention layer shown in README.md, as written there, through the shared
+// library; the decode step for sequence 0 must equal the prompt's output for
+// the same input at the same position (checked against a second layer call).
+TEST(Readme, AttentionLayer) {
+  std::vector<float> wq(512 * 8 * 64), wk(512 * 2 * 64), wv(512 * 2 * 64),
+      wo(8 * 64 * 512), x(100 * 512), y(100 * 512), x2(2 * 512), y2(2 * 512);
+  uint32_t state = 12345;
+  const auto fill = [&state](std::vector<float>& v, float scale) {
+    for (float& e : v) {
+      state = state * 1664525u + 1013904223u;
+      e = scale * (static_cast<float>(state >> 8) / 16777216.0f - 0.5f);
+    }
+  };
+  fill(wq, 0.1f);
+  fill(wk, 0.1f);
+  fill(wv, 0.1f);
+  fill(wo, 0.1f);
+  fill(x, 2.0f);
+  fill(x2, 2.0f);
+  headway::Status s;
+  headway::AttentionLayerConfig config;
+  config.d_model = 512;
+  config.n_heads = 8;                // head_dim = d_model / n_heads = 64
+  config.n_kv_heads = 2;             // 8 for MHA, 1 for MQA
+  headway::AttentionLayerWeights w;  // float32 row-major; biases optional
+  w.w_q = headway::MatrixView<const float>(wq.data(), 512, 8 * 64);
+  w.w_k = headway::MatrixView<const float>(wk.data(), 512, 2 * 64);
+  w.w_v = headway::MatrixView<const float>(wv.data(), 512, 2 * 64);
+  w.w_o = headway::MatrixView<const float>(wo.data(), 8 * 64, 512);
+  headway::AttentionLayer layer;
+  s = headway::AttentionLayer::Create(config, w, &layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  headway::KvCache layer_cache;
+  s = headway::KvCache::Create(
+      layer.CacheConfig(/*n_sequences=*/4, /*capacity=*/4096), &layer_cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  headway::LayerSequence prompt{/*seq=*/0, /*n_tokens=*/100};
+  s = layer.Forward(&layer_cache, &prompt, 1,
+                    headway::MatrixView<const float>(x.data(), 100, 512),
+                    headway::MatrixView<float>(y.data(), 100, 512));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  headway::LayerSequence step[2] = {{/*seq=*/0, 1}, {/*seq=*/1, 1}};
+  s = layer.Forward(&layer_cache, step, 2,
+                    headway::MatrixView<const float>(x2.data(), 2, 512),
+                    headway::MatrixView<float>(y2.data(), 2, 512));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(layer_cache.length(0), 101);
+  EXPECT_EQ(layer_cache.length(1), 1);
+  EXPECT_EQ(layer.n_weights(), 512 * (8 + 2 + 2) * 64 + 8 * 64 * 512);
+  EXPECT_EQ(layer.cache_bytes_per_token(), size_t{2 * 2 * 64 * 4});
+  // Sequence 1 saw one token: its softmax weight is 1, so y2[1] = (x2[1] W_V
+  // per KV head, repeated for its 4 query heads) W_O. Two float32 sums of 512
+  // products each, all terms below 0.05 in size: errors near 1e-6, well inside
+  // the bound.
+  std::vector<double> v(2 * 64, 0.0);
+  for (int p = 0; p < 512; ++p) {
+    for (int c = 0; c < 2 * 64; ++c)
+      v[c] += double{x2[512 + p]} * wv[p * 128 + c];
+  }
+  for (int j = 0; j < 512; ++j) {
+    double want = 0.0;
+    for (int h = 0; h < 8; ++h) {
+      for (int c = 0; c < 64; ++c)
+        want += v[(h / 4) * 64 + c] * wo[(h * 64 + c) * 512 + j];
+    }
+    EXPECT_NEAR(y2[512 + j], want, 1e-4 * (1.0 + std::abs(want))) << j;
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
+#include "headway/layer.h"
 #include "headway/matmul.h"
 #include "headway/softmax.h"
 #include "headway/status.h"

@@ -1,0 +1,151 @@
+// AttentionLayer: one MHA / GQA / MQA attention layer, as a host calls it.
+//
+// Given its weights, a layer turns the hidden states of new tokens into
+// outputs while keeping K and V of every token it has seen in a KvCache:
+//   Q = x W_Q + b_q, K = x W_K + b_k, V = x W_V + b_v   (one fused GEMM)
+//   o_h = Attention(Q_h, K_g, V_g), g = h / (n_heads / n_kv_heads)
+//   y = concat_h(o_h) W_O + b_o
+// Prefill (many tokens), chunked prefill and decode (one token per sequence,
+// many sequences at once as a server batches them) are the same call:
+// Forward. K and V of the new tokens are written straight into the cache rows
+// by the projection (no intermediate copy), then attention runs for the new
+// tokens against everything cached for their sequence.
+//
+// Weights: float32 row-major, any strides; copied and packed once by Create
+// (the host may free its copies afterwards): W_Q, W_K and W_V as one fused
+// [d_model, (n_heads + 2 * n_kv_heads) * head_dim] matrix, W_O on its own.
+// The packing is for the instruction set dispatch picks at Create; Forward
+// fails with kFailedPrecondition after SetMaxTarget changes it to one with
+// another vector width (create the layer again).
+//
+// Tensor parallelism: a layer can own query heads [head_begin, head_end) of
+// the model's n_heads (with the KV heads they read). Its Forward then returns
+// that shard's part of the output projection (b_o is added by the shard with
+// head_begin == 0 only): the sum of the shards' outputs is the whole layer's
+// output, which a host that splits a model across processes combines with its
+// own communication library (MPI all-reduce, say). Each shard keeps a cache
+// of its own KV heads.
+//
+// Threads: Forward parallelises inside (TBB, in the caller's task arena). One
+// layer object must not run two Forward calls at once (it reuses its scratch
+// memory); separate layers may.
+#ifndef HEADWAY_LAYER_H_
+#define HEADWAY_LAYER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "headway/attention.h"
+#include "headway/export.h"
+#include "headway/kv_cache.h"
+#include "headway/status.h"
+#include "headway/view.h"
+
+namespace headway {
+
+struct AttentionLayerConfig {
+  int64_t d_model = 0;
+  int64_t n_heads = 0;
+  // KV heads: n_heads for MHA (the default, 0), 1 for MQA, a divisor of
+  // n_heads for GQA.
+  int64_t n_kv_heads = 0;
+  // Elements per head; 0 means d_model / n_heads (which must then divide).
+  int64_t head_dim = 0;
+  AttentionMask mask = AttentionMask::kCausal;
+  // Multiplies q . k; 0 means 1 / sqrt(head_dim).
+  float scale = 0.0f;
+  // The query heads this layer owns, [head_begin, head_end); both 0 means all.
+  // Must cover whole KV groups: multiples of n_heads / n_kv_heads.
+  int64_t head_begin = 0;
+  int64_t head_end = 0;
+};
+
+// The whole model layer's weights (also for a shard: the layer takes its own
+// columns of W_Q, W_K, W_V, biases, and its own rows of W_O). Biases may be
+// null (no bias); a non-null bias has the length given.
+struct AttentionLayerWeights {
+  MatrixView<const float> w_q;  // [d_model, n_heads * head_dim]
+  MatrixView<const float> w_k;  // [d_model, n_kv_heads * head_dim]
+  MatrixView<const float> w_v;  // [d_model, n_kv_heads * head_dim]
+  MatrixView<const float> w_o;  // [n_heads * head_dim, d_model]
+  const float* b_q = nullptr;   // [n_heads * head_dim]
+  const float* b_k = nullptr;   // [n_kv_heads * head_dim]
+  const float* b_v = nullptr;   // [n_kv_heads * head_dim]
+  const float* b_o = nullptr;   // [d_model]
+};
+
+// The new tokens of one sequence in a Forward call: n_tokens consecutive rows
+// of x (and y), at positions length(seq) .. length(seq) + n_tokens - 1.
+struct LayerSequence {
+  int64_t seq = 0;  // slot in the cache
+  int64_t n_tokens = 0;
+};
+
+class HEADWAY_API AttentionLayer {
+ public:
+  // Validates config and weights, packs the weights into *out (replacing what
+  // it held). Errors (*out unchanged): kInvalidArgument for a null out,
+  // d_model or n_heads < 1, n_kv_heads < 0 or not dividing n_heads, head_dim
+  // < 0 or 0 with d_model not a multiple of n_heads, a head range that is
+  // empty, outside [0, n_heads] or not on KV-group boundaries, a scale that is
+  // not finite or < 0, a bad mask value, a weight view that is null, has a bad
+  // stride or the wrong shape (the message names it and both shapes);
+  // kResourceExhausted: sizes whose byte count overflows, or no memory.
+  static Status Create(const AttentionLayerConfig& config,
+                       const AttentionLayerWeights& weights,
+                       AttentionLayer* out);
+
+  AttentionLayer();  // empty: Forward fails
+  ~AttentionLayer();
+  AttentionLayer(AttentionLayer&& other) noexcept;
+  AttentionLayer& operator=(AttentionLayer&& other) noexcept;
+  AttentionLayer(const AttentionLayer&) = delete;
+  AttentionLayer& operator=(const AttentionLayer&) = delete;
+
+  // The config with its defaults resolved (n_kv_heads, head_dim, scale,
+  // head_end filled in); all zeros for an empty layer.
+  const AttentionLayerConfig& config() const;
+  // Query and KV heads this layer owns.
+  int64_t local_heads() const;
+  int64_t local_kv_heads() const;
+  // Parameters of this layer (its shard): weights plus biases given. For the
+  // whole MHA layer without bias, 4 * d_model^2 when head_dim * n_heads ==
+  // d_model (the seed's count); less for GQA and MQA.
+  int64_t n_weights() const;
+  // Bytes of the packed weights (the fused QKV and W_O matrices).
+  size_t packed_bytes() const;
+  // A cache config for this layer: its local KV heads and head_dim.
+  KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity) const;
+  // KV cache bytes per token of one sequence (2 * local_kv_heads * row
+  // stride * 4).
+  size_t cache_bytes_per_token() const;
+
+  // Runs the layer over new tokens of one or several sequences:
+  //   x: [sum of n_tokens, d_model], the new tokens' hidden states, rows of
+  //      sequences[0] first, then sequences[1], ...
+  //   y: [sum of n_tokens, d_model], written (this shard's part, see above).
+  // Appends the tokens' K and V to their sequences in *cache (lengths grow by
+  // n_tokens), then each new token attends to its sequence's cached tokens up
+  // to its own position (causal) or to all of them (kNone). Scratch memory is
+  // kept and reused: after a first call of a given size, calls of that size or
+  // smaller allocate nothing.
+  // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
+  // empty layer or a dispatch target of another vector width than at Create;
+  // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache
+  // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
+  // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
+  // d_model], y overlapping x or the cache; kOutOfRange when a sequence's
+  // length + n_tokens exceeds the cache capacity.
+  Status Forward(KvCache* cache, const LayerSequence* sequences,
+                 int64_t n_sequences, MatrixView<const float> x,
+                 MatrixView<float> y);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace headway
+
+#endif  // HEADWAY_LAYER_H_
