@@ -135,8 +135,8 @@ class HEADWAY_API AttentionLayer {
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache
   // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
-  // d_model], y overlapping x or the cache; kOutOfRange when a sequence's
-  // length + n_tokens exceeds the cache capacity.
+  // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
+  // sequence's length + n_tokens exceeds the cache capacity.
   Status Forward(KvCache* cache, const LayerSequence* sequences,
                  int64_t n_sequences, MatrixView<const float> x,
                  MatrixView<float> y);
