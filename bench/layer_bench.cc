@@ -1,0 +1,426 @@
+// headway::AttentionLayer per target and thread count: one decode step at a
+// context of 4096 tokens and a causal prefill of 512 tokens, for a d_model 4096
+// layer with 32 query heads of head_dim 128 as MHA, GQA-8 and MQA; and the
+// "seed" peer, the same layer computed the way the seed's numpy code does it,
+// composed from Headway's public kernels.
+//
+// Counted work:
+// - decode: the bytes that must be read, the packed weights (packed_bytes():
+//   about 256 MiB for MHA, 160 MiB for GQA-8, 132 MiB for MQA, all far larger
+//   than the 32 MiB L3, so every step reads them from memory) plus 4096 tokens
+//   of KV cache (cache_bytes_per_token() each: 128 MiB for MHA, 32 MiB for
+//   GQA-8, 4 MiB for MQA) ("%read" of the DRAM read ceiling). The cache is
+//   filled once and truncated back to 4096 tokens after each step.
+// - prefill: the projections, 2 * n * d_model * (n_heads + 2 * n_kv_heads) *
+//   head_dim (Q, K, V) + 2 * n * n_heads * head_dim * d_model (output), plus
+//   the unmasked attention, 4 * n * n * head_dim * n_heads / 2 ("%FMA"); the
+//   cache is emptied before each iteration.
+// Both also count "tokens" per second. The seed rows count the same work as
+// the layer's, so their percentages compare directly.
+//
+// The seed peer (layer_seed_decode, layer_seed_prefill), step by step as the
+// seed's numpy code: Q, K and V as three separate GEMMs on the unpacked
+// weights (Matmul packs B in every call, as the BLAS behind numpy's matmul
+// does), K and V copied into the cache (KvCache::Append: the seed's
+// concatenate), per-head materialized scores, softmax and weighted sum
+// (AttentionWithWeights: the seed's einsum steps on Headway's GEMM and
+// softmax), then the output projection. It uses Headway's Matmul, not
+// OpenBLAS, so the gap to the layer is what the layer's fusion, pre-packed
+// weights and flash attention gain, not a difference of GEMM kernels.
+//
+// Memory: one set of MHA-sized host weights (256 MiB) for the whole run, whose
+// first columns of W_K and W_V serve GQA-8 and MQA; one packed layer at a time
+// (up to 256 MiB); the decode caches (164 MiB in all) and prefill caches.
+#include <stddef.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "bench/harness/harness.h"
+#include "benchmark/benchmark.h"
+#include "headway/attention.h"
+#include "headway/kv_cache.h"
+#include "headway/layer.h"
+#include "headway/matmul.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "headway/view.h"
+#include "hwy/aligned_allocator.h"
+
+namespace headway {
+namespace bench {
+namespace {
+
+constexpr int64_t kDModel = 4096, kHeads = 32, kHeadDim = 128;
+constexpr int64_t kQCols = kHeads * kHeadDim;
+constexpr int64_t kContext = 4096, kPrefillLen = 512;
+
+// The host's weights, float32 row-major, sized for MHA: W_Q, W_K, W_V [d_model,
+// n_heads * head_dim] and W_O [n_heads * head_dim, d_model]. A layout with
+// fewer KV heads takes the first n_kv_heads * head_dim columns of W_K and W_V.
+struct HostWeights {
+  hwy::AlignedFreeUniquePtr<float[]> w_q, w_k, w_v, w_o;
+
+  MatrixView<const float> Q() const {
+    return MatrixView<const float>(w_q.get(), kDModel, kQCols);
+  }
+  MatrixView<const float> K(int64_t n_kv) const {
+    return MatrixView<const float>(w_k.get(), kDModel, n_kv * kHeadDim, kQCols);
+  }
+  MatrixView<const float> V(int64_t n_kv) const {
+    return MatrixView<const float>(w_v.get(), kDModel, n_kv * kHeadDim, kQCols);
+  }
+  MatrixView<const float> O() const {
+    return MatrixView<const float>(w_o.get(), kQCols, kDModel);
+  }
+};
+
+const HostWeights& SharedHostWeights() {
+  static const HostWeights weights = [] {
+    HostWeights w;
+    const size_t size = static_cast<size_t>(kDModel * kQCols);
+    // Standard deviation 1 / sqrt(fan-in) (both fan-ins are 4096), about as
+    // in a trained layer: uniform in +-sqrt(3) / 64.
+    const float bound = 0.027f;
+    w.w_q = hwy::AllocateAligned<float>(size);
+    w.w_k = hwy::AllocateAligned<float>(size);
+    w.w_v = hwy::AllocateAligned<float>(size);
+    w.w_o = hwy::AllocateAligned<float>(size);
+    FillUniform(w.w_q.get(), size, -bound, bound, 11);
+    FillUniform(w.w_k.get(), size, -bound, bound, 12);
+    FillUniform(w.w_v.get(), size, -bound, bound, 13);
+    FillUniform(w.w_o.get(), size, -bound, bound, 14);
+    return w;
+  }();
+  return weights;
+}
+
+// The layer of the last benchmark, kept while the next one runs the same
+// layout on the same target: one packed layer (up to 256 MiB) at a time.
+struct LayerSlot {
+  int64_t n_kv = 0;
+  int64_t target_bits = 0;
+  int64_t generation = 0;  // counts the layers created
+  std::unique_ptr<AttentionLayer> layer;
+};
+LayerSlot& SharedLayerSlot() {
+  static LayerSlot slot;
+  return slot;
+}
+
+// The layer with n_kv KV heads, packed for `target` (the harness has capped
+// dispatch at it); null after skipping the benchmark if Create fails.
+AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
+                            const Target& target) {
+  LayerSlot& slot = SharedLayerSlot();
+  if (slot.layer && slot.n_kv == n_kv && slot.target_bits == target.bits) {
+    return slot.layer.get();
+  }
+  slot.layer.reset();  // frees the previous one before packing the next
+  const HostWeights& host = SharedHostWeights();
+  AttentionLayerConfig config;
+  config.d_model = kDModel;
+  config.n_heads = kHeads;
+  config.n_kv_heads = n_kv;
+  config.head_dim = kHeadDim;
+  AttentionLayerWeights weights;
+  weights.w_q = host.Q();
+  weights.w_k = host.K(n_kv);
+  weights.w_v = host.V(n_kv);
+  weights.w_o = host.O();
+  auto layer = std::make_unique<AttentionLayer>();
+  if (!Check(state, AttentionLayer::Create(config, weights, layer.get()))) {
+    return nullptr;
+  }
+  slot.n_kv = n_kv;
+  slot.target_bits = target.bits;
+  ++slot.generation;
+  slot.layer = std::move(layer);
+  return slot.layer.get();
+}
+
+// Frees the shared layer (the seed benchmarks do not use it).
+void DropSharedLayer() { SharedLayerSlot().layer.reset(); }
+
+// What a benchmark runs, for WarmUp's keys.
+enum Kind : int64_t { kLayerDecode, kLayerPrefill, kSeedDecode, kSeedPrefill };
+
+// Runs `step` once, untimed, the first time `key` is seen: the timed
+// iterations then find the scratch memory of the layer and of each thread
+// allocated and its pages mapped (at these sizes the first iteration is often
+// the only one). False after skipping the benchmark if the step fails.
+template <class Step>
+bool WarmUp(benchmark::State& state, std::vector<int64_t> key,
+            const Step& step) {
+  static std::set<std::vector<int64_t>> seen;
+  if (!seen.insert(std::move(key)).second) return true;
+  return Check(state, step());
+}
+
+// One cache per (n_kv_heads, capacity) for the whole run, holding `filled`
+// random tokens when handed out (decode: kContext of kContext + 1; prefill:
+// none).
+KvCache& SharedCache(int64_t n_kv, int64_t capacity, int64_t filled) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<KvCache>> caches;
+  std::unique_ptr<KvCache>& cache = caches[{n_kv, capacity}];
+  if (!cache) {
+    cache = std::make_unique<KvCache>();
+    const KvCacheConfig config{1, n_kv, kHeadDim, capacity};
+    if (!KvCache::Create(config, cache.get()).ok()) std::abort();
+    const int64_t width = n_kv * kHeadDim, step = 256;
+    auto k = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
+    auto v = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
+    for (int64_t t = 0; t < filled; t += step) {
+      const int64_t rows = std::min(step, filled - t);
+      FillUniform(k.get(), static_cast<size_t>(rows * width), -1.0f, 1.0f,
+                  2 * t + 1);
+      FillUniform(v.get(), static_cast<size_t>(rows * width), -1.0f, 1.0f,
+                  2 * t + 2);
+      if (!cache
+               ->Append(0, MatrixView<const float>(k.get(), rows, width),
+                        MatrixView<const float>(v.get(), rows, width))
+               .ok()) {
+        std::abort();
+      }
+    }
+  }
+  // A benchmark that stopped on an error may have left other lengths.
+  if (!cache->Truncate(0, filled).ok()) std::abort();
+  return *cache;
+}
+
+KvCache& DecodeCache(int64_t n_kv) {
+  return SharedCache(n_kv, kContext + 1, kContext);
+}
+KvCache& PrefillCache(int64_t n_kv) {
+  return SharedCache(n_kv, kPrefillLen, 0);
+}
+
+// x and y [n_tokens, d_model], written once before timing (a first touch costs
+// a page fault per 4 KiB).
+struct Activations {
+  hwy::AlignedFreeUniquePtr<float[]> x, y;
+  int64_t n_tokens = 0;
+
+  explicit Activations(int64_t n) : n_tokens(n) {
+    const size_t size = static_cast<size_t>(n * kDModel);
+    x = hwy::AllocateAligned<float>(size);
+    y = hwy::AllocateAligned<float>(size);
+    FillUniform(x.get(), size, -1.0f, 1.0f, 7);
+    FillUniform(y.get(), size, -1.0f, 1.0f, 8);
+  }
+  MatrixView<const float> X() const {
+    return MatrixView<const float>(x.get(), n_tokens, kDModel);
+  }
+  MatrixView<float> Y() const {
+    return MatrixView<float>(y.get(), n_tokens, kDModel);
+  }
+};
+
+// Counter "tokens": tokens per second.
+void ReportTokens(benchmark::State& state, int64_t tokens_per_iter) {
+  state.counters["tokens"] =
+      benchmark::Counter(static_cast<double>(tokens_per_iter) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+
+double PrefillFlops(int64_t n_kv) {
+  const double n = kPrefillLen;
+  const double projections =
+      2.0 * n * kDModel * (kHeads + 2 * n_kv) * kHeadDim +
+      2.0 * n * kHeads * kHeadDim * kDModel;
+  const double attention = 4.0 * n * n * kHeadDim * kHeads / 2;
+  return projections + attention;
+}
+
+// -----------------------------------------------------------------------------
+// The layer.
+
+void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
+  if (layer == nullptr) return;
+  KvCache& cache = DecodeCache(n_kv);
+  const Activations io(1);
+  const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/1};
+  const auto step = [&] {
+    Status status = layer->Forward(&cache, &sequence, 1, io.X(), io.Y());
+    if (status.ok()) status = cache.Truncate(0, kContext);
+    return status;
+  };
+  if (!WarmUp(state, {kLayerDecode, SharedLayerSlot().generation, run.threads},
+              step)) {
+    return;
+  }
+  for (auto _ : state) {
+    if (!Check(state, step())) break;
+    benchmark::ClobberMemory();
+  }
+  ReportMemory(state,
+               static_cast<double>(layer->packed_bytes()) +
+                   static_cast<double>(kContext) *
+                       static_cast<double>(layer->cache_bytes_per_token()),
+               MemoryCeiling::kRead, run.threads);
+  ReportTokens(state, 1);
+}
+
+void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
+  if (layer == nullptr) return;
+  KvCache& cache = PrefillCache(n_kv);
+  const Activations io(kPrefillLen);
+  const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/kPrefillLen};
+  const auto step = [&] {
+    Status status = cache.Reset(0);
+    if (status.ok()) {
+      status = layer->Forward(&cache, &sequence, 1, io.X(), io.Y());
+    }
+    return status;
+  };
+  if (!WarmUp(state, {kLayerPrefill, SharedLayerSlot().generation, run.threads},
+              step)) {
+    return;
+  }
+  for (auto _ : state) {
+    if (!Check(state, step())) break;
+    benchmark::ClobberMemory();
+  }
+  ReportCompute(state, PrefillFlops(n_kv), run.target, run.threads);
+  ReportTokens(state, kPrefillLen);
+}
+
+// -----------------------------------------------------------------------------
+// The seed peer.
+
+// The seed's intermediates for n_tokens new tokens attending to up to `length`
+// cached ones.
+struct SeedBuffers {
+  hwy::AlignedFreeUniquePtr<float[]> q, k, v, attn, weights;
+  int64_t n_tokens, n_kv, length;
+
+  SeedBuffers(int64_t n, int64_t kv, int64_t len)
+      : n_tokens(n), n_kv(kv), length(len) {
+    const size_t q_size = static_cast<size_t>(n * kQCols);
+    const size_t kv_size = static_cast<size_t>(n * kv * kHeadDim);
+    const size_t weights_size = static_cast<size_t>(kHeads * n * len);
+    q = hwy::AllocateAligned<float>(q_size);
+    k = hwy::AllocateAligned<float>(kv_size);
+    v = hwy::AllocateAligned<float>(kv_size);
+    attn = hwy::AllocateAligned<float>(q_size);
+    weights = hwy::AllocateAligned<float>(weights_size);
+    FillUniform(q.get(), q_size, -1.0f, 1.0f, 21);
+    FillUniform(k.get(), kv_size, -1.0f, 1.0f, 22);
+    FillUniform(v.get(), kv_size, -1.0f, 1.0f, 23);
+    FillUniform(attn.get(), q_size, -1.0f, 1.0f, 24);
+    FillUniform(weights.get(), weights_size, 0.0f, 1.0f, 25);
+  }
+};
+
+// The layer as the seed computes it, appending the tokens' K and V to
+// sequence 0 of *cache.
+Status SeedForward(const HostWeights& w, KvCache* cache, const Activations& io,
+                   SeedBuffers& b) {
+  const int64_t n = b.n_tokens, kv_cols = b.n_kv * kHeadDim;
+  const MatrixView<float> q(b.q.get(), n, kQCols);
+  const MatrixView<float> k(b.k.get(), n, kv_cols);
+  const MatrixView<float> v(b.v.get(), n, kv_cols);
+  const MatrixView<float> attn(b.attn.get(), n, kQCols);
+  Status status = Matmul(io.X(), Transpose::kNo, w.Q(), Transpose::kNo, q);
+  if (!status.ok()) return status;
+  status = Matmul(io.X(), Transpose::kNo, w.K(b.n_kv), Transpose::kNo, k);
+  if (!status.ok()) return status;
+  status = Matmul(io.X(), Transpose::kNo, w.V(b.n_kv), Transpose::kNo, v);
+  if (!status.ok()) return status;
+  status = cache->Append(0, k, v);
+  if (!status.ok()) return status;
+  const int64_t length = cache->length(0);
+  AttentionQuery query;
+  query.q_pos0 = length - n;
+  query.q = q;
+  query.out = attn;
+  status = AttentionWithWeights(
+      *cache, kHeads, query,
+      MatrixView<float>(b.weights.get(), kHeads * n, length));
+  if (!status.ok()) return status;
+  return Matmul(attn, Transpose::kNo, w.O(), Transpose::kNo, io.Y());
+}
+
+void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  DropSharedLayer();
+  const HostWeights& host = SharedHostWeights();
+  KvCache& cache = DecodeCache(n_kv);
+  const Activations io(1);
+  SeedBuffers buffers(1, n_kv, kContext + 1);
+  const auto step = [&] {
+    Status status = SeedForward(host, &cache, io, buffers);
+    if (status.ok()) status = cache.Truncate(0, kContext);
+    return status;
+  };
+  if (!WarmUp(state, {kSeedDecode, n_kv, run.target.bits, run.threads}, step)) {
+    return;
+  }
+  for (auto _ : state) {
+    if (!Check(state, step())) break;
+    benchmark::ClobberMemory();
+  }
+  // The same bytes as the layer's: the weights (unpacked, as many) and the
+  // cache rows.
+  const double weight_bytes =
+      4.0 * (kDModel * (kHeads + 2 * n_kv) * kHeadDim + kQCols * kDModel);
+  ReportMemory(state,
+               weight_bytes + static_cast<double>(kContext) *
+                                  static_cast<double>(cache.bytes_per_token()),
+               MemoryCeiling::kRead, run.threads);
+  ReportTokens(state, 1);
+}
+
+void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  DropSharedLayer();
+  const HostWeights& host = SharedHostWeights();
+  KvCache& cache = PrefillCache(n_kv);
+  const Activations io(kPrefillLen);
+  SeedBuffers buffers(kPrefillLen, n_kv, kPrefillLen);
+  const auto step = [&] {
+    Status status = cache.Reset(0);
+    if (status.ok()) status = SeedForward(host, &cache, io, buffers);
+    return status;
+  };
+  if (!WarmUp(state, {kSeedPrefill, n_kv, run.target.bits, run.threads},
+              step)) {
+    return;
+  }
+  for (auto _ : state) {
+    if (!Check(state, step())) break;
+    benchmark::ClobberMemory();
+  }
+  ReportCompute(state, PrefillFlops(n_kv), run.target, run.threads);
+  ReportTokens(state, kPrefillLen);
+}
+
+void RegisterLayer() {
+  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA). No MinTime: a prefill takes from
+  // a few tenths of a second (AVX-512) to tens of seconds (SCALAR) per
+  // iteration, and --benchmark_min_time keeps its say.
+  const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
+  RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads"}, layouts);
+  RegisterPerTarget("layer_seed_decode", BM_SeedDecode, {"kv_heads"}, layouts);
+  RegisterPerTarget("layer_prefill", BM_LayerPrefill, {"kv_heads"}, layouts);
+  RegisterPerTarget("layer_seed_prefill", BM_SeedPrefill, {"kv_heads"},
+                    layouts);
+}
+
+HEADWAY_REGISTER_BENCHMARKS(RegisterLayer);
+
+}  // namespace
+}  // namespace bench
+}  // namespace headway

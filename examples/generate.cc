@@ -1,0 +1,429 @@
+// generate: a toy decoder made of Headway attention layers, timed on every
+// instruction set this CPU supports.
+//
+// A stack of AttentionLayers with random weights (fixed seeds) runs a prompt
+// with one Forward call per layer (prefill), then generates tokens one at a
+// time against the layers' KV caches (decode). It does so for an MHA, a GQA
+// (n_heads / 4 KV heads) and an MQA layout of the same d_model, on each
+// instruction set, and prints prefill and decode tokens per second, the KV
+// cache's size and the parameter count.
+//
+// There is no vocabulary: no embedding table, no LM head, no sampling. The
+// hidden state of the next token is the stack's output for the previous one
+// through a fixed nonlinearity and an RMS normalisation (NextInput), which
+// keeps the values bounded, as "sample a token and look up its embedding"
+// would. Between layers, h = RmsNorm(h + Attention(h)): a post-norm residual
+// block without the MLP.
+//
+//   generate [--layers=4] [--d_model=512] [--heads=8] [--prompt=256]
+//            [--tokens=128] [--threads=0] [--targets=all]
+//
+// --threads=0 runs on TBB's default thread count. --targets takes "all" (every
+// instruction set this CPU supports), "best", or a comma-separated list of
+// names (e.g. "AVX2,SCALAR"). Flags also take their value as the next
+// argument ("--layers 1").
+#include <strings.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "headway/attention.h"
+#include "headway/kv_cache.h"
+#include "headway/layer.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "headway/view.h"
+#include "tbb/task_arena.h"
+
+namespace {
+
+using headway::AttentionLayer;
+using headway::AttentionLayerConfig;
+using headway::AttentionLayerWeights;
+using headway::KvCache;
+using headway::LayerSequence;
+using headway::MatrixView;
+using headway::Status;
+using headway::Target;
+
+struct Options {
+  int64_t layers = 4;
+  int64_t d_model = 512;
+  int64_t heads = 8;
+  int64_t prompt = 256;  // prompt tokens (prefill)
+  int64_t tokens = 128;  // generated tokens (decode)
+  int64_t threads = 0;   // 0: TBB's default
+  std::string targets = "all";
+};
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr,
+               "generate: %s\n"
+               "usage: generate [--layers=N] [--d_model=N] [--heads=N] "
+               "[--prompt=N] [--tokens=N] [--threads=N] "
+               "[--targets=all|best|NAME,...]\n",
+               message.c_str());
+  std::exit(2);
+}
+
+int64_t ParseCount(const std::string& name, const std::string& text,
+                   int64_t min) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < min) {
+    UsageError("--" + name + " needs an integer >= " + std::to_string(min) +
+               ", got \"" + text + "\"");
+  }
+  return value;
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") UsageError("help requested");
+    if (arg.compare(0, 2, "--") != 0) UsageError("unexpected \"" + arg + "\"");
+    std::string name = arg.substr(2), value;
+    const size_t equals = name.find('=');
+    if (equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name.resize(equals);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      UsageError("--" + name + " needs a value");
+    }
+    if (name == "layers") {
+      options.layers = ParseCount(name, value, 1);
+    } else if (name == "d_model") {
+      options.d_model = ParseCount(name, value, 1);
+    } else if (name == "heads") {
+      options.heads = ParseCount(name, value, 1);
+    } else if (name == "prompt") {
+      options.prompt = ParseCount(name, value, 1);
+    } else if (name == "tokens") {
+      options.tokens = ParseCount(name, value, 0);
+    } else if (name == "threads") {
+      options.threads = ParseCount(name, value, 0);
+    } else if (name == "targets") {
+      options.targets = value;
+    } else {
+      UsageError("unknown flag --" + name);
+    }
+  }
+  return options;
+}
+
+void Check(const Status& status, const char* what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "generate: %s: %s\n", what, status.ToString().c_str());
+  std::exit(1);
+}
+
+// The instruction sets to run: `spec` is "all", "best" or "NAME,NAME,...".
+std::vector<Target> SelectTargets(const std::string& spec) {
+  const std::vector<Target> supported = headway::SupportedTargets();
+  if (spec == "all") return supported;
+  if (spec == "best") return {supported.front()};
+  std::vector<Target> selected;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    size_t end = spec.find(',', begin);
+    if (end == std::string::npos) end = spec.size();
+    const std::string name = spec.substr(begin, end - begin);
+    bool found = false;
+    for (const Target& target : supported) {
+      if (strcasecmp(name.c_str(), target.name) == 0) {
+        selected.push_back(target);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::string names;
+      for (const Target& target : supported) {
+        names += std::string(names.empty() ? "" : ", ") + target.name;
+      }
+      UsageError("--targets: \"" + name +
+                 "\" is not an instruction set this CPU runs (" + names + ")");
+    }
+    begin = end + 1;
+  }
+  return selected;
+}
+
+// Uniform floats in [-bound, bound), the same on every platform for a seed
+// (SplitMix64).
+std::vector<float> RandomUniform(size_t n, float bound, uint64_t seed) {
+  std::vector<float> data(n);
+  uint64_t state = seed;
+  for (float& value : data) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float unit = static_cast<float>(z >> 40) * 0x1.0p-24f;  // [0, 1)
+    value = bound * (2.0f * unit - 1.0f);
+  }
+  return data;
+}
+
+// Scales each row of h [rows, d] to a root mean square of 1.
+void RmsNormalize(float* h, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = h + r * d;
+    double sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) sum += double{row[i]} * row[i];
+    const float inv = static_cast<float>(
+        1.0 / std::sqrt(sum / static_cast<double>(d) + 1e-6));
+    for (int64_t i = 0; i < d; ++i) row[i] *= inv;
+  }
+}
+
+// One layer's weights as the host holds them, float32 row-major.
+struct HostWeights {
+  std::vector<float> w_q, w_k, w_v, w_o;  // [d, q_cols], [d, kv_cols] x 2,
+                                          // [q_cols, d]
+  std::vector<float> b_q, b_k, b_v, b_o;
+};
+
+// Weights scaled by 1 / sqrt(fan_in), so that a projection of a unit-RMS input
+// has outputs of about unit RMS; small biases.
+HostWeights MakeWeights(int64_t d, int64_t q_cols, int64_t kv_cols,
+                        uint64_t seed) {
+  const float in_bound = std::sqrt(3.0f / static_cast<float>(d));
+  const float out_bound = std::sqrt(3.0f / static_cast<float>(q_cols));
+  HostWeights w;
+  w.w_q = RandomUniform(d * q_cols, in_bound, seed + 1);
+  w.w_k = RandomUniform(d * kv_cols, in_bound, seed + 2);
+  w.w_v = RandomUniform(d * kv_cols, in_bound, seed + 3);
+  w.w_o = RandomUniform(q_cols * d, out_bound, seed + 4);
+  w.b_q = RandomUniform(q_cols, 0.1f, seed + 5);
+  w.b_k = RandomUniform(kv_cols, 0.1f, seed + 6);
+  w.b_v = RandomUniform(kv_cols, 0.1f, seed + 7);
+  w.b_o = RandomUniform(d, 0.1f, seed + 8);
+  return w;
+}
+
+AttentionLayerWeights Views(const HostWeights& w, int64_t d, int64_t q_cols,
+                            int64_t kv_cols) {
+  AttentionLayerWeights views;
+  views.w_q = MatrixView<const float>(w.w_q.data(), d, q_cols);
+  views.w_k = MatrixView<const float>(w.w_k.data(), d, kv_cols);
+  views.w_v = MatrixView<const float>(w.w_v.data(), d, kv_cols);
+  views.w_o = MatrixView<const float>(w.w_o.data(), q_cols, d);
+  views.b_q = w.b_q.data();
+  views.b_k = w.b_k.data();
+  views.b_v = w.b_v.data();
+  views.b_o = w.b_o.data();
+  return views;
+}
+
+// One attention layout of the model: its config and every layer's weights.
+struct Model {
+  AttentionLayerConfig config;
+  std::vector<HostWeights> weights;  // [layers]
+};
+
+Model MakeModel(const Options& options, int64_t n_kv_heads) {
+  Model model;
+  model.config.d_model = options.d_model;
+  model.config.n_heads = options.heads;
+  model.config.n_kv_heads = n_kv_heads;
+  // head_dim 0: d_model / n_heads (Create reports a d_model that does not
+  // divide). The mask is causal and the scale 1 / sqrt(head_dim) by default.
+  const int64_t head_dim = options.d_model / options.heads;
+  for (int64_t l = 0; l < options.layers; ++l) {
+    model.weights.push_back(MakeWeights(options.d_model,
+                                        options.heads * head_dim,
+                                        n_kv_heads * head_dim, 100 * l + 17));
+  }
+  return model;
+}
+
+// The stack over `rows` new tokens of sequence 0: h [rows, d] is the input and
+// becomes the output; y [rows, d] is scratch.
+Status StackForward(std::vector<AttentionLayer>& layers,
+                    std::vector<KvCache>& caches, int64_t rows, float* h,
+                    float* y) {
+  const int64_t d = layers.front().config().d_model;
+  const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/rows};
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Status status = layers[l].Forward(&caches[l], &sequence, 1,
+                                            MatrixView<const float>(h, rows, d),
+                                            MatrixView<float>(y, rows, d));
+    if (!status.ok()) return status;
+    // Residual and normalisation: h = RmsNorm(h + y).
+    for (int64_t i = 0; i < rows * d; ++i) h[i] += y[i];
+    RmsNormalize(h, rows, d);
+  }
+  return Status();
+}
+
+// The next token's hidden state from the stack's output for the previous one
+// (no vocabulary: see the top of the file).
+void NextInput(const float* out, int64_t d, float* next) {
+  for (int64_t i = 0; i < d; ++i) next[i] = std::tanh(2.0f * out[i]);
+  RmsNormalize(next, 1, d);
+}
+
+struct RunResult {
+  double prefill_tokens_per_s = 0.0;
+  double decode_tokens_per_s = 0.0;
+  size_t cache_bytes_per_token = 0;  // all layers
+  size_t cache_bytes = 0;            // all layers' caches, allocated
+  int64_t n_weights = 0;             // all layers
+  std::vector<float> last;           // the last token's output [d]
+};
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Creates the layers for the current instruction set (packing depends on its
+// vector width), runs the prompt, then generates options.tokens tokens.
+RunResult Run(const Options& options, const Model& model,
+              const std::vector<float>& prompt) {
+  const int64_t d = options.d_model, n_layers = options.layers;
+  const int64_t head_dim = d / options.heads;
+  const int64_t q_cols = options.heads * head_dim;
+  const int64_t kv_cols = model.config.n_kv_heads * head_dim;
+  RunResult result;
+  std::vector<AttentionLayer> layers(n_layers);
+  std::vector<KvCache> caches(n_layers);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    Check(AttentionLayer::Create(model.config,
+                                 Views(model.weights[l], d, q_cols, kv_cols),
+                                 &layers[l]),
+          "AttentionLayer::Create");
+    Check(
+        KvCache::Create(layers[l].CacheConfig(
+                            /*n_sequences=*/1, options.prompt + options.tokens),
+                        &caches[l]),
+        "KvCache::Create");
+    result.cache_bytes_per_token += layers[l].cache_bytes_per_token();
+    result.cache_bytes += caches[l].bytes();
+    result.n_weights += layers[l].n_weights();
+  }
+
+  std::vector<float> h(prompt.size()), y(prompt.size());
+  // Warm-up: the first Forward of a size allocates the layer's scratch memory
+  // and takes its page faults, which a server pays once at start-up.
+  h = prompt;
+  Check(StackForward(layers, caches, options.prompt, h.data(), y.data()),
+        "Forward (warm-up)");
+  for (KvCache& cache : caches) cache.ResetAll();
+
+  h = prompt;
+  auto start = std::chrono::steady_clock::now();
+  Check(StackForward(layers, caches, options.prompt, h.data(), y.data()),
+        "Forward (prefill)");
+  result.prefill_tokens_per_s =
+      static_cast<double>(options.prompt) / SecondsSince(start);
+
+  // Decode: each step feeds the previous token's output back as the input.
+  std::vector<float> x(d);
+  const float* out = h.data() + (options.prompt - 1) * d;
+  start = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < options.tokens; ++t) {
+    NextInput(out, d, x.data());
+    Check(StackForward(layers, caches, 1, x.data(), y.data()),
+          "Forward (decode)");
+    out = x.data();
+  }
+  if (options.tokens > 0) {
+    result.decode_tokens_per_s =
+        static_cast<double>(options.tokens) / SecondsSince(start);
+  }
+  result.last.assign(out, out + d);
+  return result;
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 3) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
+                units[unit]);
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = ParseOptions(argc, argv);
+  const std::vector<Target> targets = SelectTargets(options.targets);
+
+  // MHA, GQA with n_heads / 4 KV heads (when that divides and differs from
+  // MHA and MQA), MQA.
+  std::vector<std::pair<std::string, int64_t>> layouts = {
+      {"MHA", options.heads}};
+  if (options.heads % 4 == 0 && options.heads / 4 > 1) {
+    layouts.push_back({"GQA", options.heads / 4});
+  }
+  if (options.heads > 1) layouts.push_back({"MQA", 1});
+
+  std::vector<float> prompt = RandomUniform(
+      static_cast<size_t>(options.prompt * options.d_model), 1.0f, 1);
+  RmsNormalize(prompt.data(), options.prompt, options.d_model);
+
+  tbb::task_arena arena(options.threads > 0 ? static_cast<int>(options.threads)
+                                            : tbb::task_arena::automatic);
+  arena.initialize();
+  std::printf(
+      "%lld layers, d_model %lld, %lld heads of %lld, prompt %lld tokens, "
+      "%lld generated, %d threads\n",
+      static_cast<long long>(options.layers),
+      static_cast<long long>(options.d_model),
+      static_cast<long long>(options.heads),
+      static_cast<long long>(options.d_model / options.heads),
+      static_cast<long long>(options.prompt),
+      static_cast<long long>(options.tokens), arena.max_concurrency());
+  std::printf(
+      "max|diff|: largest difference of the last output from the first "
+      "target's\n\n");
+  std::printf("%-10s %-8s %14s %14s %12s %12s %12s %10s\n", "config", "target",
+              "prefill tok/s", "decode tok/s", "KV B/token", "KV total",
+              "weights", "max|diff|");
+
+  for (const auto& [name, n_kv_heads] : layouts) {
+    const Model model = MakeModel(options, n_kv_heads);
+    const std::string label = name + " kv" + std::to_string(n_kv_heads);
+    std::vector<float> reference;
+    for (const Target& target : targets) {
+      Check(headway::SetMaxTarget(target.name), "SetMaxTarget");
+      RunResult result;
+      arena.execute([&] { result = Run(options, model, prompt); });
+      headway::ResetMaxTarget();
+
+      char diff[32] = "-";
+      if (reference.empty()) {
+        reference = result.last;
+      } else {
+        float max_diff = 0.0f;
+        for (size_t i = 0; i < reference.size(); ++i) {
+          max_diff =
+              std::fmax(max_diff, std::fabs(result.last[i] - reference[i]));
+        }
+        std::snprintf(diff, sizeof(diff), "%.1e", max_diff);
+      }
+      std::printf("%-10s %-8s %14.1f %14.1f %12zu %12s %12lld %10s\n",
+                  label.c_str(), target.name, result.prefill_tokens_per_s,
+                  result.decode_tokens_per_s, result.cache_bytes_per_token,
+                  FormatBytes(static_cast<double>(result.cache_bytes)).c_str(),
+                  static_cast<long long>(result.n_weights), diff);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
