@@ -109,9 +109,11 @@ class HEADWAY_API AttentionLayer {
   // Query and KV heads this layer owns.
   int64_t local_heads() const;
   int64_t local_kv_heads() const;
-  // Parameters of this layer (its shard): weights plus biases given. For the
-  // whole MHA layer without bias, 4 * d_model^2 when head_dim * n_heads ==
-  // d_model (the seed's count); less for GQA and MQA.
+  // Parameters of this layer (its shard): weights plus biases given; b_o
+  // counts in the shard that adds it (head_begin == 0), so the shards' counts
+  // sum to the whole layer's. For the whole MHA layer without bias,
+  // 4 * d_model^2 when head_dim * n_heads == d_model (the seed's count); less
+  // for GQA and MQA.
   int64_t n_weights() const;
   // Bytes of the packed weights (the fused QKV and W_O matrices).
   size_t packed_bytes() const;

@@ -1,0 +1,1522 @@
+// AttentionLayer tests: every target, against the float64 reference of the
+// seed's whole layer (ref::MultiHeadAttention in test/support/reference.h),
+// plus the layer's own contracts: prefill equals prefill then decode, a batch
+// equals its sequences run alone, tensor-parallel shards sum to the layer,
+// sizes, argument errors (nothing written) and no allocation once warm.
+//
+// Tolerance against the reference, per output element (u = 2^-24): the
+// rounding errors of the layer's three steps carried to y to first order, with
+// magnitudes that the reference computes alongside (abs_c of ref::Matmul).
+// A float32 sum of n terms is off by at most about lambda sqrt(n) u times the
+// sum of the terms' magnitudes, rounding errors being independent and growing
+// like a random walk (Higham and Mary, "A new approach to probabilistic
+// rounding error analysis", SISC 2019; Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., sec. 2.8), lambda = 4 here; independent
+// errors from different sums combine as a root sum of squares (rss) for the
+// same reason.
+//   1. Projections: an entry of Q, K or V sums d_model products and a bias:
+//      error <= e_p |.|, e_p = 4 u (sqrt(d_model) + 1), |.| = sum |x w| + |b|.
+//   2. Attention, query row t, head h (KV head g), over the L keys it sees:
+//      the errors of q and k move a score by at most
+//        E = e_p scale max_s rss_p(|q|_p k_sp, q_p |k|_sp),
+//      which changes each softmax weight w_s by at most 2 E w_s, so output
+//      column p moves by 2 E o_mag_p, o_mag_p = sum_s w_s |v_sp|. V's own
+//      errors add e_p sum_s w_s |v|_sp, and the attention kernel's rounding
+//      4 u (sqrt(head_dim) S + sqrt(L) + 8) o_mag_p, S = scale max_s sum_p
+//      |q_p k_sp| (the bound of test/attention_test.cc).
+//   3. Output projection over P = n_heads * head_dim terms: y_j moves by
+//      rss_p(err_o_p W_o[p, j]) from o's errors and by 4 u (sqrt(P) + 1)
+//      (sum_p |o_p W_o[p, j]| + |b_o[j]|) from its own rounding.
+// K and V in the cache are held to step 1's bound. The bound is the same on
+// every target; the observed errors are at least 30 times smaller, and a
+// mistake as small as a scale off by 3e-4 fails these tests (tried).
+//
+// Two runs that must agree (one-shot prefill and prefill then decode, a batch
+// and its sequences alone, shards and the whole layer) do the same float32
+// operations grouped differently: GEMM tiles depend on the rows M of a call
+// (one row takes the decode path), attention tiles on its queries, so
+// bitwise equality is not promised. Their outputs are held to kTight = 1/4
+// of the bound above, i.e. the same model with lambda = 1: both are within
+// the bound of the exact value, and a regrouping stays near the typical
+// rounding error, not its bound (observed: under 0.03 of the bound). Their
+// cache rows are held to step 1's bound: the decode path's K differs from the
+// prefill's by up to 0.12 of it (the rows are single sums of d_model
+// products, nothing to gain from propagation there).
+#include "headway/layer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "headway/attention.h"
+#include "headway/kv_cache.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "headway/view.h"
+#include "test/support/lanes.h"
+#include "test/support/random.h"
+#include "test/support/reference.h"
+#include "test/support/target_test.h"
+
+// Allocation counting for DecodeAllocatesNothingWhenWarm: every global
+// operator new of this binary (the library is linked in statically, so its
+// allocations too) and, on glibc without a sanitizer, every C allocation
+// (hwy::AllocateAligned and other malloc users) bumps a counter. Counting is
+// always on; a test reads the counters around the call it checks.
+namespace {
+
+std::atomic<int64_t> g_operator_new_calls{0};
+std::atomic<int64_t> g_malloc_calls{0};
+
+void* CountedNew(std::size_t size) {
+  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void* CountedAlignedNew(std::size_t size, std::align_val_t align) {
+  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t alignment =
+      std::max(static_cast<std::size_t>(align), sizeof(void*));
+  void* p = nullptr;
+  if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0) {
+    throw std::bad_alloc();
+  }
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t size) { return CountedNew(size); }
+void* operator new[](std::size_t size) { return CountedNew(size); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return CountedNew(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return CountedNew(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new(std::size_t size, std::align_val_t align) {
+  return CountedAlignedNew(size, align);
+}
+void* operator new[](std::size_t size, std::align_val_t align) {
+  return CountedAlignedNew(size, align);
+}
+void* operator new(std::size_t size, std::align_val_t align,
+                   const std::nothrow_t&) noexcept {
+  try {
+    return CountedAlignedNew(size, align);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, std::align_val_t align,
+                     const std::nothrow_t&) noexcept {
+  try {
+    return CountedAlignedNew(size, align);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t,
+                     const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t,
+                       const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+
+// The C allocator: glibc lets an executable interpose malloc and friends and
+// exports its own as __libc_*. Sanitizers interpose them too, so not there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define HEADWAY_LAYER_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define HEADWAY_LAYER_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__GLIBC__) && !defined(HEADWAY_LAYER_TEST_SANITIZED)
+#define HEADWAY_LAYER_TEST_COUNTS_MALLOC 1
+extern "C" {
+void* __libc_malloc(std::size_t size);
+void* __libc_calloc(std::size_t n, std::size_t size);
+void* __libc_realloc(void* p, std::size_t size);
+void* __libc_memalign(std::size_t align, std::size_t size);
+void* __libc_valloc(std::size_t size);
+void* __libc_pvalloc(std::size_t size);
+void __libc_free(void* p);
+
+void* malloc(std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_malloc(size);
+}
+void* calloc(std::size_t n, std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_calloc(n, size);
+}
+void* realloc(void* p, std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_realloc(p, size);
+}
+void* memalign(std::size_t align, std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_memalign(align, size);
+}
+void* aligned_alloc(std::size_t align, std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_memalign(align, size);
+}
+int posix_memalign(void** out, std::size_t align, std::size_t size) {
+  if (align < sizeof(void*) || (align & (align - 1)) != 0) return EINVAL;
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  void* p = __libc_memalign(align, size);
+  if (p == nullptr) return ENOMEM;
+  *out = p;
+  return 0;
+}
+void* valloc(std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_valloc(size);
+}
+void* pvalloc(std::size_t size) {
+  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return __libc_pvalloc(size);
+}
+void free(void* p) { __libc_free(p); }
+}  // extern "C"
+#endif
+
+namespace headway {
+namespace {
+
+namespace ref = test::ref;
+
+constexpr double kU = 1.0 / (1 << 24);
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = -7.0f;
+// Two runs that must agree: this fraction of the reference bound (see top).
+constexpr double kTight = 0.25;
+
+// ---------------------------------------------------------------------------
+// Models, references and checks.
+
+// A layer's sizes with the defaults resolved.
+struct Shape {
+  int64_t d_model;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t q_cols() const { return n_heads * head_dim; }
+  int64_t kv_cols() const { return n_kv_heads * head_dim; }
+  int64_t group() const { return n_heads / n_kv_heads; }
+};
+
+AttentionLayerConfig Config(int64_t d_model, int64_t n_heads,
+                            int64_t n_kv_heads = 0, int64_t head_dim = 0) {
+  AttentionLayerConfig config;
+  config.d_model = d_model;
+  config.n_heads = n_heads;
+  config.n_kv_heads = n_kv_heads;
+  config.head_dim = head_dim;
+  return config;
+}
+
+Shape ShapeOf(const AttentionLayerConfig& config) {
+  return {
+      config.d_model, config.n_heads,
+      config.n_kv_heads == 0 ? config.n_heads : config.n_kv_heads,
+      config.head_dim == 0 ? config.d_model / config.n_heads : config.head_dim};
+}
+
+double ScaleOf(const AttentionLayerConfig& config) {
+  return config.scale != 0.0f
+             ? static_cast<double>(config.scale)
+             : 1.0 / std::sqrt(static_cast<double>(ShapeOf(config).head_dim));
+}
+
+std::string Describe(const AttentionLayerConfig& config) {
+  const Shape s = ShapeOf(config);
+  std::string text = "d_model " + std::to_string(s.d_model) + ", heads " +
+                     std::to_string(s.n_heads) + "/" +
+                     std::to_string(s.n_kv_heads) + ", head_dim " +
+                     std::to_string(s.head_dim);
+  if (config.scale != 0.0f) text += ", scale " + std::to_string(config.scale);
+  if (config.head_begin != 0 || config.head_end != 0) {
+    text += ", heads [" + std::to_string(config.head_begin) + ", " +
+            std::to_string(config.head_end) + ")";
+  }
+  return text +
+         (config.mask == AttentionMask::kCausal ? ", causal" : ", no mask");
+}
+
+// A model layer's weights as its host holds them: dense float32, uniform in
+// +-2 / sqrt(rows) so that a projection keeps the scale of its input (|x| <= 1
+// gives Q, K, V entries of about 0.7), biases in [-0.5, 0.5]. Never zero.
+// `biases` names those it has: "qkvo" all, "" none, "kv" b_k and b_v only.
+struct Model {
+  Model(const Shape& shape_in, const std::string& biases, uint64_t seed)
+      : shape(shape_in) {
+    const int64_t d = shape.d_model, q = shape.q_cols(), kv = shape.kv_cols();
+    const float wa = static_cast<float>(2.0 / std::sqrt(d));
+    const float wo = static_cast<float>(2.0 / std::sqrt(q));
+    w_q = test::RandomVector(d * q, seed, -wa, wa);
+    w_k = test::RandomVector(d * kv, seed + 1, -wa, wa);
+    w_v = test::RandomVector(d * kv, seed + 2, -wa, wa);
+    w_o = test::RandomVector(q * d, seed + 3, -wo, wo);
+    auto bias = [&](char name, int64_t n, uint64_t bias_seed) {
+      return biases.find(name) == std::string::npos
+                 ? std::vector<float>()
+                 : test::RandomVector(n, bias_seed, -0.5f, 0.5f);
+    };
+    b_q = bias('q', q, seed + 4);
+    b_k = bias('k', kv, seed + 5);
+    b_v = bias('v', kv, seed + 6);
+    b_o = bias('o', d, seed + 7);
+  }
+
+  static const float* Ptr(const std::vector<float>& b) {
+    return b.empty() ? nullptr : b.data();
+  }
+
+  ref::LayerWeights Ref() const {
+    ref::LayerWeights w;
+    w.w_q = w_q.data();
+    w.w_k = w_k.data();
+    w.w_v = w_v.data();
+    w.w_o = w_o.data();
+    w.b_q = Ptr(b_q);
+    w.b_k = Ptr(b_k);
+    w.b_v = Ptr(b_v);
+    w.b_o = Ptr(b_o);
+    return w;
+  }
+
+  // Creates *layer from copies of the weights in strided views (`pad` NaN
+  // floats after each row), then overwrites the copies with NaN: the layer
+  // must have packed its own (the host may free them). without_b_o leaves
+  // b_o null.
+  Status Create(const AttentionLayerConfig& config, AttentionLayer* layer,
+                bool without_b_o = false) {
+    const int64_t d = shape.d_model, q = shape.q_cols(), kv = shape.kv_cols();
+    const int64_t pad = 3;
+    AttentionLayerWeights views;
+    views.w_q = Copy(0, w_q, d, q, pad);
+    views.w_k = Copy(1, w_k, d, kv, pad);
+    views.w_v = Copy(2, w_v, d, kv, pad);
+    views.w_o = Copy(3, w_o, q, d, pad);
+    if (!b_q.empty()) views.b_q = Copy(4, b_q, 1, q, 0).data;
+    if (!b_k.empty()) views.b_k = Copy(5, b_k, 1, kv, 0).data;
+    if (!b_v.empty()) views.b_v = Copy(6, b_v, 1, kv, 0).data;
+    if (!b_o.empty() && !without_b_o) views.b_o = Copy(7, b_o, 1, d, 0).data;
+    const Status status = AttentionLayer::Create(config, views, layer);
+    for (std::vector<float>& copy : copies_) {
+      std::fill(copy.begin(), copy.end(), kNaN);
+    }
+    return status;
+  }
+
+  Shape shape;
+  std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
+
+ private:
+  MatrixView<const float> Copy(int i, const std::vector<float>& from,
+                               int64_t rows, int64_t cols, int64_t pad) {
+    std::vector<float>& to = copies_[i];
+    to.assign(rows * (cols + pad), kNaN);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(from.begin() + r * cols, from.begin() + (r + 1) * cols,
+                to.begin() + r * (cols + pad));
+    }
+    return MatrixView<const float>(to.data(), rows, cols, cols + pad);
+  }
+
+  // Kept until the model dies, so the NaN written after Create stays there
+  // while the layer runs.
+  std::vector<float> copies_[8];
+};
+
+// The whole layer's output for one sequence from position 0, with the bound
+// from the top of this file for every element, and the K and V rows it
+// caches with theirs.
+struct Expected {
+  int64_t n = 0;
+  std::vector<double> y, y_tol;  // [n, d_model]
+  std::vector<double> k, v;      // [n, kv_cols]
+  std::vector<double> k_tol, v_tol;
+};
+
+Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
+                   double scale) {
+  const Shape& s = m.shape;
+  const int64_t d = s.d_model, qc = s.q_cols(), kvc = s.kv_cols();
+  const int64_t hd = s.head_dim;
+  Expected e;
+  e.n = static_cast<int64_t>(x.size()) / d;
+  const int64_t n = e.n;
+  std::vector<double> q(n * qc), q_abs(n * qc);
+  e.k.resize(n * kvc);
+  e.v.resize(n * kvc);
+  std::vector<double> k_abs(n * kvc), v_abs(n * kvc);
+  ref::Matmul(n, qc, d, 1.0, x.data(), d, false, m.w_q.data(), qc, false, 0.0,
+              q.data(), q_abs.data());
+  ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_k.data(), kvc, false, 0.0,
+              e.k.data(), k_abs.data());
+  ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_v.data(), kvc, false, 0.0,
+              e.v.data(), v_abs.data());
+  // Adds bias b (if any) to rows [n, cols] of y and its magnitude to y_abs.
+  auto add_bias = [n](const std::vector<float>& b, int64_t cols,
+                      std::vector<double>* y, std::vector<double>* y_abs) {
+    if (b.empty()) return;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < cols; ++c) {
+        (*y)[t * cols + c] += b[c];
+        (*y_abs)[t * cols + c] += std::fabs(b[c]);
+      }
+    }
+  };
+  add_bias(m.b_q, qc, &q, &q_abs);
+  add_bias(m.b_k, kvc, &e.k, &k_abs);
+  add_bias(m.b_v, kvc, &e.v, &v_abs);
+  const double e_p = 4 * kU * (std::sqrt(static_cast<double>(d)) + 1);
+  e.k_tol.resize(n * kvc);
+  e.v_tol.resize(n * kvc);
+  for (int64_t i = 0; i < n * kvc; ++i) {
+    e.k_tol[i] = e_p * k_abs[i];
+    e.v_tol[i] = e_p * v_abs[i];
+  }
+
+  // o, and the same weights applied to |v| and to v's magnitudes: o_mag_p =
+  // sum_s w_s |v_sp| and o_vabs_p = sum_s w_s |v|_sp.
+  auto attend = [&](const std::vector<double>& values) {
+    return ref::AttentionCore(q.data(), qc, n, e.k.data(), kvc, values.data(),
+                              kvc, n, s.n_heads, s.n_kv_heads, hd,
+                              /*q_pos0=*/0, causal, nullptr, 0, scale);
+  };
+  std::vector<double> v_plain_abs(e.v);
+  for (double& value : v_plain_abs) value = std::fabs(value);
+  const std::vector<double> o = attend(e.v);
+  const std::vector<double> o_mag = attend(v_plain_abs);
+  const std::vector<double> o_vabs = attend(v_abs);
+  std::vector<double> o_err(n * qc);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t seen = causal ? t + 1 : n;
+    for (int64_t h = 0; h < s.n_heads; ++h) {
+      const int64_t g = h / s.group();
+      double score_err = 0.0, s_max = 0.0;
+      for (int64_t j = 0; j < seen; ++j) {
+        double carried = 0.0, dot = 0.0;
+        for (int64_t p = 0; p < hd; ++p) {
+          const size_t qi = static_cast<size_t>(t * qc + h * hd + p);
+          const size_t ki = static_cast<size_t>(j * kvc + g * hd + p);
+          const double dq = q_abs[qi] * e.k[ki], dk = q[qi] * k_abs[ki];
+          carried += dq * dq + dk * dk;
+          dot += std::fabs(q[qi] * e.k[ki]);
+        }
+        score_err = std::max(score_err, e_p * scale * std::sqrt(carried));
+        s_max = std::max(s_max, scale * dot);
+      }
+      const double kernel = 4 * kU *
+                            (std::sqrt(static_cast<double>(hd)) * s_max +
+                             std::sqrt(static_cast<double>(seen)) + 8);
+      for (int64_t p = 0; p < hd; ++p) {
+        const size_t i = static_cast<size_t>(t * qc + h * hd + p);
+        o_err[i] = (2 * score_err + kernel) * o_mag[i] + e_p * o_vabs[i];
+      }
+    }
+  }
+
+  e.y = ref::MultiHeadAttention({d, s.n_heads, s.n_kv_heads, hd}, m.Ref(),
+                                x.data(), n, causal, nullptr, 0, scale);
+  const std::vector<double> w_o = ref::ToDouble(m.w_o.data(), qc, d, d);
+  std::vector<double> y_plain(n * d), y_abs(n * d);
+  ref::Matmul(n, d, qc, 1.0, o.data(), qc, false, w_o.data(), d, false, 0.0,
+              y_plain.data(), y_abs.data());
+  e.y_tol.resize(n * d);
+  const double e_o = 4 * kU * (std::sqrt(static_cast<double>(qc)) + 1);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < d; ++j) {
+      double carried = 0.0;
+      for (int64_t p = 0; p < qc; ++p) {
+        const double term = o_err[t * qc + p] * w_o[p * d + j];
+        carried += term * term;
+      }
+      carried = std::sqrt(carried);
+      const double magnitude =
+          y_abs[t * d + j] + (m.b_o.empty() ? 0.0 : std::fabs(m.b_o[j]));
+      e.y_tol[t * d + j] = carried + e_o * magnitude;
+    }
+  }
+  return e;
+}
+
+// Checks y rows [0, rows) (row stride `stride`) against rows [row0, row0 +
+// rows) of e, to their bounds.
+void ExpectRowsMatch(const float* y, int64_t rows, int64_t stride,
+                     int64_t d_model, const Expected& e, int64_t row0,
+                     const std::string& what) {
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t j = 0; j < d_model; ++j) {
+      const size_t i = static_cast<size_t>((row0 + t) * d_model + j);
+      const double got = y[t * stride + j];
+      ASSERT_LE(std::fabs(got - e.y[i]), e.y_tol[i])
+          << what << ": row " << row0 + t << " col " << j << ": got " << got
+          << ", want " << e.y[i];
+    }
+  }
+}
+
+// Two outputs of the layer that must agree: a and b [rows, d_model] with row
+// strides, rows [row0, row0 + rows) of e giving the bound.
+void ExpectAgree(const float* a, int64_t a_stride, const float* b,
+                 int64_t b_stride, int64_t rows, int64_t d_model,
+                 const Expected& e, int64_t row0, const std::string& what) {
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t j = 0; j < d_model; ++j) {
+      const double tol =
+          kTight * e.y_tol[static_cast<size_t>((row0 + t) * d_model + j)];
+      const double x = a[t * a_stride + j], y = b[t * b_stride + j];
+      ASSERT_LE(std::fabs(x - y), tol)
+          << what << ": row " << row0 + t << " col " << j << ": " << x << " vs "
+          << y;
+    }
+  }
+}
+
+// The cache's rows of `seq` hold e's K and V for KV heads [g0, g0 +
+// cache.n_kv_heads()) of the model (to their bounds), and the padding of
+// every row is still zero.
+void ExpectCacheHolds(const KvCache& cache, int64_t seq, const Expected& e,
+                      int64_t kv_cols, int64_t g0, const std::string& what) {
+  const int64_t hd = cache.head_dim();
+  ASSERT_EQ(cache.length(seq), e.n) << what;
+  for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
+    const MatrixView<const float> keys = cache.Keys(seq, g);
+    const MatrixView<const float> values = cache.Values(seq, g);
+    for (int64_t s = 0; s < e.n; ++s) {
+      for (int64_t p = 0; p < hd; ++p) {
+        const size_t i = static_cast<size_t>(s * kv_cols + (g0 + g) * hd + p);
+        ASSERT_LE(std::fabs(keys.data[s * keys.stride + p] - e.k[i]),
+                  e.k_tol[i])
+            << what << ": K of seq " << seq << " head " << g << " row " << s
+            << " col " << p;
+        ASSERT_LE(std::fabs(values.data[s * values.stride + p] - e.v[i]),
+                  e.v_tol[i])
+            << what << ": V of seq " << seq << " head " << g << " row " << s
+            << " col " << p;
+      }
+      for (int64_t p = hd; p < cache.row_stride(); ++p) {
+        ASSERT_EQ(keys.data[s * keys.stride + p], 0.0f)
+            << what << ": K padding of seq " << seq << " head " << g << " row "
+            << s;
+        ASSERT_EQ(values.data[s * values.stride + p], 0.0f)
+            << what << ": V padding of seq " << seq << " head " << g << " row "
+            << s;
+      }
+    }
+  }
+}
+
+KvCache MakeCache(const AttentionLayer& layer, int64_t n_sequences,
+                  int64_t capacity) {
+  KvCache cache;
+  const Status status =
+      KvCache::Create(layer.CacheConfig(n_sequences, capacity), &cache);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return cache;
+}
+
+// Forward over dense x and y of sum(n_tokens) rows (y filled with kSentinel
+// first).
+Status RunLayer(AttentionLayer* layer, KvCache* cache,
+                const std::vector<LayerSequence>& sequences,
+                const std::vector<float>& x, std::vector<float>* y) {
+  int64_t rows = 0;
+  for (const LayerSequence& s : sequences) rows += s.n_tokens;
+  const int64_t d = static_cast<int64_t>(x.size()) / rows;
+  y->assign(x.size(), kSentinel);
+  return layer->Forward(cache, sequences.data(),
+                        static_cast<int64_t>(sequences.size()),
+                        MatrixView<const float>(x.data(), rows, d),
+                        MatrixView<float>(y->data(), rows, d));
+}
+
+class AttentionLayerTest : public test::TargetTest {};
+
+// ---------------------------------------------------------------------------
+// Against the reference.
+
+// One sequence of n tokens through a fresh layer and a cache of capacity n,
+// x and y strided (NaN padding in x, sentinel padding in y that must stay):
+// y matches ref::MultiHeadAttention, the cache its K and V.
+void RunParity(const AttentionLayerConfig& config, const char* biases,
+               int64_t n, uint64_t seed) {
+  const std::string what =
+      Describe(config) + ", biases \"" + biases + "\", n " + std::to_string(n);
+  Model model(ShapeOf(config), biases, seed);
+  AttentionLayer layer;
+  const Status created = model.Create(config, &layer);
+  ASSERT_TRUE(created.ok()) << what << ": " << created.ToString();
+  KvCache cache = MakeCache(layer, 1, n);
+  const int64_t d = config.d_model, x_stride = d + 5, y_stride = d + 3;
+  std::vector<float> x_strided((n - 1) * x_stride + d);
+  test::FillRandomMatrix(x_strided.data(), n, d, x_stride, seed + 10);
+  std::vector<float> x(n * d);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(&x_strided[t * x_stride], d, &x[t * d]);
+  }
+  std::vector<float> y(n * y_stride, kSentinel);
+  const LayerSequence sequence{0, n};
+  const Status status =
+      layer.Forward(&cache, &sequence, 1,
+                    MatrixView<const float>(x_strided.data(), n, d, x_stride),
+                    MatrixView<float>(y.data(), n, d, y_stride));
+  ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+  const bool causal = config.mask == AttentionMask::kCausal;
+  const Expected e = Reference(model, x, causal, ScaleOf(config));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectRowsMatch(y.data(), n, y_stride, d, e, 0, what));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = d; j < y_stride; ++j) {
+      ASSERT_EQ(y[t * y_stride + j], kSentinel) << what << ": y padding";
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCacheHolds(cache, 0, e, model.shape.kv_cols(), 0, what));
+}
+
+// The seed's layer: MHA, with and without the causal mask and biases,
+// head_dim * n_heads == d_model (head_dim 0) and != d_model (explicit).
+TEST_P(AttentionLayerTest, MhaMatchesSeedLayer) {
+  std::vector<AttentionLayerConfig> configs = {
+      Config(64, 4),        Config(96, 3), Config(72, 6),
+      Config(64, 4, 4, 24),  // n_heads * head_dim = 96 > d_model
+      Config(80, 2, 0, 20),  // 40 < d_model
+  };
+  AttentionLayerConfig sharp = Config(64, 2);
+  sharp.scale = 1.0f;  // scores 4 times the default: a peakier softmax
+  configs.push_back(sharp);
+  uint64_t seed = 1;
+  for (AttentionLayerConfig config : configs) {
+    for (const AttentionMask mask :
+         {AttentionMask::kCausal, AttentionMask::kNone}) {
+      config.mask = mask;
+      for (const char* biases : {"", "qkvo"}) {
+        for (const int64_t n : {1, 7, 33}) {
+          ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
+          seed += 16;
+        }
+      }
+    }
+  }
+}
+
+// GQA and MQA: query head h reads KV head h / (n_heads / n_kv_heads).
+TEST_P(AttentionLayerTest, GqaAndMqaMatchReference) {
+  const AttentionLayerConfig configs[] = {
+      Config(64, 8, 4),     Config(64, 8, 2, 16), Config(64, 8, 1),
+      Config(96, 6, 3, 20), Config(64, 4, 1, 24),
+  };
+  uint64_t seed = 1000;
+  for (AttentionLayerConfig config : configs) {
+    for (const AttentionMask mask :
+         {AttentionMask::kCausal, AttentionMask::kNone}) {
+      config.mask = mask;
+      for (const char* biases : {"", "qkvo"}) {
+        for (const int64_t n : {1, 9, 40}) {
+          ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
+          seed += 16;
+        }
+      }
+    }
+  }
+}
+
+// Each bias may be given alone (the others null).
+TEST_P(AttentionLayerTest, PartialBiasesMatchReference) {
+  uint64_t seed = 1500;
+  for (const AttentionLayerConfig& config :
+       {Config(64, 4), Config(64, 8, 2, 16)}) {
+    for (const char* biases : {"q", "k", "v", "o", "kv", "qo"}) {
+      ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, 7, seed));
+      seed += 16;
+    }
+  }
+}
+
+// One bigger case: more heads, a longer prefill, several key blocks.
+TEST_P(AttentionLayerTest, LongerPrefillMatchesReference) {
+  ASSERT_NO_FATAL_FAILURE(RunParity(Config(128, 8, 2), "qkvo", 150, 2000));
+}
+
+// ---------------------------------------------------------------------------
+// Prefill, decode and batches.
+
+// Splits of 30 tokens: one-shot prefill against prefill of k tokens then
+// 30 - k one-token decode steps (and a chunked prefill): every split gives the
+// one-shot outputs (to kTight) and cache contents, and the reference.
+TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
+  const int64_t total = 30;
+  const std::vector<std::vector<int64_t>> splits = {
+      {17}, {1}, {10, 7, 4}};  // then one-token steps up to total
+  const AttentionLayerConfig configs[] = {Config(64, 4), Config(64, 8, 2, 16),
+                                          Config(64, 8, 1, 24)};
+  uint64_t seed = 3000;
+  for (const AttentionLayerConfig& config : configs) {
+    for (const char* biases : {"", "qkvo"}) {
+      const std::string what = Describe(config) + ", biases " + biases;
+      Model model(ShapeOf(config), biases, seed);
+      AttentionLayer layer;
+      ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
+      const int64_t d = config.d_model;
+      const std::vector<float> x = test::RandomVector(total * d, seed + 10);
+      const Expected e = Reference(model, x, true, ScaleOf(config));
+      KvCache one_shot = MakeCache(layer, 1, total);
+      std::vector<float> want;
+      ASSERT_TRUE(RunLayer(&layer, &one_shot, {{0, total}}, x, &want).ok())
+          << what;
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectRowsMatch(want.data(), total, d, d, e, 0, what));
+      for (std::vector<int64_t> split : splits) {
+        int64_t covered = 0;
+        for (const int64_t n : split) covered += n;
+        while (covered < total) {
+          split.push_back(1);
+          ++covered;
+        }
+        const std::string how =
+            what + ", first chunk " + std::to_string(split[0]);
+        KvCache stepped = MakeCache(layer, 1, total);
+        std::vector<float> got(total * d, kSentinel), y;
+        int64_t t0 = 0;
+        for (const int64_t n : split) {
+          const std::vector<float> x_step(x.begin() + t0 * d,
+                                          x.begin() + (t0 + n) * d);
+          const Status status =
+              RunLayer(&layer, &stepped, {{0, n}}, x_step, &y);
+          ASSERT_TRUE(status.ok()) << how << ": " << status.ToString();
+          std::copy(y.begin(), y.end(), got.begin() + t0 * d);
+          t0 += n;
+          ASSERT_EQ(stepped.length(0), t0) << how;
+        }
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectAgree(got.data(), d, want.data(), d, total, d, e, 0, how));
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectRowsMatch(got.data(), total, d, d, e, 0, how));
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectCacheHolds(stepped, 0, e, model.shape.kv_cols(), 0, how));
+        // The two caches, row by row, to the projection bound.
+        for (int64_t g = 0; g < model.shape.n_kv_heads; ++g) {
+          const MatrixView<const float> k1 = one_shot.Keys(0, g);
+          const MatrixView<const float> k2 = stepped.Keys(0, g);
+          const MatrixView<const float> v1 = one_shot.Values(0, g);
+          const MatrixView<const float> v2 = stepped.Values(0, g);
+          const int64_t hd = model.shape.head_dim;
+          for (int64_t s = 0; s < total; ++s) {
+            for (int64_t p = 0; p < hd; ++p) {
+              const size_t i =
+                  static_cast<size_t>(s * model.shape.kv_cols() + g * hd + p);
+              ASSERT_LE(std::fabs(k1.data[s * k1.stride + p] -
+                                  k2.data[s * k2.stride + p]),
+                        e.k_tol[i])
+                  << how << ": K head " << g << " row " << s;
+              ASSERT_LE(std::fabs(v1.data[s * v1.stride + p] -
+                                  v2.data[s * v2.stride + p]),
+                        e.v_tol[i])
+                  << how << ": V head " << g << " row " << s;
+            }
+          }
+        }
+      }
+      seed += 16;
+    }
+  }
+}
+
+// Several sequences per Forward call, of different lengths, in any slot
+// order: prefills of different lengths, decode of every sequence at once,
+// mixed chunked prefill and decode. The batched run must equal each entry
+// run alone (one Forward per sequence, same steps) and the reference of
+// each sequence's whole history.
+TEST_P(AttentionLayerTest, BatchEqualsSequencesAlone) {
+  // Steps of {seq, n_tokens}; slot 4 is never used and must stay empty.
+  const std::vector<std::vector<LayerSequence>> steps = {
+      {{2, 11}, {0, 1}, {3, 6}},         // prefills of 11, 1 and 6
+      {{0, 1}, {2, 1}, {3, 1}, {1, 4}},  // decode x3 plus a new prefill
+      {{3, 1}, {1, 1}, {0, 1}, {2, 1}},  // decode of all four
+      {{1, 5}, {2, 1}},                  // chunked prefill and decode
+      {{0, 1}},
+      {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
+  };
+  const int64_t n_slots = 5, capacity = 20;
+  const AttentionLayerConfig configs[] = {Config(64, 4), Config(64, 8, 2, 16),
+                                          Config(96, 6, 1)};
+  uint64_t seed = 4000;
+  for (const AttentionLayerConfig& config : configs) {
+    const std::string what = Describe(config);
+    Model model(ShapeOf(config), "qkvo", seed);
+    AttentionLayer layer;
+    ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
+    const int64_t d = config.d_model;
+    KvCache batched = MakeCache(layer, n_slots, capacity);
+    KvCache alone = MakeCache(layer, n_slots, capacity);
+    // Per slot: every token's x and the batched and alone outputs.
+    std::vector<std::vector<float>> xs(n_slots), ys_batched(n_slots),
+        ys_alone(n_slots);
+    uint64_t step_seed = seed + 100;
+    for (const std::vector<LayerSequence>& step : steps) {
+      int64_t rows = 0;
+      for (const LayerSequence& s : step) rows += s.n_tokens;
+      const std::vector<float> x = test::RandomVector(rows * d, step_seed++);
+      std::vector<float> y;
+      const Status status = RunLayer(&layer, &batched, step, x, &y);
+      ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+      int64_t row = 0;
+      for (const LayerSequence& s : step) {
+        const auto begin = static_cast<std::ptrdiff_t>(row * d);
+        const auto end = static_cast<std::ptrdiff_t>((row + s.n_tokens) * d);
+        xs[s.seq].insert(xs[s.seq].end(), x.begin() + begin, x.begin() + end);
+        ys_batched[s.seq].insert(ys_batched[s.seq].end(), y.begin() + begin,
+                                 y.begin() + end);
+        const std::vector<float> x_one(x.begin() + begin, x.begin() + end);
+        std::vector<float> y_one;
+        const Status one = RunLayer(&layer, &alone, {s}, x_one, &y_one);
+        ASSERT_TRUE(one.ok()) << what << ": " << one.ToString();
+        ys_alone[s.seq].insert(ys_alone[s.seq].end(), y_one.begin(),
+                               y_one.end());
+        row += s.n_tokens;
+      }
+    }
+    EXPECT_EQ(batched.length(4), 0) << what;
+    for (int64_t seq = 0; seq < 4; ++seq) {
+      const std::string how = what + ", seq " + std::to_string(seq);
+      const Expected e = Reference(model, xs[seq], true, ScaleOf(config));
+      ASSERT_EQ(batched.length(seq), e.n) << how;
+      ASSERT_NO_FATAL_FAILURE(ExpectAgree(ys_batched[seq].data(), d,
+                                          ys_alone[seq].data(), d, e.n, d, e, 0,
+                                          how));
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectRowsMatch(ys_batched[seq].data(), e.n, d, d, e, 0, how));
+      ASSERT_NO_FATAL_FAILURE(ExpectCacheHolds(
+          batched, seq, e, model.shape.kv_cols(), 0, how + ", batched"));
+      ASSERT_NO_FATAL_FAILURE(ExpectCacheHolds(
+          alone, seq, e, model.shape.kv_cols(), 0, how + ", alone"));
+    }
+    seed += 16;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor parallelism.
+
+// Shards [0, a), [a, b), [b, n_heads) on KV-group boundaries, each with its
+// own cache: the sum of their outputs is the whole layer's, over a prefill
+// and two decode steps; each shard caches its own KV heads; only shard 0 adds
+// b_o (the others give the same bits with b_o null).
+TEST_P(AttentionLayerTest, ShardsSumToWholeLayer) {
+  struct Split {
+    AttentionLayerConfig config;
+    std::vector<int64_t> bounds;  // 0, a, ..., n_heads
+  };
+  const Split splits[] = {
+      {Config(64, 4), {0, 1, 3, 4}},          // MHA, groups of 1
+      {Config(96, 6, 3, 16), {0, 2, 4, 6}},   // GQA, groups of 2
+      {Config(64, 12, 4, 8), {0, 3, 9, 12}},  // GQA, groups of 3
+      {Config(64, 8, 2, 16), {0, 4, 8}},      // GQA, two shards
+      {Config(64, 4, 1, 16), {0, 4}},         // MQA: one shard only
+  };
+  uint64_t seed = 5000;
+  for (const Split& split : splits) {
+    const std::string what = Describe(split.config);
+    const Shape shape = ShapeOf(split.config);
+    Model model(shape, "qkvo", seed);
+    AttentionLayer whole;
+    ASSERT_TRUE(model.Create(split.config, &whole).ok()) << what;
+    const size_t n_shards = split.bounds.size() - 1;
+    std::vector<AttentionLayer> shards(n_shards), shards_no_b_o(n_shards);
+    std::vector<KvCache> caches, caches_no_b_o;
+    int64_t shard_weights = 0;
+    for (size_t i = 0; i < n_shards; ++i) {
+      AttentionLayerConfig config = split.config;
+      config.head_begin = split.bounds[i];
+      config.head_end = split.bounds[i + 1];
+      const Status status = model.Create(config, &shards[i]);
+      ASSERT_TRUE(status.ok()) << Describe(config) << ": " << status.ToString();
+      ASSERT_TRUE(model.Create(config, &shards_no_b_o[i], true).ok());
+      EXPECT_EQ(shards[i].config().head_begin, config.head_begin);
+      EXPECT_EQ(shards[i].config().head_end, config.head_end);
+      EXPECT_EQ(shards[i].local_heads(), config.head_end - config.head_begin);
+      EXPECT_EQ(shards[i].local_kv_heads(),
+                (config.head_end - config.head_begin) / shape.group());
+      shard_weights += shards[i].n_weights();
+      caches.push_back(MakeCache(shards[i], 1, 16));
+      caches_no_b_o.push_back(MakeCache(shards_no_b_o[i], 1, 16));
+      EXPECT_EQ(caches.back().n_kv_heads(), shards[i].local_kv_heads());
+    }
+    // Every parameter is in exactly one shard (b_o in shard 0's).
+    EXPECT_EQ(shard_weights, whole.n_weights()) << what;
+    KvCache whole_cache = MakeCache(whole, 1, 16);
+    std::vector<float> history;
+    for (const int64_t n : {9, 1, 1}) {
+      const std::vector<float> x = test::RandomVector(
+          n * shape.d_model, seed + 100 + n + history.size());
+      history.insert(history.end(), x.begin(), x.end());
+      const Expected e = Reference(model, history, true, ScaleOf(split.config));
+      const int64_t row0 = e.n - n;
+      std::vector<float> whole_y, sum(x.size(), 0.0f), y;
+      ASSERT_TRUE(RunLayer(&whole, &whole_cache, {{0, n}}, x, &whole_y).ok());
+      for (size_t i = 0; i < n_shards; ++i) {
+        const Status status = RunLayer(&shards[i], &caches[i], {{0, n}}, x, &y);
+        ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+        for (size_t j = 0; j < y.size(); ++j) sum[j] += y[j];
+        std::vector<float> y_no_b_o;
+        ASSERT_TRUE(RunLayer(&shards_no_b_o[i], &caches_no_b_o[i], {{0, n}}, x,
+                             &y_no_b_o)
+                        .ok());
+        if (i > 0) {
+          EXPECT_EQ(y, y_no_b_o) << what << ": shard " << i << " added b_o";
+        } else {
+          // Shard 0 adds b_o: with and without differ by it (to kTight of
+          // the bound, as the two may round differently).
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t j = 0; j < shape.d_model; ++j) {
+              const size_t k = static_cast<size_t>(t * shape.d_model + j);
+              ASSERT_LE(std::fabs(static_cast<double>(y[k]) - y_no_b_o[k] -
+                                  model.b_o[j]),
+                        kTight * e.y_tol[(row0 + t) * shape.d_model + j])
+                  << what << ": shard 0 must add b_o, row " << t;
+            }
+          }
+        }
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectAgree(sum.data(), shape.d_model,
+                                          whole_y.data(), shape.d_model, n,
+                                          shape.d_model, e, row0, what));
+      ASSERT_NO_FATAL_FAILURE(ExpectRowsMatch(sum.data(), n, shape.d_model,
+                                              shape.d_model, e, row0,
+                                              what + ", shard sum"));
+      // Each shard caches its own KV heads.
+      for (size_t i = 0; i < n_shards; ++i) {
+        ASSERT_NO_FATAL_FAILURE(ExpectCacheHolds(
+            caches[i], 0, e, shape.kv_cols(), split.bounds[i] / shape.group(),
+            what + ", shard " + std::to_string(i)));
+      }
+    }
+    seed += 16;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Sizes.
+
+TEST_P(AttentionLayerTest, SizesAndConfig) {
+  struct Case {
+    AttentionLayerConfig config;
+    const char* biases;
+  };
+  AttentionLayerConfig shard = Config(96, 6, 3, 20);
+  shard.head_begin = 2;
+  shard.head_end = 6;
+  AttentionLayerConfig shard0 = shard;
+  shard0.head_begin = 0;
+  shard0.head_end = 2;
+  const Case cases[] = {
+      {Config(64, 4), ""},
+      {Config(64, 4), "qkvo"},
+      {Config(96, 3), ""},
+      {Config(64, 8, 2), ""},
+      {Config(64, 8, 1), "qkvo"},
+      {Config(64, 4, 4, 24), ""},
+      {Config(80, 2, 0, 20), "kv"},
+      {Config(64, 8, 2), "qo"},
+      {shard, "qkvo"},
+      {shard0, "qkvo"},
+      {shard, "o"},
+  };
+  uint64_t seed = 6000;
+  for (const Case& c : cases) {
+    const std::string biases = c.biases;
+    const std::string what = Describe(c.config) + ", biases " + biases;
+    const Shape s = ShapeOf(c.config);
+    Model model(s, biases, seed++);
+    AttentionLayer layer;
+    ASSERT_TRUE(model.Create(c.config, &layer).ok()) << what;
+    const int64_t begin = c.config.head_begin;
+    const int64_t end = c.config.head_end == 0 ? s.n_heads : c.config.head_end;
+    const int64_t lq = (end - begin) * s.head_dim;
+    const int64_t lkv = (end - begin) / s.group() * s.head_dim;
+    // The resolved config.
+    const AttentionLayerConfig& got = layer.config();
+    EXPECT_EQ(got.d_model, s.d_model) << what;
+    EXPECT_EQ(got.n_heads, s.n_heads) << what;
+    EXPECT_EQ(got.n_kv_heads, s.n_kv_heads) << what;
+    EXPECT_EQ(got.head_dim, s.head_dim) << what;
+    EXPECT_EQ(got.mask, c.config.mask) << what;
+    EXPECT_FLOAT_EQ(got.scale, static_cast<float>(ScaleOf(c.config))) << what;
+    EXPECT_EQ(got.head_begin, begin) << what;
+    EXPECT_EQ(got.head_end, end) << what;
+    EXPECT_EQ(layer.local_heads(), end - begin) << what;
+    EXPECT_EQ(layer.local_kv_heads(), (end - begin) / s.group()) << what;
+    // Weights: W_Q, W_K, W_V columns and W_O rows of this shard, plus its
+    // parts of the biases given (b_o only where it is added, shard 0).
+    int64_t n_weights = s.d_model * (lq + 2 * lkv) + lq * s.d_model;
+    if (!model.b_q.empty()) n_weights += lq;
+    if (!model.b_k.empty()) n_weights += lkv;
+    if (!model.b_v.empty()) n_weights += lkv;
+    if (!model.b_o.empty() && begin == 0) n_weights += s.d_model;
+    EXPECT_EQ(layer.n_weights(), n_weights) << what;
+    if (s.n_heads == s.n_kv_heads && s.q_cols() == s.d_model &&
+        biases.empty() && end - begin == s.n_heads) {
+      EXPECT_EQ(layer.n_weights(), 4 * s.d_model * s.d_model) << what;
+    }
+    EXPECT_GE(layer.packed_bytes(),
+              static_cast<size_t>(s.d_model * (lq + 2 * lkv) + lq * s.d_model) *
+                  sizeof(float))
+        << what;
+    // The cache: local KV heads, head_dim, rows padded to 16 floats.
+    const KvCacheConfig cache_config = layer.CacheConfig(3, 17);
+    EXPECT_EQ(cache_config.n_sequences, 3) << what;
+    EXPECT_EQ(cache_config.n_kv_heads, layer.local_kv_heads()) << what;
+    EXPECT_EQ(cache_config.head_dim, s.head_dim) << what;
+    EXPECT_EQ(cache_config.capacity, 17) << what;
+    EXPECT_EQ(cache_config.dtype, KvDtype::kFloat32) << what;
+    const int64_t row_stride = (s.head_dim + 15) / 16 * 16;
+    EXPECT_EQ(layer.cache_bytes_per_token(),
+              static_cast<size_t>(2 * layer.local_kv_heads() * row_stride) *
+                  sizeof(float))
+        << what;
+    const KvCache cache = MakeCache(layer, 3, 17);
+    EXPECT_EQ(layer.cache_bytes_per_token(), cache.bytes_per_token()) << what;
+  }
+  // GQA and MQA hold fewer weights than MHA of the same d_model and heads.
+  AttentionLayer mha, gqa, mqa;
+  Model mha_model(ShapeOf(Config(64, 8)), "", 1);
+  Model gqa_model(ShapeOf(Config(64, 8, 2)), "", 2);
+  Model mqa_model(ShapeOf(Config(64, 8, 1)), "", 3);
+  ASSERT_TRUE(mha_model.Create(Config(64, 8), &mha).ok());
+  ASSERT_TRUE(gqa_model.Create(Config(64, 8, 2), &gqa).ok());
+  ASSERT_TRUE(mqa_model.Create(Config(64, 8, 1), &mqa).ok());
+  EXPECT_EQ(mha.n_weights(), 4 * 64 * 64);
+  EXPECT_EQ(gqa.n_weights(), 64 * (64 + 2 * 16) + 64 * 64);
+  EXPECT_EQ(mqa.n_weights(), 64 * (64 + 2 * 8) + 64 * 64);
+  EXPECT_LT(mqa.cache_bytes_per_token(), gqa.cache_bytes_per_token());
+  EXPECT_LT(gqa.cache_bytes_per_token(), mha.cache_bytes_per_token());
+}
+
+// ---------------------------------------------------------------------------
+// Allocation.
+
+struct AllocationCount {
+  int64_t operator_new;
+  int64_t malloc;
+};
+
+AllocationCount Allocations() {
+  return {g_operator_new_calls.load(std::memory_order_relaxed),
+          g_malloc_calls.load(std::memory_order_relaxed)};
+}
+
+// Calls Forward and returns how many allocations it made.
+AllocationCount CountForward(AttentionLayer* layer, KvCache* cache,
+                             const std::vector<LayerSequence>& sequences,
+                             const std::vector<float>& x, std::vector<float>* y,
+                             Status* status) {
+  const int64_t d = layer->config().d_model;
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  const MatrixView<const float> x_view(x.data(), rows, d);
+  const MatrixView<float> y_view(y->data(), rows, d);
+  const AllocationCount before = Allocations();
+  *status =
+      layer->Forward(cache, sequences.data(),
+                     static_cast<int64_t>(sequences.size()), x_view, y_view);
+  const AllocationCount after = Allocations();
+  return {after.operator_new - before.operator_new,
+          after.malloc - before.malloc};
+}
+
+// After a first call of a given size, decode (and any call no bigger) makes
+// no allocation at all: no operator new, and on glibc no malloc either (which
+// catches hwy::AllocateAligned and std::vector growth alike). TBB's task
+// memory is pooled per thread, so a warm parallel_for allocates nothing
+// either: both counters read zero on every target. Should TBB ever allocate
+// there, the malloc count (not the operator new one) would show it, and the
+// operator new count alone would still hold the implementation to account.
+TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
+  {
+    // The counters see allocations (volatile: none may be optimised away).
+    const AllocationCount before = Allocations();
+    int* volatile counted = new int(1);
+    delete counted;
+    EXPECT_GT(Allocations().operator_new, before.operator_new);
+#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+    void* volatile block = std::malloc(64);
+    std::free(block);
+    EXPECT_GT(Allocations().malloc, before.malloc);
+#endif
+  }
+  const AttentionLayerConfig config = Config(64, 8, 2, 16);
+  Model model(ShapeOf(config), "qkvo", 7000);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok());
+  KvCache cache = MakeCache(layer, 4, 64);
+  const int64_t d = config.d_model;
+  // Warm-up: prefills of the four sequences in one call (20 rows), then a
+  // first decode step of all four.
+  const std::vector<LayerSequence> prefill = {{0, 3}, {1, 9}, {2, 1}, {3, 7}};
+  const std::vector<LayerSequence> decode = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+  std::vector<float> x = test::RandomVector(20 * d, 7001);
+  std::vector<float> y(20 * d, kSentinel);
+  Status status;
+  CountForward(&layer, &cache, prefill, x, &y, &status);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  std::vector<float> x1 = test::RandomVector(4 * d, 7002);
+  std::vector<float> y1(4 * d, kSentinel);
+  CountForward(&layer, &cache, decode, x1, &y1, &status);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  // The second identical decode step.
+  x1 = test::RandomVector(4 * d, 7003);
+  AllocationCount count =
+      CountForward(&layer, &cache, decode, x1, &y1, &status);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(count.operator_new, 0) << "operator new calls in a warm decode";
+#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+  EXPECT_EQ(count.malloc, 0) << "malloc calls in a warm decode (operator "
+                                "new above counts its own too)";
+#endif
+  // Smaller calls: decode of two sequences, a chunked prefill of 8 rows.
+  const std::vector<LayerSequence> smaller[] = {{{3, 1}, {1, 1}},
+                                                {{0, 5}, {2, 3}}};
+  for (const std::vector<LayerSequence>& sequences : smaller) {
+    int64_t rows = 0;
+    for (const LayerSequence& s : sequences) rows += s.n_tokens;
+    const std::vector<float> xs = test::RandomVector(rows * d, 7004 + rows);
+    std::vector<float> ys(rows * d);
+    count = CountForward(&layer, &cache, sequences, xs, &ys, &status);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_EQ(count.operator_new, 0) << rows << " rows";
+#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+    EXPECT_EQ(count.malloc, 0) << rows << " rows";
+#endif
+  }
+}
+
+HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+// Every seq's rows of every head, capacity and padding included (rows past
+// the length read through PendingRows, which writes nothing), and lengths.
+struct CacheSnapshot {
+  std::vector<int64_t> lengths;
+  std::vector<float> rows;
+
+  bool operator==(const CacheSnapshot& other) const {
+    return lengths == other.lengths && rows.size() == other.rows.size() &&
+           std::memcmp(rows.data(), other.rows.data(),
+                       rows.size() * sizeof(float)) == 0;
+  }
+};
+
+CacheSnapshot Snapshot(KvCache* cache) {
+  CacheSnapshot snap;
+  const int64_t width = cache->row_stride();
+  auto add = [&](MatrixView<const float> view) {
+    for (int64_t r = 0; r < view.rows; ++r) {
+      snap.rows.insert(snap.rows.end(), view.data + r * view.stride,
+                       view.data + r * view.stride + width);
+    }
+  };
+  for (int64_t seq = 0; seq < cache->n_sequences(); ++seq) {
+    const int64_t length = cache->length(seq);
+    snap.lengths.push_back(length);
+    for (int64_t g = 0; g < cache->n_kv_heads(); ++g) {
+      add(cache->Keys(seq, g));
+      add(cache->Values(seq, g));
+      if (length < cache->capacity()) {
+        MatrixView<float> k, v;
+        EXPECT_TRUE(
+            cache->PendingRows(seq, g, cache->capacity() - length, &k, &v)
+                .ok());
+        add(k);
+        add(v);
+      }
+    }
+  }
+  return snap;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
+  const AttentionLayerConfig good = Config(32, 4, 2);  // head_dim 8
+  Model model(ShapeOf(good), "qkvo", 8000);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(good, &layer).ok());
+  // The layer's output for one input, to show that failed Creates into it
+  // leave it as it was.
+  const std::vector<float> x = test::RandomVector(3 * 32, 8001);
+  std::vector<float> y_before;
+  {
+    KvCache cache = MakeCache(layer, 1, 3);
+    ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}}, x, &y_before).ok());
+  }
+
+  struct Bad {
+    std::vector<std::string> expect;  // substrings of the message
+    StatusCode code;
+    AttentionLayerConfig config;
+    AttentionLayerWeights weights;
+    bool null_out = false;
+  };
+  AttentionLayerWeights weights;
+  weights.w_q = MatrixView<const float>(model.w_q.data(), 32, 32);
+  weights.w_k = MatrixView<const float>(model.w_k.data(), 32, 16);
+  weights.w_v = MatrixView<const float>(model.w_v.data(), 32, 16);
+  weights.w_o = MatrixView<const float>(model.w_o.data(), 32, 32);
+  weights.b_q = model.b_q.data();
+  weights.b_k = model.b_k.data();
+  weights.b_v = model.b_v.data();
+  weights.b_o = model.b_o.data();
+  std::vector<Bad> cases;
+  auto add = [&](std::vector<std::string> expect, StatusCode code, auto edit) {
+    Bad bad{std::move(expect), code, good, weights};
+    edit(bad);
+    cases.push_back(bad);
+  };
+  const StatusCode kInvalid = StatusCode::kInvalidArgument;
+  add({"out"}, kInvalid, [](Bad& b) { b.null_out = true; });
+  add({"d_model"}, kInvalid, [](Bad& b) { b.config.d_model = 0; });
+  add({"n_heads"}, kInvalid, [](Bad& b) { b.config.n_heads = 0; });
+  add({"n_kv_heads"}, kInvalid, [](Bad& b) { b.config.n_kv_heads = -1; });
+  add({"n_kv_heads", "3"}, kInvalid, [](Bad& b) { b.config.n_kv_heads = 3; });
+  add({"n_kv_heads", "8"}, kInvalid, [](Bad& b) { b.config.n_kv_heads = 8; });
+  add({"head_dim"}, kInvalid, [](Bad& b) { b.config.head_dim = -1; });
+  add({"d_model", "30"}, kInvalid, [](Bad& b) { b.config.d_model = 30; });
+  add({"head_begin"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = 1;  // not a multiple of the group (2)
+    b.config.head_end = 4;
+  });
+  add({"head_end"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = 0;
+    b.config.head_end = 3;
+  });
+  add({"head_begin"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = -2;
+    b.config.head_end = 2;
+  });
+  add({"head_end"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = 2;
+    b.config.head_end = 6;
+  });
+  add({"head_"}, kInvalid, [](Bad& b) {  // empty
+    b.config.head_begin = 2;
+    b.config.head_end = 2;
+  });
+  add({"head_"}, kInvalid, [](Bad& b) {  // reversed
+    b.config.head_begin = 4;
+    b.config.head_end = 2;
+  });
+  add({"scale"}, kInvalid, [](Bad& b) { b.config.scale = -1.0f; });
+  add({"scale"}, kInvalid, [](Bad& b) { b.config.scale = kNaN; });
+  add({"scale"}, kInvalid,
+      [](Bad& b) { b.config.scale = std::numeric_limits<float>::infinity(); });
+  add({"mask"}, kInvalid,
+      [](Bad& b) { b.config.mask = static_cast<AttentionMask>(7); });
+  add({"w_q"}, kInvalid, [](Bad& b) { b.weights.w_q.data = nullptr; });
+  add({"w_q", "[32, 31]", "[32, 32]"}, kInvalid,
+      [](Bad& b) { b.weights.w_q.cols = 31; });
+  add({"w_k", "[31, 16]", "[32, 16]"}, kInvalid,
+      [](Bad& b) { b.weights.w_k.rows = 31; });
+  add({"w_v", "[32, 8]", "[32, 16]"}, kInvalid, [](Bad& b) {
+    b.weights.w_v.cols = 8;
+    b.weights.w_v.stride = 16;
+  });
+  add({"w_o", "[31, 32]", "[32, 32]"}, kInvalid,
+      [](Bad& b) { b.weights.w_o.rows = 31; });
+  add({"w_k.stride"}, kInvalid, [](Bad& b) { b.weights.w_k.stride = 15; });
+  add({"w_o"}, kInvalid, [](Bad& b) { b.weights.w_o.data = nullptr; });
+  // Sizes whose byte count overflows (nothing may be read or allocated).
+  add({}, StatusCode::kResourceExhausted, [](Bad& b) {
+    b.config = Config(int64_t{1} << 32, 1, 1, int64_t{1} << 32);
+    const int64_t huge = int64_t{1} << 32;
+    b.weights.w_q = MatrixView<const float>(b.weights.w_q.data, huge, huge);
+    b.weights.w_k = MatrixView<const float>(b.weights.w_k.data, huge, huge);
+    b.weights.w_v = MatrixView<const float>(b.weights.w_v.data, huge, huge);
+    b.weights.w_o = MatrixView<const float>(b.weights.w_o.data, huge, huge);
+    b.weights.b_q = b.weights.b_k = b.weights.b_v = b.weights.b_o = nullptr;
+  });
+  // head_dim so large that (n_heads + 2 n_kv_heads) * head_dim overflows.
+  add({}, StatusCode::kResourceExhausted, [](Bad& b) {
+    b.config = Config(1, 1, 1, int64_t{1} << 62);
+    const int64_t huge = int64_t{1} << 62;
+    b.weights.w_q = MatrixView<const float>(b.weights.w_q.data, 1, huge);
+    b.weights.w_k = MatrixView<const float>(b.weights.w_k.data, 1, huge);
+    b.weights.w_v = MatrixView<const float>(b.weights.w_v.data, 1, huge);
+    b.weights.w_o = MatrixView<const float>(b.weights.w_o.data, huge, 1);
+    b.weights.b_q = b.weights.b_k = b.weights.b_v = b.weights.b_o = nullptr;
+  });
+  for (const Bad& bad : cases) {
+    const Status status = AttentionLayer::Create(
+        bad.config, bad.weights, bad.null_out ? nullptr : &layer);
+    const std::string expected =
+        bad.expect.empty() ? std::string() : bad.expect[0];
+    EXPECT_EQ(status.code(), bad.code)
+        << status.ToString() << " (expected " << expected << ")";
+    for (const std::string& part : bad.expect) {
+      EXPECT_TRUE(Contains(status.message(), part))
+          << "message: " << status.message() << "\nexpected: " << part;
+    }
+    EXPECT_EQ(status.message().rfind("AttentionLayer::Create: ", 0), 0u)
+        << status.message();
+    EXPECT_EQ(layer.config().d_model, 32) << status.ToString();
+    EXPECT_EQ(layer.config().n_kv_heads, 2) << status.ToString();
+  }
+  // The layer is the one created first, bit for bit.
+  KvCache cache = MakeCache(layer, 1, 3);
+  std::vector<float> y_after;
+  ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}}, x, &y_after).ok());
+  EXPECT_EQ(0, std::memcmp(y_before.data(), y_after.data(),
+                           y_before.size() * sizeof(float)));
+}
+
+TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
+  const AttentionLayerConfig config = Config(32, 4, 2);  // head_dim 8
+  Model model(ShapeOf(config), "qkvo", 9000);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok());
+  // Slots 0 (3 tokens) and 1 (7 of 8, one row left); 2 empty.
+  KvCache cache = MakeCache(layer, 3, 8);
+  std::vector<float> y;
+  ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}, {1, 7}},
+                       test::RandomVector(10 * 32, 9001), &y)
+                  .ok());
+  KvCacheConfig other_heads = layer.CacheConfig(3, 8);
+  other_heads.n_kv_heads = 4;
+  KvCacheConfig other_dim = layer.CacheConfig(3, 8);
+  other_dim.head_dim = 16;
+  KvCache cache_heads, cache_dim;
+  ASSERT_TRUE(KvCache::Create(other_heads, &cache_heads).ok());
+  ASSERT_TRUE(KvCache::Create(other_dim, &cache_dim).ok());
+
+  // x is the first 4 of 8 rows, so that a y overlapping x stays in memory.
+  const std::vector<float> x = test::RandomVector(8 * 32, 9002);
+  std::vector<float> out(4 * 32 + 64, kSentinel);
+  const std::vector<float> x_before = x, out_before = out;
+  // A view of y inside the cache's K buffer.
+  float* in_cache = const_cast<float*>(cache.Keys(2, 0).data);
+
+  struct Bad {
+    std::vector<std::string> expect;
+    StatusCode code;
+    KvCache* cache;
+    std::vector<LayerSequence> sequences;
+    bool null_sequences = false;
+    int64_t n_sequences = -1;  // -1: sequences.size()
+    MatrixView<const float> x;
+    MatrixView<float> y;
+    AttentionLayer* layer = nullptr;
+  };
+  AttentionLayer empty;
+  const Bad good{{},
+                 StatusCode::kOk,
+                 &cache,
+                 {{0, 2}, {2, 2}},
+                 false,
+                 -1,
+                 MatrixView<const float>(x.data(), 4, 32),
+                 MatrixView<float>(out.data(), 4, 32),
+                 &layer};
+  std::vector<Bad> cases;
+  auto add = [&](std::vector<std::string> expect, StatusCode code, auto edit) {
+    Bad bad = good;
+    bad.expect = std::move(expect);
+    bad.code = code;
+    edit(bad);
+    cases.push_back(bad);
+  };
+  const StatusCode kInvalid = StatusCode::kInvalidArgument;
+  add({}, StatusCode::kFailedPrecondition, [&](Bad& b) { b.layer = &empty; });
+  add({"cache"}, kInvalid, [](Bad& b) { b.cache = nullptr; });
+  add({"sequences"}, kInvalid, [](Bad& b) { b.null_sequences = true; });
+  add({"n_sequences"}, kInvalid, [](Bad& b) { b.n_sequences = 0; });
+  add({"n_kv_heads", "4", "2"}, kInvalid,
+      [&](Bad& b) { b.cache = &cache_heads; });
+  add({"head_dim", "16", "8"}, kInvalid, [&](Bad& b) { b.cache = &cache_dim; });
+  add({"seq", "3"}, kInvalid, [](Bad& b) { b.sequences[1].seq = 3; });
+  add({"seq", "-1"}, kInvalid, [](Bad& b) { b.sequences[0].seq = -1; });
+  add({"seq", "twice"}, kInvalid, [](Bad& b) { b.sequences[1].seq = 0; });
+  add({"n_tokens"}, kInvalid, [](Bad& b) {
+    b.sequences[1].n_tokens = 0;
+    b.x.rows = b.y.rows = 2;
+  });
+  add({"n_tokens"}, kInvalid, [](Bad& b) {
+    b.sequences = {{0, 5}, {2, -1}};
+    b.x.rows = b.y.rows = 4;
+  });
+  add({"x.data"}, kInvalid, [](Bad& b) { b.x.data = nullptr; });
+  add({"x", "[3, 32]"}, kInvalid, [](Bad& b) { b.x.rows = 3; });
+  add({"x", "[4, 31]"}, kInvalid, [](Bad& b) {
+    b.x.cols = 31;
+    b.x.stride = 32;
+  });
+  add({"x.stride"}, kInvalid, [](Bad& b) { b.x.stride = 31; });
+  add({"y.data"}, kInvalid, [](Bad& b) { b.y.data = nullptr; });
+  add({"y", "[4, 33]"}, kInvalid, [](Bad& b) {
+    b.y.cols = 33;
+    b.y.stride = 33;
+  });
+  add({"y", "[5, 32]"}, kInvalid, [](Bad& b) { b.y.rows = 5; });
+  add({"y", "overlaps", "x"}, kInvalid,
+      [&](Bad& b) { b.y.data = const_cast<float*>(x.data()) + 2 * 32; });
+  add({"y", "overlaps", "cache"}, kInvalid,
+      [&](Bad& b) { b.y.data = in_cache; });
+  // Capacity: slot 1 holds 7 of 8.
+  add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
+    b.sequences = {{0, 2}, {1, 2}};
+  });
+
+  for (const Bad& bad : cases) {
+    const CacheSnapshot before = Snapshot(&cache);
+    const int64_t n_sequences =
+        bad.n_sequences >= 0 ? bad.n_sequences
+                             : static_cast<int64_t>(bad.sequences.size());
+    const Status status = bad.layer->Forward(
+        bad.cache, bad.null_sequences ? nullptr : bad.sequences.data(),
+        n_sequences, bad.x, bad.y);
+    const std::string expected =
+        bad.expect.empty() ? std::string() : bad.expect[0];
+    EXPECT_EQ(status.code(), bad.code)
+        << status.ToString() << " (expected " << expected << ")";
+    for (const std::string& part : bad.expect) {
+      EXPECT_TRUE(Contains(status.message(), part))
+          << "message: " << status.message() << "\nexpected: " << part;
+    }
+    EXPECT_EQ(status.message().rfind("AttentionLayer::Forward: ", 0), 0u)
+        << status.message();
+    EXPECT_EQ(out, out_before) << "y written: " << status.ToString();
+    EXPECT_EQ(x, x_before) << "x written: " << status.ToString();
+    EXPECT_TRUE(Snapshot(&cache) == before)
+        << "cache changed: " << status.ToString();
+    EXPECT_EQ(cache_heads.length(0), 0);
+    EXPECT_EQ(cache_dim.length(0), 0);
+  }
+  // The good call works (and only then are y and the cache written).
+  const Status status =
+      layer.Forward(&cache, good.sequences.data(), 2, good.x, good.y);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(cache.length(0), 5);
+  EXPECT_EQ(cache.length(2), 2);
+}
+
+// Moves leave the source empty (Forward: kFailedPrecondition) and the target
+// working; an empty layer's config is all zeros.
+TEST(AttentionLayerErrors, EmptyAndMovedFromLayers) {
+  AttentionLayer empty;
+  EXPECT_EQ(empty.config().d_model, 0);
+  EXPECT_EQ(empty.config().n_heads, 0);
+  EXPECT_EQ(empty.config().n_kv_heads, 0);
+  EXPECT_EQ(empty.config().head_dim, 0);
+  EXPECT_EQ(empty.config().head_end, 0);
+  const AttentionLayerConfig config = Config(32, 4);
+  Model model(ShapeOf(config), "", 9500);
+  AttentionLayer a;
+  ASSERT_TRUE(model.Create(config, &a).ok());
+  KvCache cache = MakeCache(a, 1, 4);
+  const std::vector<float> x = test::RandomVector(32, 9501);
+  std::vector<float> y;
+  AttentionLayer b(std::move(a));
+  Status status =
+      RunLayer(&a, &cache, {{0, 1}}, x, &y);  // NOLINT: use after move
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition)
+      << status.ToString();
+  EXPECT_EQ(cache.length(0), 0);
+  EXPECT_EQ(a.config().d_model, 0);  // NOLINT: use after move
+  ASSERT_TRUE(RunLayer(&b, &cache, {{0, 1}}, x, &y).ok());
+  AttentionLayer c;
+  c = std::move(b);
+  status = RunLayer(&b, &cache, {{0, 1}}, x, &y);  // NOLINT: use after move
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(RunLayer(&c, &cache, {{0, 1}}, x, &y).ok());
+  EXPECT_EQ(cache.length(0), 2);
+}
+
+// The packing is for the vector width at Create: Forward under a target of
+// another width fails (kFailedPrecondition, nothing written), under one of
+// the same width (AVX3_DL and AVX3, SSE4 and SSSE3) it works.
+TEST(AttentionLayerTargets, ForwardNeedsTheVectorWidthOfCreate) {
+  struct ResetOnExit {
+    ~ResetOnExit() { ResetMaxTarget(); }
+  } reset_on_exit;
+  const std::vector<Target> targets = SupportedTargets();
+  const AttentionLayerConfig config = Config(32, 4, 2);
+  Model model(ShapeOf(config), "qkvo", 9800);
+  const std::vector<float> x = test::RandomVector(5 * 32, 9801);
+  const Expected e = Reference(model, x, true, ScaleOf(config));
+  for (const Target& at_create : targets) {
+    ASSERT_TRUE(SetMaxTarget(at_create.name).ok());
+    const size_t lanes = test::ActiveFloatLanes();
+    AttentionLayer layer;
+    ASSERT_TRUE(model.Create(config, &layer).ok());
+    for (const Target& at_forward : targets) {
+      ASSERT_TRUE(SetMaxTarget(at_forward.name).ok());
+      const bool same = test::ActiveFloatLanes() == lanes;
+      const std::string what = std::string("created on ") + at_create.name +
+                               ", run on " + at_forward.name;
+      KvCache cache = MakeCache(layer, 1, 5);
+      std::vector<float> y;
+      const Status status = RunLayer(&layer, &cache, {{0, 5}}, x, &y);
+      if (same) {
+        ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectRowsMatch(y.data(), 5, 32, 32, e, 0, what));
+      } else {
+        EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition)
+            << what << ": " << status.ToString();
+        EXPECT_EQ(cache.length(0), 0) << what;
+        for (const float v : y) ASSERT_EQ(v, kSentinel) << what;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace headway
