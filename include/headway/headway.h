@@ -1,0 +1,366 @@
+/* Headway's C API: a plain C (C99) interface to the library, for hosts written
+ * in C, Rust, Go, Python (ctypes), ... It wraps the C++ API (headway.hpp and
+ * layer.h) and adds nothing to it; the C++ headers document the algorithms.
+ *
+ * Conventions
+ *
+ * Handles: hw_kv_cache and hw_attention_layer are opaque. A create function
+ * writes a new handle to *out (only on success); destroy frees it (NULL is a
+ * no-op). A NULL handle or NULL pointer argument is an error naming the
+ * argument, never a crash.
+ *
+ * Errors: every function that can fail returns an int status, one of
+ * hw_status_code (HW_OK == 0). The message of the last such call on the
+ * calling thread is hw_last_error(): "" after HW_OK, otherwise it names the
+ * function and the bad argument, e.g.
+ *   "hw_attention_layer_forward: cache is null"
+ *   "KvCache::Append: length (8) + n_new (1) exceeds capacity (8)".
+ * On error nothing has been written: *out pointers, caches, outputs are
+ * unchanged. No C++ exception crosses this API: an allocation failure is
+ * HW_RESOURCE_EXHAUSTED, anything unexpected HW_INTERNAL.
+ *
+ * Matrices: float32, row-major. A matrix argument is a data pointer plus a row
+ * stride in elements (the distance from one row's start to the next, >= the
+ * number of columns); a stride of 0 means densely packed (stride == cols).
+ * Sizes are int64_t so that a negative size is reported, not wrapped.
+ *
+ * Threads: kernels run in parallel on oneTBB inside. Functions on different
+ * handles may be called concurrently; one hw_attention_layer must not run two
+ * forward calls at once; calls that change one cache sequence must not run
+ * concurrently with other calls on that sequence (see kv_cache.h). Target and
+ * thread caps are process-wide: set them at start-up.
+ */
+#ifndef HEADWAY_HEADWAY_H_
+#define HEADWAY_HEADWAY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define HEADWAY_C_API
+#else
+#define HEADWAY_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------- Status */
+
+/* The same values as headway::StatusCode. */
+typedef enum hw_status_code {
+  HW_OK = 0,
+  HW_INVALID_ARGUMENT = 1, /* a null pointer, a bad shape, stride, name, ... */
+  HW_OUT_OF_RANGE = 2,     /* a size or position beyond a buffer or a cache */
+  HW_RESOURCE_EXHAUSTED = 3,  /* out of memory, or a byte count overflows */
+  HW_FAILED_PRECONDITION = 4, /* valid call, wrong state (target changed) */
+  HW_INTERNAL = 5             /* a bug in Headway: please report it */
+} hw_status_code;
+
+/* The message of the last failing call on this thread, "" if the last call
+ * that returns a status returned HW_OK. Never NULL. The pointer stays valid
+ * until the next Headway call on this thread: copy it to keep it. */
+HEADWAY_C_API const char* hw_last_error(void);
+
+/* Name of a status code, e.g. "INVALID_ARGUMENT"; "UNKNOWN" for other values.
+ * Static storage. */
+HEADWAY_C_API const char* hw_status_name(int code);
+
+/* ---------------------------------------------- Version, targets, threads */
+
+/* The library's version, "MAJOR.MINOR.PATCH". Static storage. */
+HEADWAY_C_API const char* hw_version(void);
+
+/* Name of the instruction set the next call dispatches to ("AVX3_DL", "AVX3",
+ * "AVX2", "SSE4", "SSSE3", "SCALAR" on x86-64). Static storage. */
+HEADWAY_C_API const char* hw_active_target(void);
+
+/* The instruction sets this CPU can run, best first, whatever the cap: writes
+ * up to `capacity` names (static storage) to names[0 .. capacity) and returns
+ * how many there are (call with names == NULL, capacity == 0 to count). */
+HEADWAY_C_API int64_t hw_supported_targets(const char** names,
+                                           int64_t capacity);
+
+/* Caps dispatch at target `name` (case-insensitive, e.g. "avx2"): calls then
+ * use the best supported target not better than it. Process-wide; set it while
+ * no other Headway call runs. Weights packed by hw_attention_layer_create are
+ * for the target active at create: see hw_attention_layer_forward.
+ * Errors (cap unchanged): HW_INVALID_ARGUMENT for a NULL name or a name that is
+ * not a compiled target; HW_FAILED_PRECONDITION if this CPU cannot run it. */
+HEADWAY_C_API int hw_set_max_target(const char* name);
+
+/* Removes the cap (including one from the environment variable
+ * HEADWAY_MAX_TARGET). */
+HEADWAY_C_API void hw_reset_max_target(void);
+
+/* Caps the threads of every oneTBB parallel loop in the process; n == 0
+ * removes the cap. Results do not depend on the number of threads.
+ * Error: HW_INVALID_ARGUMENT if n < 0. */
+HEADWAY_C_API int hw_set_max_threads(int n);
+
+/* The number of threads a call from this thread may use now. */
+HEADWAY_C_API int hw_max_threads(void);
+
+/* -------------------------------------------------------------- KV cache */
+
+/* The keys and values of one attention layer for n_sequences sequences (slots
+ * 0 .. n_sequences - 1), up to `capacity` tokens each, float32. */
+typedef struct hw_kv_cache hw_kv_cache;
+
+/* Creates a cache, every sequence empty, into *out. Allocates and zeroes
+ * hw_kv_cache_bytes() bytes up front.
+ * Errors: HW_INVALID_ARGUMENT for a NULL out or any size < 1;
+ * HW_RESOURCE_EXHAUSTED when the byte count overflows or memory runs out. */
+HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
+                                     int64_t head_dim, int64_t capacity,
+                                     hw_kv_cache** out);
+
+/* Frees a cache (NULL: nothing). */
+HEADWAY_C_API void hw_kv_cache_destroy(hw_kv_cache* cache);
+
+/* The cache's sizes; any output pointer may be NULL (not written).
+ * row_stride: elements between cached rows, head_dim rounded up to 16.
+ * Error: HW_INVALID_ARGUMENT for a NULL cache. */
+HEADWAY_C_API int hw_kv_cache_shape(const hw_kv_cache* cache,
+                                    int64_t* n_sequences, int64_t* n_kv_heads,
+                                    int64_t* head_dim, int64_t* capacity,
+                                    int64_t* row_stride);
+
+/* *length = tokens cached for sequence seq.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or length, seq outside
+ * [0, n_sequences). */
+HEADWAY_C_API int hw_kv_cache_length(const hw_kv_cache* cache, int64_t seq,
+                                     int64_t* length);
+
+/* *bytes = bytes of the K and V buffers together, padding included.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or bytes. */
+HEADWAY_C_API int hw_kv_cache_bytes(const hw_kv_cache* cache, size_t* bytes);
+
+/* *bytes = bytes one token of one sequence takes:
+ * 2 * n_kv_heads * row_stride * 4.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or bytes. */
+HEADWAY_C_API int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache,
+                                              size_t* bytes);
+
+/* Appends n_new tokens to sequence seq. k and v: [n_new, n_kv_heads *
+ * head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), row
+ * strides k_stride and v_stride (0: dense).
+ * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, k or v, a
+ * bad seq, n_new < 1, a stride < n_kv_heads * head_dim; HW_OUT_OF_RANGE if
+ * length + n_new > capacity. */
+HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
+                                     int64_t n_new, const float* k,
+                                     int64_t k_stride, const float* v,
+                                     int64_t v_stride);
+
+/* The cached keys (or values) of one head of sequence seq: *data points at
+ * [*rows, head_dim] floats inside the cache, rows *stride elements apart
+ * (*rows == length(seq)). The pointer stays valid until the cache is
+ * destroyed; the rows it shows change with appends and truncations. Any of
+ * rows and stride may be NULL.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or data, a bad seq or
+ * kv_head. */
+HEADWAY_C_API int hw_kv_cache_keys(const hw_kv_cache* cache, int64_t seq,
+                                   int64_t kv_head, const float** data,
+                                   int64_t* rows, int64_t* stride);
+HEADWAY_C_API int hw_kv_cache_values(const hw_kv_cache* cache, int64_t seq,
+                                     int64_t kv_head, const float** data,
+                                     int64_t* rows, int64_t* stride);
+
+/* Keeps the first new_length tokens of sequence seq (rolls back rejected
+ * speculative tokens). O(1).
+ * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache or a bad seq;
+ * HW_OUT_OF_RANGE if new_length < 0 or > length(seq). */
+HEADWAY_C_API int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq,
+                                       int64_t new_length);
+
+/* Makes sequence `to` a copy of sequence `from` (length and rows), e.g. to
+ * fork a shared prompt. from == to: nothing to do.
+ * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, a bad from
+ * or to. */
+HEADWAY_C_API int hw_kv_cache_copy_sequence(hw_kv_cache* cache, int64_t from,
+                                            int64_t to);
+
+/* Empties sequence seq (length 0, O(1)).
+ * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache or a bad
+ * seq. */
+HEADWAY_C_API int hw_kv_cache_reset(hw_kv_cache* cache, int64_t seq);
+
+/* Empties every sequence. Error: HW_INVALID_ARGUMENT for a NULL cache. */
+HEADWAY_C_API int hw_kv_cache_reset_all(hw_kv_cache* cache);
+
+/* ------------------------------------------------------- Attention layer */
+
+/* One MHA / GQA / MQA attention layer with its packed weights:
+ *   Q = x W_Q + b_q, K = x W_K + b_k, V = x W_V + b_v
+ *   o_h = softmax(scale * Q_h K_g^T + mask) V_g, g = h / (n_heads / n_kv_heads)
+ *   y = concat_h(o_h) W_O + b_o
+ * See headway/layer.h. */
+typedef struct hw_attention_layer hw_attention_layer;
+
+/* Mask values. HW_MASK_CAUSAL is 0 so that a zeroed config is causal, like
+ * the C++ default (the C++ enum numbers them the other way round). */
+typedef enum hw_attention_mask {
+  HW_MASK_CAUSAL = 0, /* a token sees its sequence's tokens up to itself */
+  HW_MASK_NONE = 1    /* a token sees every cached token of its sequence */
+} hw_attention_mask;
+
+/* The layer's shape. A zeroed struct plus d_model and n_heads is a causal MHA
+ * layer: every field's zero means the same default as AttentionLayerConfig. */
+typedef struct hw_attention_layer_config {
+  int64_t d_model; /* >= 1 */
+  int64_t n_heads; /* >= 1 */
+  /* KV heads: 0 means n_heads (MHA); 1 is MQA; a divisor of n_heads is GQA. */
+  int64_t n_kv_heads;
+  /* Elements per head; 0 means d_model / n_heads (which must divide). */
+  int64_t head_dim;
+  int32_t mask; /* hw_attention_mask; 0 (HW_MASK_CAUSAL) by default */
+  /* Multiplies q . k; 0 means 1 / sqrt(head_dim). */
+  float scale;
+  /* Tensor parallelism: the query heads this layer owns, [head_begin,
+   * head_end), on KV-group boundaries; both 0 means all heads. A shard's
+   * forward returns its part of the output (b_o added by the shard with
+   * head_begin == 0 only): the shards' outputs sum to the layer's. */
+  int64_t head_begin;
+  int64_t head_end;
+} hw_attention_layer_config;
+
+/* A read-only float32 matrix [rows, cols], element (r, c) at
+ * data[r * stride + c]; stride 0 means cols. rows and cols are the caller's
+ * statement of the shape: they are checked against the config. */
+typedef struct hw_matrix {
+  const float* data;
+  int64_t rows;
+  int64_t cols;
+  int64_t stride;
+} hw_matrix;
+
+/* The whole layer's weights (for a shard too: the layer takes its own
+ * columns and rows). Biases may be NULL (no bias). Copied and packed by
+ * create: the host may free them afterwards. */
+typedef struct hw_attention_layer_weights {
+  hw_matrix w_q;    /* [d_model, n_heads * head_dim] */
+  hw_matrix w_k;    /* [d_model, n_kv_heads * head_dim] */
+  hw_matrix w_v;    /* [d_model, n_kv_heads * head_dim] */
+  hw_matrix w_o;    /* [n_heads * head_dim, d_model] */
+  const float* b_q; /* [n_heads * head_dim] or NULL */
+  const float* b_k; /* [n_kv_heads * head_dim] or NULL */
+  const float* b_v; /* [n_kv_heads * head_dim] or NULL */
+  const float* b_o; /* [d_model] or NULL */
+} hw_attention_layer_weights;
+
+/* The new tokens of one sequence in a forward call: n_tokens consecutive rows
+ * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
+typedef struct hw_layer_sequence {
+  int64_t seq; /* slot in the cache */
+  int64_t n_tokens;
+} hw_layer_sequence;
+
+/* Validates config and weights, copies and packs the weights (for the
+ * instruction set active now) into a new layer *out.
+ * Errors: HW_INVALID_ARGUMENT for a NULL config, weights or out, d_model or
+ * n_heads < 1, n_kv_heads < 0 or not dividing n_heads, head_dim < 0 or 0 with
+ * d_model not a multiple of n_heads, a bad head range, a scale that is not
+ * finite or < 0, a bad mask, a weight matrix that is NULL, has a bad stride or
+ * the wrong shape (the message names it: "w_q", ...); HW_RESOURCE_EXHAUSTED for
+ * sizes whose byte count overflows or no memory. */
+HEADWAY_C_API int hw_attention_layer_create(
+    const hw_attention_layer_config* config,
+    const hw_attention_layer_weights* weights, hw_attention_layer** out);
+
+/* Frees a layer (NULL: nothing). */
+HEADWAY_C_API void hw_attention_layer_destroy(hw_attention_layer* layer);
+
+/* *config = the layer's config with defaults resolved (n_kv_heads, head_dim,
+ * scale, head_end filled in).
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or config. */
+HEADWAY_C_API int hw_attention_layer_get_config(
+    const hw_attention_layer* layer, hw_attention_layer_config* config);
+
+/* *n = parameters of the layer (its shard): weights plus the biases given;
+ * 4 * d_model^2 for an MHA layer without bias with n_heads * head_dim ==
+ * d_model. Errors: HW_INVALID_ARGUMENT for a NULL layer or n. */
+HEADWAY_C_API int hw_attention_layer_n_weights(const hw_attention_layer* layer,
+                                               int64_t* n);
+
+/* *bytes = bytes of the packed weights.
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
+HEADWAY_C_API int hw_attention_layer_packed_bytes(
+    const hw_attention_layer* layer, size_t* bytes);
+
+/* *bytes = KV cache bytes per token of one sequence for this layer
+ * (2 * local KV heads * row stride * 4).
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
+HEADWAY_C_API int hw_attention_layer_cache_bytes_per_token(
+    const hw_attention_layer* layer, size_t* bytes);
+
+/* Creates a cache for this layer (its local KV heads and head_dim) with
+ * n_sequences slots of `capacity` tokens into *out. Free it with
+ * hw_kv_cache_destroy.
+ * Errors: as hw_kv_cache_create, plus HW_INVALID_ARGUMENT for a NULL layer. */
+HEADWAY_C_API int hw_attention_layer_create_cache(
+    const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
+    hw_kv_cache** out);
+
+/* Runs the layer over the new tokens of n_sequences sequences:
+ *   x: [T, d_model], T = sum of sequences[i].n_tokens, row stride x_stride
+ *      (0: dense); the rows of sequences[0] first, then sequences[1], ...
+ *   y: [T, d_model], row stride y_stride (0: dense), written.
+ * Appends the tokens' K and V to their sequences in cache (each length grows
+ * by its n_tokens), then each token attends to its sequence's cached tokens
+ * (up to itself with HW_MASK_CAUSAL). Prefill, chunked prefill and decode
+ * (n_tokens == 1 for many sequences) are all this call. Scratch memory is
+ * reused: after a first call of a given size, calls no larger allocate
+ * nothing.
+ * Errors (nothing written, cache unchanged): HW_INVALID_ARGUMENT for a NULL
+ * layer, cache, sequences, x or y, n_sequences < 1, n_tokens < 1, a bad or
+ * repeated seq, a cache whose n_kv_heads or head_dim do not match the layer, a
+ * stride < d_model, y overlapping x or the cache; HW_OUT_OF_RANGE when a
+ * sequence's length + n_tokens exceeds the capacity; HW_FAILED_PRECONDITION
+ * when the active instruction set has another vector width than at create
+ * (after hw_set_max_target: create the layer again). */
+HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
+                                             hw_kv_cache* cache,
+                                             const hw_layer_sequence* sequences,
+                                             int64_t n_sequences,
+                                             const float* x, int64_t x_stride,
+                                             float* y, int64_t y_stride);
+
+/* ---------------------------------------------------------------- Kernels */
+
+/* op(X): X or its transpose. */
+typedef enum hw_transpose { HW_NO_TRANS = 0, HW_TRANS = 1 } hw_transpose;
+
+/* C = alpha * op(A) * op(B) + beta * C, float32, as BLAS sgemm (row-major):
+ *   op(A): [m, k]; a is [m, k] (HW_NO_TRANS) or [k, m] (HW_TRANS) as stored,
+ *          row stride lda (0: dense)
+ *   op(B): [k, n]; b is [k, n] or [n, k], row stride ldb (0: dense)
+ *   c:     [m, n], row stride ldc (0: dense)
+ * beta == 0 writes C without reading it; alpha == 0 reads neither a nor b.
+ * Results do not depend on the number of threads.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL a, b or c, m, n or
+ * k < 1, a stride shorter than its row, a bad trans value, c overlapping a or
+ * b, alpha or beta not finite; HW_RESOURCE_EXHAUSTED for sizes whose byte
+ * count overflows or no memory. */
+HEADWAY_C_API int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n,
+                            int64_t k, float alpha, const float* a, int64_t lda,
+                            const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc);
+
+/* Softmax of each row of scale * x, numerically stable:
+ *   x, y: [rows, cols], row strides x_stride and y_stride (0: dense).
+ * y may be x itself with the same stride (in place); any other overlap is an
+ * error. A row of all -inf gives zeros.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL x or y, rows or
+ * cols < 1, a stride < cols, a partial overlap, a scale that is not finite;
+ * HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
+HEADWAY_C_API int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
+                                  int64_t x_stride, float* y, int64_t y_stride,
+                                  float scale);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* HEADWAY_HEADWAY_H_ */

@@ -1,0 +1,595 @@
+// The C API (include/headway/headway.h): thin wrappers over the C++ API.
+//
+// Every function that returns a status runs its body in Guard, which turns a
+// Status into its code and the thread's last-error message and catches every
+// exception (none may cross into a C caller). Null handles and pointers that
+// only exist in C (handles, out pointers, raw data pointers) are checked here,
+// with messages naming the C argument; everything else is checked, and
+// reported, by the C++ function the wrapper calls.
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "headway/attention.h"
+#include "headway/headway.h"
+#include "headway/kv_cache.h"
+#include "headway/layer.h"
+#include "headway/matmul.h"
+#include "headway/softmax.h"
+#include "headway/status.h"
+#include "headway/targets.h"
+#include "headway/threads.h"
+#include "headway/version.h"
+#include "headway/view.h"
+
+using headway::StatusCode;
+
+static_assert(HW_OK == static_cast<int>(StatusCode::kOk), "status codes");
+static_assert(HW_INVALID_ARGUMENT ==
+                  static_cast<int>(StatusCode::kInvalidArgument),
+              "status codes");
+static_assert(HW_OUT_OF_RANGE == static_cast<int>(StatusCode::kOutOfRange),
+              "status codes");
+static_assert(HW_RESOURCE_EXHAUSTED ==
+                  static_cast<int>(StatusCode::kResourceExhausted),
+              "status codes");
+static_assert(HW_FAILED_PRECONDITION ==
+                  static_cast<int>(StatusCode::kFailedPrecondition),
+              "status codes");
+static_assert(HW_INTERNAL == static_cast<int>(StatusCode::kInternal),
+              "status codes");
+static_assert(HW_NO_TRANS == static_cast<int>(headway::Transpose::kNo) &&
+                  HW_TRANS == static_cast<int>(headway::Transpose::kYes),
+              "transpose values");
+
+struct hw_kv_cache {
+  headway::KvCache cache;
+};
+
+struct hw_attention_layer {
+  headway::AttentionLayer layer;
+  // Forward's sequences converted to the C++ struct; kept so that a forward no
+  // larger than an earlier one allocates nothing here either.
+  std::vector<headway::LayerSequence> sequences;
+};
+
+namespace {
+
+// The calling thread's last error. `fallback` replaces `message` when the
+// message itself could not be stored (no memory).
+thread_local std::string t_message;
+thread_local const char* t_fallback = nullptr;
+
+int Succeed() noexcept {
+  t_message.clear();  // keeps the capacity: no allocation, cannot throw
+  t_fallback = nullptr;
+  return HW_OK;
+}
+
+// Records "<prefix><detail>" as the thread's last error and returns code.
+int Record(int code, const char* prefix, const char* detail) noexcept {
+  try {
+    t_message.assign(prefix);
+    t_message.append(detail);
+    t_fallback = nullptr;
+  } catch (...) {
+    t_message.clear();
+    t_fallback = "out of memory while recording an error message";
+  }
+  return code;
+}
+
+int Fail(int code, const char* fn, const std::string& detail) noexcept {
+  try {
+    return Record(code, (std::string(fn) + ": ").c_str(), detail.c_str());
+  } catch (...) {
+    return Record(code, fn, ": (no memory for the message)");
+  }
+}
+
+int FromStatus(const headway::Status& status) noexcept {
+  if (status.ok()) return Succeed();
+  return Record(static_cast<int>(status.code()), "", status.message().c_str());
+}
+
+// Runs body (returning an int status) with every exception caught.
+template <typename Body>
+int Guard(const char* fn, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Record(HW_RESOURCE_EXHAUSTED, fn, ": out of memory");
+  } catch (const std::exception& e) {
+    Record(HW_INTERNAL, fn, ": unexpected exception: ");
+    try {
+      t_message.append(e.what());
+    } catch (...) {
+    }
+    return HW_INTERNAL;
+  } catch (...) {
+    return Record(HW_INTERNAL, fn, ": unexpected exception");
+  }
+}
+
+int Null(const char* fn, const char* name) noexcept {
+  return Fail(HW_INVALID_ARGUMENT, fn, std::string(name) + " is null");
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// A row stride as given, or cols for 0.
+int64_t Stride(int64_t stride, int64_t cols) {
+  return stride == 0 ? cols : stride;
+}
+
+headway::MatrixView<const float> View(const hw_matrix& m) {
+  return headway::MatrixView<const float>(m.data, m.rows, m.cols,
+                                          Stride(m.stride, m.cols));
+}
+
+int CheckSeq(const char* fn, const char* name, int64_t seq,
+             const headway::KvCache& cache) {
+  if (seq >= 0 && seq < cache.n_sequences()) return HW_OK;
+  return Fail(HW_INVALID_ARGUMENT, fn,
+              std::string(name) + " (" + Str(seq) + ") is out of range [0, " +
+                  Str(cache.n_sequences()) + ")");
+}
+
+int CheckTranspose(const char* fn, const char* name, int value) {
+  if (value == HW_NO_TRANS || value == HW_TRANS) return HW_OK;
+  return Fail(HW_INVALID_ARGUMENT, fn,
+              std::string(name) + " (" + Str(value) +
+                  ") is not HW_NO_TRANS (0) or HW_TRANS (1)");
+}
+
+int KeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
+                 int64_t seq, int64_t kv_head, const float** data,
+                 int64_t* rows, int64_t* stride) {
+  return Guard(fn, [&]() -> int {
+    if (cache == nullptr) return Null(fn, "cache");
+    if (data == nullptr) return Null(fn, "data");
+    if (CheckSeq(fn, "seq", seq, cache->cache) != HW_OK) {
+      return HW_INVALID_ARGUMENT;
+    }
+    if (kv_head < 0 || kv_head >= cache->cache.n_kv_heads()) {
+      return Fail(HW_INVALID_ARGUMENT, fn,
+                  "kv_head (" + Str(kv_head) + ") is out of range [0, " +
+                      Str(cache->cache.n_kv_heads()) + ")");
+    }
+    const headway::MatrixView<const float> view =
+        keys ? cache->cache.Keys(seq, kv_head)
+             : cache->cache.Values(seq, kv_head);
+    *data = view.data;
+    if (rows != nullptr) *rows = view.rows;
+    if (stride != nullptr) *stride = view.stride;
+    return Succeed();
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+// ------------------------------------------------------------------ Status
+
+const char* hw_last_error(void) {
+  return t_fallback != nullptr ? t_fallback : t_message.c_str();
+}
+
+const char* hw_status_name(int code) {
+  if (code < HW_OK || code > HW_INTERNAL) return "UNKNOWN";
+  return headway::StatusCodeName(static_cast<StatusCode>(code));
+}
+
+// ------------------------------------------------ Version, targets, threads
+
+const char* hw_version(void) { return HEADWAY_VERSION_STRING; }
+
+const char* hw_active_target(void) {
+  try {
+    const char* name = headway::ActiveTarget().name;
+    return name != nullptr ? name : "";
+  } catch (...) {
+    return "";
+  }
+}
+
+int64_t hw_supported_targets(const char** names, int64_t capacity) {
+  try {
+    const std::vector<headway::Target> targets = headway::SupportedTargets();
+    const int64_t n = static_cast<int64_t>(targets.size());
+    for (int64_t i = 0; names != nullptr && i < n && i < capacity; ++i) {
+      names[i] = targets[static_cast<size_t>(i)].name;
+    }
+    return n;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int hw_set_max_target(const char* name) {
+  constexpr const char* kFn = "hw_set_max_target";
+  return Guard(kFn, [&]() -> int {
+    if (name == nullptr) return Null(kFn, "name");
+    return FromStatus(headway::SetMaxTarget(name));
+  });
+}
+
+void hw_reset_max_target(void) {
+  try {
+    headway::ResetMaxTarget();
+  } catch (...) {
+  }
+}
+
+int hw_set_max_threads(int n) {
+  return Guard("hw_set_max_threads",
+               [&]() -> int { return FromStatus(headway::SetMaxThreads(n)); });
+}
+
+int hw_max_threads(void) {
+  try {
+    return headway::MaxThreads();
+  } catch (...) {
+    return 1;
+  }
+}
+
+// ---------------------------------------------------------------- KV cache
+
+int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
+                       int64_t head_dim, int64_t capacity, hw_kv_cache** out) {
+  constexpr const char* kFn = "hw_kv_cache_create";
+  return Guard(kFn, [&]() -> int {
+    if (out == nullptr) return Null(kFn, "out");
+    headway::KvCacheConfig config;
+    config.n_sequences = n_sequences;
+    config.n_kv_heads = n_kv_heads;
+    config.head_dim = head_dim;
+    config.capacity = capacity;
+    auto handle = std::make_unique<hw_kv_cache>();
+    const int code =
+        FromStatus(headway::KvCache::Create(config, &handle->cache));
+    if (code == HW_OK) *out = handle.release();
+    return code;
+  });
+}
+
+void hw_kv_cache_destroy(hw_kv_cache* cache) { delete cache; }
+
+int hw_kv_cache_shape(const hw_kv_cache* cache, int64_t* n_sequences,
+                      int64_t* n_kv_heads, int64_t* head_dim, int64_t* capacity,
+                      int64_t* row_stride) {
+  constexpr const char* kFn = "hw_kv_cache_shape";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    const headway::KvCache& c = cache->cache;
+    if (n_sequences != nullptr) *n_sequences = c.n_sequences();
+    if (n_kv_heads != nullptr) *n_kv_heads = c.n_kv_heads();
+    if (head_dim != nullptr) *head_dim = c.head_dim();
+    if (capacity != nullptr) *capacity = c.capacity();
+    if (row_stride != nullptr) *row_stride = c.row_stride();
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_length(const hw_kv_cache* cache, int64_t seq, int64_t* length) {
+  constexpr const char* kFn = "hw_kv_cache_length";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (length == nullptr) return Null(kFn, "length");
+    if (CheckSeq(kFn, "seq", seq, cache->cache) != HW_OK) {
+      return HW_INVALID_ARGUMENT;
+    }
+    *length = cache->cache.length(seq);
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_bytes(const hw_kv_cache* cache, size_t* bytes) {
+  constexpr const char* kFn = "hw_kv_cache_bytes";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (bytes == nullptr) return Null(kFn, "bytes");
+    *bytes = cache->cache.bytes();
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache, size_t* bytes) {
+  constexpr const char* kFn = "hw_kv_cache_bytes_per_token";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (bytes == nullptr) return Null(kFn, "bytes");
+    *bytes = cache->cache.bytes_per_token();
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq, int64_t n_new,
+                       const float* k, int64_t k_stride, const float* v,
+                       int64_t v_stride) {
+  constexpr const char* kFn = "hw_kv_cache_append";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (k == nullptr) return Null(kFn, "k");
+    if (v == nullptr) return Null(kFn, "v");
+    if (n_new < 1) {
+      return Fail(HW_INVALID_ARGUMENT, kFn,
+                  "n_new must be >= 1 (got " + Str(n_new) + ")");
+    }
+    const int64_t cols = cache->cache.n_kv_heads() * cache->cache.head_dim();
+    return FromStatus(
+        cache->cache.Append(seq,
+                            headway::MatrixView<const float>(
+                                k, n_new, cols, Stride(k_stride, cols)),
+                            headway::MatrixView<const float>(
+                                v, n_new, cols, Stride(v_stride, cols))));
+  });
+}
+
+int hw_kv_cache_keys(const hw_kv_cache* cache, int64_t seq, int64_t kv_head,
+                     const float** data, int64_t* rows, int64_t* stride) {
+  return KeysOrValues("hw_kv_cache_keys", true, cache, seq, kv_head, data, rows,
+                      stride);
+}
+
+int hw_kv_cache_values(const hw_kv_cache* cache, int64_t seq, int64_t kv_head,
+                       const float** data, int64_t* rows, int64_t* stride) {
+  return KeysOrValues("hw_kv_cache_values", false, cache, seq, kv_head, data,
+                      rows, stride);
+}
+
+int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq, int64_t new_length) {
+  constexpr const char* kFn = "hw_kv_cache_truncate";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    return FromStatus(cache->cache.Truncate(seq, new_length));
+  });
+}
+
+int hw_kv_cache_copy_sequence(hw_kv_cache* cache, int64_t from, int64_t to) {
+  constexpr const char* kFn = "hw_kv_cache_copy_sequence";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    return FromStatus(cache->cache.CopySequence(from, to));
+  });
+}
+
+int hw_kv_cache_reset(hw_kv_cache* cache, int64_t seq) {
+  constexpr const char* kFn = "hw_kv_cache_reset";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    return FromStatus(cache->cache.Reset(seq));
+  });
+}
+
+int hw_kv_cache_reset_all(hw_kv_cache* cache) {
+  constexpr const char* kFn = "hw_kv_cache_reset_all";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    cache->cache.ResetAll();
+    return Succeed();
+  });
+}
+
+// --------------------------------------------------------- Attention layer
+
+int hw_attention_layer_create(const hw_attention_layer_config* config,
+                              const hw_attention_layer_weights* weights,
+                              hw_attention_layer** out) {
+  constexpr const char* kFn = "hw_attention_layer_create";
+  return Guard(kFn, [&]() -> int {
+    if (config == nullptr) return Null(kFn, "config");
+    if (weights == nullptr) return Null(kFn, "weights");
+    if (out == nullptr) return Null(kFn, "out");
+    headway::AttentionLayerConfig c;
+    c.d_model = config->d_model;
+    c.n_heads = config->n_heads;
+    c.n_kv_heads = config->n_kv_heads;
+    c.head_dim = config->head_dim;
+    switch (config->mask) {
+      case HW_MASK_CAUSAL:
+        c.mask = headway::AttentionMask::kCausal;
+        break;
+      case HW_MASK_NONE:
+        c.mask = headway::AttentionMask::kNone;
+        break;
+      default:
+        return Fail(HW_INVALID_ARGUMENT, kFn,
+                    "config.mask (" + Str(config->mask) +
+                        ") is not HW_MASK_CAUSAL (0) or HW_MASK_NONE (1)");
+    }
+    c.scale = config->scale;
+    c.head_begin = config->head_begin;
+    c.head_end = config->head_end;
+
+    headway::AttentionLayerWeights w;
+    w.w_q = View(weights->w_q);
+    w.w_k = View(weights->w_k);
+    w.w_v = View(weights->w_v);
+    w.w_o = View(weights->w_o);
+    w.b_q = weights->b_q;
+    w.b_k = weights->b_k;
+    w.b_v = weights->b_v;
+    w.b_o = weights->b_o;
+
+    auto handle = std::make_unique<hw_attention_layer>();
+    const int code =
+        FromStatus(headway::AttentionLayer::Create(c, w, &handle->layer));
+    if (code == HW_OK) *out = handle.release();
+    return code;
+  });
+}
+
+void hw_attention_layer_destroy(hw_attention_layer* layer) { delete layer; }
+
+int hw_attention_layer_get_config(const hw_attention_layer* layer,
+                                  hw_attention_layer_config* config) {
+  constexpr const char* kFn = "hw_attention_layer_get_config";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (config == nullptr) return Null(kFn, "config");
+    const headway::AttentionLayerConfig& c = layer->layer.config();
+    hw_attention_layer_config result;
+    result.d_model = c.d_model;
+    result.n_heads = c.n_heads;
+    result.n_kv_heads = c.n_kv_heads;
+    result.head_dim = c.head_dim;
+    result.mask =
+        c.mask == headway::AttentionMask::kNone ? HW_MASK_NONE : HW_MASK_CAUSAL;
+    result.scale = c.scale;
+    result.head_begin = c.head_begin;
+    result.head_end = c.head_end;
+    *config = result;
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_n_weights(const hw_attention_layer* layer, int64_t* n) {
+  constexpr const char* kFn = "hw_attention_layer_n_weights";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (n == nullptr) return Null(kFn, "n");
+    *n = layer->layer.n_weights();
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_packed_bytes(const hw_attention_layer* layer,
+                                    size_t* bytes) {
+  constexpr const char* kFn = "hw_attention_layer_packed_bytes";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (bytes == nullptr) return Null(kFn, "bytes");
+    *bytes = layer->layer.packed_bytes();
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_cache_bytes_per_token(const hw_attention_layer* layer,
+                                             size_t* bytes) {
+  constexpr const char* kFn = "hw_attention_layer_cache_bytes_per_token";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (bytes == nullptr) return Null(kFn, "bytes");
+    *bytes = layer->layer.cache_bytes_per_token();
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_create_cache(const hw_attention_layer* layer,
+                                    int64_t n_sequences, int64_t capacity,
+                                    hw_kv_cache** out) {
+  constexpr const char* kFn = "hw_attention_layer_create_cache";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (out == nullptr) return Null(kFn, "out");
+    auto handle = std::make_unique<hw_kv_cache>();
+    const int code = FromStatus(headway::KvCache::Create(
+        layer->layer.CacheConfig(n_sequences, capacity), &handle->cache));
+    if (code == HW_OK) *out = handle.release();
+    return code;
+  });
+}
+
+int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
+                               const hw_layer_sequence* sequences,
+                               int64_t n_sequences, const float* x,
+                               int64_t x_stride, float* y, int64_t y_stride) {
+  constexpr const char* kFn = "hw_attention_layer_forward";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (sequences == nullptr) return Null(kFn, "sequences");
+    if (x == nullptr) return Null(kFn, "x");
+    if (y == nullptr) return Null(kFn, "y");
+    if (n_sequences < 1) {
+      return Fail(HW_INVALID_ARGUMENT, kFn,
+                  "n_sequences must be >= 1 (got " + Str(n_sequences) + ")");
+    }
+    // The rows of x and y: the sum of n_tokens, each checked here because
+    // the sum needs them valid.
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_sequences; ++i) {
+      const int64_t n = sequences[i].n_tokens;
+      if (n < 1) {
+        return Fail(HW_INVALID_ARGUMENT, kFn,
+                    "sequences[" + Str(i) + "].n_tokens must be >= 1 (got " +
+                        Str(n) + ")");
+      }
+      if (n > std::numeric_limits<int64_t>::max() - total) {
+        return Fail(HW_RESOURCE_EXHAUSTED, kFn,
+                    "the sum of sequences[].n_tokens overflows int64_t");
+      }
+      total += n;
+    }
+    std::vector<headway::LayerSequence>& seqs = layer->sequences;
+    seqs.resize(static_cast<size_t>(n_sequences));
+    for (int64_t i = 0; i < n_sequences; ++i) {
+      seqs[static_cast<size_t>(i)].seq = sequences[i].seq;
+      seqs[static_cast<size_t>(i)].n_tokens = sequences[i].n_tokens;
+    }
+    const int64_t d_model = layer->layer.config().d_model;
+    return FromStatus(layer->layer.Forward(
+        &cache->cache, seqs.data(), n_sequences,
+        headway::MatrixView<const float>(x, total, d_model,
+                                         Stride(x_stride, d_model)),
+        headway::MatrixView<float>(y, total, d_model,
+                                   Stride(y_stride, d_model))));
+  });
+}
+
+// ----------------------------------------------------------------- Kernels
+
+int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const float* a, int64_t lda, const float* b,
+              int64_t ldb, float beta, float* c, int64_t ldc) {
+  constexpr const char* kFn = "hw_matmul";
+  return Guard(kFn, [&]() -> int {
+    if (a == nullptr) return Null(kFn, "a");
+    if (b == nullptr) return Null(kFn, "b");
+    if (c == nullptr) return Null(kFn, "c");
+    if (CheckTranspose(kFn, "trans_a", trans_a) != HW_OK ||
+        CheckTranspose(kFn, "trans_b", trans_b) != HW_OK) {
+      return HW_INVALID_ARGUMENT;
+    }
+    if (m < 1 || n < 1 || k < 1) {
+      return Fail(HW_INVALID_ARGUMENT, kFn,
+                  "m, n and k must be >= 1 (got m = " + Str(m) +
+                      ", n = " + Str(n) + ", k = " + Str(k) + ")");
+    }
+    const bool ta = trans_a == HW_TRANS;
+    const bool tb = trans_b == HW_TRANS;
+    const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+    const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    return FromStatus(headway::Matmul(
+        headway::MatrixView<const float>(a, a_rows, a_cols,
+                                         Stride(lda, a_cols)),
+        static_cast<headway::Transpose>(trans_a),
+        headway::MatrixView<const float>(b, b_rows, b_cols,
+                                         Stride(ldb, b_cols)),
+        static_cast<headway::Transpose>(trans_b),
+        headway::MatrixView<float>(c, m, n, Stride(ldc, n)), alpha, beta));
+  });
+}
+
+int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
+                    int64_t x_stride, float* y, int64_t y_stride, float scale) {
+  constexpr const char* kFn = "hw_softmax_rows";
+  return Guard(kFn, [&]() -> int {
+    if (x == nullptr) return Null(kFn, "x");
+    if (y == nullptr) return Null(kFn, "y");
+    return FromStatus(headway::Softmax(
+        headway::MatrixView<const float>(x, rows, cols, Stride(x_stride, cols)),
+        headway::MatrixView<float>(y, rows, cols, Stride(y_stride, cols)),
+        scale));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,903 @@
+/* The C API (headway/headway.h) used from C, linked against the shared
+ * library: every call below goes through an exported symbol. No test
+ * framework: CHECK records a failure and goes on; the exit status is the
+ * number of failures (capped), 0 when all pass.
+ *
+ * Numerical tolerance. The layer's outputs are compared (a) with a float64
+ * reference and (b) with themselves computed another way (prefill of N tokens
+ * against prefill of k plus N - k decode steps; a batch of two sequences
+ * against each alone). The differences are rounding only: float32 dot
+ * products of at most 64 terms (relative error up to about 64 * 2^-24 = 4e-6
+ * of the sum of |terms|), a float32 softmax (about 1e-6) and, between the
+ * paths, another blocking of the attention and matmul sums. With weights
+ * scaled by 1 / sqrt(fan-in) that bounds the difference near 1e-5 of the
+ * largest |output| (observed: below 3e-7 on every target). A wrong position,
+ * head, bias or cached row changes outputs by O(1) of that scale. So every
+ * comparison is normwise, max |got - want| <= 1e-4 * max |want|: ten times
+ * the rounding bound, far below a real error. */
+#include <ctype.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "headway/headway.h"
+
+static int g_failures = 0;
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: \"%s\")\n", \
+              __FILE__, __LINE__, #cond, hw_last_error());              \
+      ++g_failures;                                                     \
+    }                                                                   \
+  } while (0)
+
+/* The call returns HW_OK. */
+#define CHECK_OK(call)                                                   \
+  do {                                                                   \
+    int rc_ = (call);                                                    \
+    if (rc_ != HW_OK) {                                                  \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, \
+              #call, hw_status_name(rc_), hw_last_error());              \
+      ++g_failures;                                                      \
+    }                                                                    \
+  } while (0)
+
+/* The call returns `code` and its message contains `needle`. */
+#define CHECK_ERR(call, code, needle)                                          \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ != (code) || strstr(hw_last_error(), (needle)) == NULL) {          \
+      fprintf(stderr, "%s:%d: %s returned %s (\"%s\"), want %s with \"%s\"\n", \
+              __FILE__, __LINE__, #call, hw_status_name(rc_), hw_last_error(), \
+              hw_status_name(code), (needle));                                 \
+      ++g_failures;                                                            \
+    }                                                                          \
+  } while (0)
+
+/* ------------------------------------------------------------- Helpers */
+
+static uint32_t g_seed = 12345u;
+
+/* Uniform in [-0.5, 0.5), from a 32-bit LCG (Numerical Recipes). */
+static float Rand(void) {
+  g_seed = g_seed * 1664525u + 1013904223u;
+  return (float)((double)(g_seed >> 8) / 16777216.0 - 0.5);
+}
+
+static float* RandomArray(int64_t n, float scale) {
+  float* p = (float*)malloc((size_t)n * sizeof(float));
+  if (p == NULL) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  for (int64_t i = 0; i < n; ++i) p[i] = scale * Rand();
+  return p;
+}
+
+static float* FilledArray(int64_t n, float value) {
+  float* p = RandomArray(n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+  return p;
+}
+
+/* max |got - want| / max |want| over [rows, cols] of two strided matrices. */
+static double NormwiseDiff(const float* got, int64_t got_stride,
+                           const float* want, int64_t want_stride, int64_t rows,
+                           int64_t cols) {
+  double diff = 0.0, scale = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double g = got[r * got_stride + c];
+      const double w = want[r * want_stride + c];
+      if (!(fabs(g - w) <= diff)) diff = fabs(g - w); /* NaN sticks */
+      if (fabs(w) > scale) scale = fabs(w);
+    }
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+static const double kTolerance = 1e-4; /* see the top of the file */
+
+/* ----------------------------------------------------- Status, version */
+
+static void TestStatusAndVersion(void) {
+  CHECK(strcmp(hw_status_name(HW_OK), "OK") == 0);
+  CHECK(strcmp(hw_status_name(HW_INVALID_ARGUMENT), "INVALID_ARGUMENT") == 0);
+  CHECK(strcmp(hw_status_name(HW_OUT_OF_RANGE), "OUT_OF_RANGE") == 0);
+  CHECK(strcmp(hw_status_name(HW_RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED") ==
+        0);
+  CHECK(strcmp(hw_status_name(HW_FAILED_PRECONDITION), "FAILED_PRECONDITION") ==
+        0);
+  CHECK(strcmp(hw_status_name(HW_INTERNAL), "INTERNAL") == 0);
+  CHECK(strcmp(hw_status_name(42), "UNKNOWN") == 0);
+  CHECK(strcmp(hw_status_name(-1), "UNKNOWN") == 0);
+
+  const char* version = hw_version();
+  int major = -1, minor = -1, patch = -1;
+  char rest = 0;
+  CHECK(version != NULL);
+  CHECK(sscanf(version, "%d.%d.%d%c", &major, &minor, &patch, &rest) == 3);
+  CHECK(major >= 0 && minor >= 0 && patch >= 0);
+
+  /* An error sets the message; the next successful call clears it. */
+  CHECK_ERR(hw_set_max_threads(-1), HW_INVALID_ARGUMENT, "n");
+  CHECK(hw_last_error()[0] != '\0');
+  CHECK_OK(hw_set_max_threads(0));
+  CHECK(strcmp(hw_last_error(), "") == 0);
+}
+
+/* ------------------------------------------------------ Targets, threads */
+
+static void TestTargetsAndThreads(void) {
+  const char* names[16];
+  const int64_t n = hw_supported_targets(names, 16);
+  CHECK(n >= 1 && n <= 16);
+  CHECK(hw_supported_targets(NULL, 0) == n);
+  if (n < 1 || n > 16) return;
+  CHECK(strcmp(names[n - 1], "SCALAR") == 0);
+  CHECK(strcmp(hw_active_target(), names[0]) == 0);
+
+  for (int64_t i = 0; i < n; ++i) {
+    char lower[32];
+    size_t j = 0;
+    for (; names[i][j] != '\0' && j + 1 < sizeof(lower); ++j) {
+      lower[j] = (char)tolower((unsigned char)names[i][j]);
+    }
+    lower[j] = '\0';
+    CHECK_OK(hw_set_max_target(lower));
+    CHECK(strcmp(hw_active_target(), names[i]) == 0);
+  }
+  hw_reset_max_target();
+  CHECK(strcmp(hw_active_target(), names[0]) == 0);
+
+  CHECK_OK(hw_set_max_target("SCALAR"));
+  CHECK_ERR(hw_set_max_target("AVX9"), HW_INVALID_ARGUMENT, "AVX9");
+  CHECK_ERR(hw_set_max_target(NULL), HW_INVALID_ARGUMENT, "name");
+  CHECK(strcmp(hw_active_target(), "SCALAR") == 0); /* cap kept on error */
+  hw_reset_max_target();
+  CHECK(strcmp(hw_active_target(), names[0]) == 0);
+
+  CHECK_OK(hw_set_max_threads(2));
+  CHECK(hw_max_threads() >= 1 && hw_max_threads() <= 2);
+  CHECK_OK(hw_set_max_threads(0));
+  CHECK(hw_max_threads() >= 1);
+}
+
+/* -------------------------------------------------------------- KV cache */
+
+static int64_t Length(const hw_kv_cache* cache, int64_t seq) {
+  int64_t length = -1;
+  CHECK_OK(hw_kv_cache_length(cache, seq, &length));
+  return length;
+}
+
+static void TestKvCache(void) {
+  enum { kSeqs = 2, kHeads = 2, kDim = 5, kCap = 4, kCols = kHeads * kDim };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(kSeqs, kHeads, kDim, kCap, &cache));
+  if (cache == NULL) return;
+
+  int64_t n_sequences = 0, n_kv_heads = 0, head_dim = 0, capacity = 0,
+          row_stride = 0;
+  CHECK_OK(hw_kv_cache_shape(cache, &n_sequences, &n_kv_heads, &head_dim,
+                             &capacity, &row_stride));
+  CHECK(n_sequences == kSeqs && n_kv_heads == kHeads && head_dim == kDim &&
+        capacity == kCap && row_stride == 16);
+  CHECK_OK(hw_kv_cache_shape(cache, NULL, NULL, NULL, NULL, NULL));
+  size_t bytes = 0, per_token = 0;
+  CHECK_OK(hw_kv_cache_bytes(cache, &bytes));
+  CHECK_OK(hw_kv_cache_bytes_per_token(cache, &per_token));
+  CHECK(per_token == 2u * kHeads * 16u * sizeof(float));
+  CHECK(bytes == per_token * kSeqs * kCap);
+  CHECK(Length(cache, 0) == 0 && Length(cache, 1) == 0);
+
+  /* Three tokens, rows 12 floats apart (padded). */
+  const int64_t stride = kCols + 2;
+  float* k = RandomArray(3 * stride, 1.0f);
+  float* v = RandomArray(3 * stride, 1.0f);
+  CHECK_OK(hw_kv_cache_append(cache, 0, 3, k, stride, v, stride));
+  CHECK(Length(cache, 0) == 3 && Length(cache, 1) == 0);
+  for (int64_t g = 0; g < kHeads; ++g) {
+    const float *keys = NULL, *values = NULL;
+    int64_t rows = 0, kstride = 0, vstride = 0;
+    CHECK_OK(hw_kv_cache_keys(cache, 0, g, &keys, &rows, &kstride));
+    CHECK(rows == 3 && kstride == 16);
+    CHECK_OK(hw_kv_cache_values(cache, 0, g, &values, NULL, &vstride));
+    if (keys == NULL || values == NULL) continue;
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t c = 0; c < kDim; ++c) {
+        CHECK(keys[r * kstride + c] == k[r * stride + g * kDim + c]);
+        CHECK(values[r * vstride + c] == v[r * stride + g * kDim + c]);
+      }
+    }
+  }
+
+  /* Past the capacity: an error, the length unchanged. */
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 2, k, stride, v, stride),
+            HW_OUT_OF_RANGE, "capacity");
+  CHECK(Length(cache, 0) == 3);
+  /* Dense rows (stride 0), one token. */
+  CHECK_OK(hw_kv_cache_append(cache, 0, 1, k, 0, v, 0));
+  CHECK(Length(cache, 0) == 4);
+
+  CHECK_OK(hw_kv_cache_truncate(cache, 0, 2));
+  CHECK(Length(cache, 0) == 2);
+  CHECK_ERR(hw_kv_cache_truncate(cache, 0, 3), HW_OUT_OF_RANGE, "3");
+  CHECK_ERR(hw_kv_cache_truncate(cache, 0, -1), HW_OUT_OF_RANGE, "-1");
+  CHECK(Length(cache, 0) == 2);
+
+  CHECK_OK(hw_kv_cache_copy_sequence(cache, 0, 1));
+  CHECK(Length(cache, 1) == 2);
+  {
+    const float *a = NULL, *b = NULL;
+    int64_t rows = 0;
+    CHECK_OK(hw_kv_cache_values(cache, 1, 1, &b, &rows, NULL));
+    CHECK_OK(hw_kv_cache_values(cache, 0, 1, &a, NULL, NULL));
+    CHECK(rows == 2);
+    if (a != NULL && b != NULL) {
+      CHECK(memcmp(a, b, 16 * sizeof(float)) == 0 && b[0] == v[kDim]);
+    }
+  }
+  CHECK_ERR(hw_kv_cache_copy_sequence(cache, 0, 2), HW_INVALID_ARGUMENT, "to");
+
+  CHECK_OK(hw_kv_cache_reset(cache, 0));
+  CHECK(Length(cache, 0) == 0 && Length(cache, 1) == 2);
+  CHECK_OK(hw_kv_cache_reset_all(cache));
+  CHECK(Length(cache, 1) == 0);
+
+  /* Bad arguments. */
+  int64_t length = 77;
+  CHECK_ERR(hw_kv_cache_length(cache, 2, &length), HW_INVALID_ARGUMENT, "seq");
+  CHECK_ERR(hw_kv_cache_length(cache, -1, &length), HW_INVALID_ARGUMENT, "seq");
+  CHECK(length == 77);
+  CHECK_ERR(hw_kv_cache_length(NULL, 0, &length), HW_INVALID_ARGUMENT,
+            "cache is null");
+  CHECK_ERR(hw_kv_cache_length(cache, 0, NULL), HW_INVALID_ARGUMENT, "length");
+  CHECK_ERR(hw_kv_cache_bytes(NULL, &bytes), HW_INVALID_ARGUMENT, "cache");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 1, NULL, 0, v, 0), HW_INVALID_ARGUMENT,
+            "k is null");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, 0, NULL, 0), HW_INVALID_ARGUMENT,
+            "v is null");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 0, k, 0, v, 0), HW_INVALID_ARGUMENT,
+            "n_new");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, kCols - 1, v, 0),
+            HW_INVALID_ARGUMENT, "stride");
+  CHECK_ERR(hw_kv_cache_append(cache, 5, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
+            "seq");
+  CHECK_ERR(hw_kv_cache_append(NULL, 0, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
+            "cache");
+  CHECK_ERR(hw_kv_cache_keys(cache, 0, 2, (const float**)&k, NULL, NULL),
+            HW_INVALID_ARGUMENT, "kv_head");
+  CHECK_ERR(hw_kv_cache_truncate(NULL, 0, 0), HW_INVALID_ARGUMENT, "cache");
+  CHECK_ERR(hw_kv_cache_reset(cache, 9), HW_INVALID_ARGUMENT, "seq");
+  CHECK_ERR(hw_kv_cache_reset_all(NULL), HW_INVALID_ARGUMENT, "cache");
+  CHECK(Length(cache, 0) == 0);
+
+  hw_kv_cache* other = NULL;
+  CHECK_ERR(hw_kv_cache_create(1, 1, 0, 4, &other), HW_INVALID_ARGUMENT,
+            "head_dim");
+  CHECK_ERR(hw_kv_cache_create(1, 1, 4, 4, NULL), HW_INVALID_ARGUMENT, "out");
+  CHECK(other == NULL);
+  hw_kv_cache_destroy(NULL); /* a no-op */
+
+  free(k);
+  free(v);
+  hw_kv_cache_destroy(cache);
+}
+
+/* ------------------------------------------------------- Attention layer */
+
+typedef struct Model {
+  int64_t d_model, n_heads, n_kv_heads, head_dim;
+  int32_t mask;
+  int has_bias;
+  /* Dense weights: wq [d, H*hd], wk and wv [d, G*hd], wo [H*hd, d]. */
+  float *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
+} Model;
+
+static Model MakeModel(int64_t d_model, int64_t n_heads, int64_t n_kv_heads,
+                       int64_t head_dim, int32_t mask, int has_bias) {
+  Model m;
+  m.d_model = d_model;
+  m.n_heads = n_heads;
+  m.n_kv_heads = n_kv_heads;
+  m.head_dim = head_dim;
+  m.mask = mask;
+  m.has_bias = has_bias;
+  const int64_t q_cols = n_heads * head_dim, kv_cols = n_kv_heads * head_dim;
+  /* Scaled by 1 / sqrt(fan-in) so that outputs stay of order 1. Larger
+   * Q and K weights make the attention pattern less uniform. */
+  const float in_scale = 4.0f / sqrtf((float)d_model);
+  const float out_scale = 2.0f / sqrtf((float)q_cols);
+  m.wq = RandomArray(d_model * q_cols, in_scale);
+  m.wk = RandomArray(d_model * kv_cols, in_scale);
+  m.wv = RandomArray(d_model * kv_cols, in_scale);
+  m.wo = RandomArray(q_cols * d_model, out_scale);
+  m.bq = has_bias ? RandomArray(q_cols, 0.5f) : NULL;
+  m.bk = has_bias ? RandomArray(kv_cols, 0.5f) : NULL;
+  m.bv = has_bias ? RandomArray(kv_cols, 0.5f) : NULL;
+  m.bo = has_bias ? RandomArray(d_model, 0.5f) : NULL;
+  return m;
+}
+
+static void FreeModel(Model* m) {
+  free(m->wq);
+  free(m->wk);
+  free(m->wv);
+  free(m->wo);
+  free(m->bq);
+  free(m->bk);
+  free(m->bv);
+  free(m->bo);
+}
+
+static hw_attention_layer_config Config(const Model* m) {
+  hw_attention_layer_config config;
+  memset(&config, 0, sizeof(config));
+  config.d_model = m->d_model;
+  config.n_heads = m->n_heads;
+  /* Leave the defaults (zeros) where they give the model's shape. */
+  config.n_kv_heads = m->n_kv_heads == m->n_heads ? 0 : m->n_kv_heads;
+  config.head_dim = m->head_dim * m->n_heads == m->d_model ? 0 : m->head_dim;
+  config.mask = m->mask;
+  return config;
+}
+
+static hw_matrix Matrix(const float* data, int64_t rows, int64_t cols) {
+  hw_matrix matrix;
+  matrix.data = data;
+  matrix.rows = rows;
+  matrix.cols = cols;
+  matrix.stride = 0; /* dense */
+  return matrix;
+}
+
+static hw_attention_layer_weights Weights(const Model* m) {
+  hw_attention_layer_weights w;
+  const int64_t q_cols = m->n_heads * m->head_dim;
+  const int64_t kv_cols = m->n_kv_heads * m->head_dim;
+  w.w_q = Matrix(m->wq, m->d_model, q_cols);
+  w.w_k = Matrix(m->wk, m->d_model, kv_cols);
+  w.w_v = Matrix(m->wv, m->d_model, kv_cols);
+  w.w_o = Matrix(m->wo, q_cols, m->d_model);
+  w.b_q = m->bq;
+  w.b_k = m->bk;
+  w.b_v = m->bv;
+  w.b_o = m->bo;
+  return w;
+}
+
+/* y = layer(x) in float64 for one sequence of n tokens from an empty cache:
+ * x [n, d] dense, y [n, d] dense. */
+static void ReferenceLayer(const Model* m, int64_t n, const float* x,
+                           double* y) {
+  const int64_t d = m->d_model, hd = m->head_dim;
+  const int64_t q_cols = m->n_heads * hd, kv_cols = m->n_kv_heads * hd;
+  const int64_t group = m->n_heads / m->n_kv_heads;
+  double* q = (double*)calloc((size_t)(n * q_cols), sizeof(double));
+  double* k = (double*)calloc((size_t)(n * kv_cols), sizeof(double));
+  double* v = (double*)calloc((size_t)(n * kv_cols), sizeof(double));
+  double* o = (double*)calloc((size_t)(n * q_cols), sizeof(double));
+  double* p = (double*)calloc((size_t)n, sizeof(double));
+  if (!q || !k || !v || !o || !p) exit(2);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < q_cols; ++c) {
+      double s = m->bq ? m->bq[c] : 0.0;
+      for (int64_t i = 0; i < d; ++i)
+        s += (double)x[t * d + i] * m->wq[i * q_cols + c];
+      q[t * q_cols + c] = s;
+    }
+    for (int64_t c = 0; c < kv_cols; ++c) {
+      double sk = m->bk ? m->bk[c] : 0.0, sv = m->bv ? m->bv[c] : 0.0;
+      for (int64_t i = 0; i < d; ++i) {
+        sk += (double)x[t * d + i] * m->wk[i * kv_cols + c];
+        sv += (double)x[t * d + i] * m->wv[i * kv_cols + c];
+      }
+      k[t * kv_cols + c] = sk;
+      v[t * kv_cols + c] = sv;
+    }
+  }
+  const double scale = 1.0 / sqrt((double)hd);
+  for (int64_t h = 0; h < m->n_heads; ++h) {
+    const int64_t g = h / group;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t visible = m->mask == HW_MASK_CAUSAL ? t + 1 : n;
+      double max = -INFINITY, sum = 0.0;
+      for (int64_t s = 0; s < visible; ++s) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < hd; ++c) {
+          dot += q[t * q_cols + h * hd + c] * k[s * kv_cols + g * hd + c];
+        }
+        p[s] = scale * dot;
+        if (p[s] > max) max = p[s];
+      }
+      for (int64_t s = 0; s < visible; ++s) {
+        p[s] = exp(p[s] - max);
+        sum += p[s];
+      }
+      for (int64_t c = 0; c < hd; ++c) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < visible; ++s) {
+          acc += p[s] * v[s * kv_cols + g * hd + c];
+        }
+        o[t * q_cols + h * hd + c] = acc / sum;
+      }
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < d; ++c) {
+      double s = m->bo ? m->bo[c] : 0.0;
+      for (int64_t i = 0; i < q_cols; ++i)
+        s += o[t * q_cols + i] * m->wo[i * d + c];
+      y[t * d + c] = s;
+    }
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(o);
+  free(p);
+}
+
+static hw_layer_sequence Seq(int64_t seq, int64_t n_tokens) {
+  hw_layer_sequence s;
+  s.seq = seq;
+  s.n_tokens = n_tokens;
+  return s;
+}
+
+/* One layer shape on the target active now: metadata, the float64
+ * reference, prefill = prefill + decode, batch = alone. */
+static void TestLayerShape(const Model* m) {
+  const hw_attention_layer_config config = Config(m);
+  const hw_attention_layer_weights weights = Weights(m);
+  hw_attention_layer* layer = NULL;
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &layer));
+  if (layer == NULL) return;
+  const int64_t d = m->d_model, hd = m->head_dim;
+  const int64_t H = m->n_heads, G = m->n_kv_heads;
+
+  /* Metadata. */
+  hw_attention_layer_config got;
+  CHECK_OK(hw_attention_layer_get_config(layer, &got));
+  CHECK(got.d_model == d && got.n_heads == H && got.n_kv_heads == G &&
+        got.head_dim == hd && got.mask == m->mask && got.head_begin == 0 &&
+        got.head_end == H);
+  CHECK(fabs(got.scale - 1.0 / sqrt((double)hd)) < 1e-6);
+  int64_t n_weights = 0;
+  CHECK_OK(hw_attention_layer_n_weights(layer, &n_weights));
+  const int64_t matrices = 2 * d * H * hd + 2 * d * G * hd;
+  const int64_t biases = m->has_bias ? H * hd + 2 * G * hd + d : 0;
+  CHECK(n_weights == matrices + biases);
+  size_t packed = 0;
+  CHECK_OK(hw_attention_layer_packed_bytes(layer, &packed));
+  CHECK(packed >= (size_t)matrices * sizeof(float));
+  size_t per_token = 0, cache_per_token = 0;
+  CHECK_OK(hw_attention_layer_cache_bytes_per_token(layer, &per_token));
+  const int64_t row_stride = (hd + 15) / 16 * 16;
+  CHECK(per_token == (size_t)(2 * G * row_stride) * sizeof(float));
+
+  enum { kN = 7, kPrefix = 3, kCap = 16 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_attention_layer_create_cache(layer, 2, kCap, &cache));
+  if (cache == NULL) {
+    hw_attention_layer_destroy(layer);
+    return;
+  }
+  int64_t cache_heads = 0, cache_dim = 0;
+  CHECK_OK(
+      hw_kv_cache_shape(cache, NULL, &cache_heads, &cache_dim, NULL, NULL));
+  CHECK(cache_heads == G && cache_dim == hd);
+  CHECK_OK(hw_kv_cache_bytes_per_token(cache, &cache_per_token));
+  CHECK(cache_per_token == per_token);
+
+  /* Prefill of kN tokens in sequence 0, against the float64 reference. */
+  float* x = RandomArray(kN * d, 2.0f);
+  float* y_full = FilledArray(kN * d, NAN);
+  double* ref = (double*)calloc((size_t)(kN * d), sizeof(double));
+  float* ref_f = FilledArray(kN * d, 0.0f);
+  if (ref == NULL) exit(2);
+  hw_layer_sequence s0 = Seq(0, kN);
+  CHECK_OK(hw_attention_layer_forward(layer, cache, &s0, 1, x, 0, y_full, 0));
+  CHECK(Length(cache, 0) == kN);
+  ReferenceLayer(m, kN, x, ref);
+  for (int64_t i = 0; i < kN * d; ++i) ref_f[i] = (float)ref[i];
+  CHECK(NormwiseDiff(y_full, d, ref_f, d, kN, d) <= kTolerance);
+
+  if (m->mask == HW_MASK_CAUSAL) {
+    /* Sequence 1: prefill of kPrefix tokens, then one decode step per token:
+     * the same outputs (with a causal mask a token's output depends on the
+     * tokens up to it only). */
+    float* y_steps = FilledArray(kN * d, NAN);
+    hw_layer_sequence s1 = Seq(1, kPrefix);
+    CHECK_OK(
+        hw_attention_layer_forward(layer, cache, &s1, 1, x, 0, y_steps, 0));
+    for (int64_t t = kPrefix; t < kN; ++t) {
+      s1 = Seq(1, 1);
+      CHECK_OK(hw_attention_layer_forward(layer, cache, &s1, 1, x + t * d, 0,
+                                          y_steps + t * d, 0));
+    }
+    CHECK(Length(cache, 1) == kN);
+    CHECK(NormwiseDiff(y_steps, d, y_full, d, kN, d) <= kTolerance);
+    free(y_steps);
+  }
+
+  /* A batch of two sequences (5 and 3 tokens, padded strides) against each
+   * alone, then one decode step of both against each alone. */
+  {
+    enum { kA = 5, kB = 3, kT = kA + kB };
+    const int64_t xs = d + 3, ys = d + 5;
+    float* xb = RandomArray((kT + 2) * xs, 2.0f); /* + 2 decode rows */
+    float* y_batch = FilledArray((kT + 2) * ys, NAN);
+    float* y_alone = FilledArray((kT + 2) * ys, NAN);
+    hw_kv_cache* batch = NULL;
+    hw_kv_cache* alone = NULL;
+    CHECK_OK(hw_attention_layer_create_cache(layer, 2, kCap, &batch));
+    CHECK_OK(hw_attention_layer_create_cache(layer, 2, kCap, &alone));
+
+    /* Sequence 1 first in the batch, to take rows in another order than the
+     * slots. */
+    hw_layer_sequence both[2];
+    both[0] = Seq(1, kA);
+    both[1] = Seq(0, kB);
+    CHECK_OK(
+        hw_attention_layer_forward(layer, batch, both, 2, xb, xs, y_batch, ys));
+    hw_layer_sequence one = Seq(1, kA);
+    CHECK_OK(
+        hw_attention_layer_forward(layer, alone, &one, 1, xb, xs, y_alone, ys));
+    one = Seq(0, kB);
+    CHECK_OK(hw_attention_layer_forward(layer, alone, &one, 1, xb + kA * xs, xs,
+                                        y_alone + kA * ys, ys));
+    both[0] = Seq(1, 1);
+    both[1] = Seq(0, 1);
+    CHECK_OK(hw_attention_layer_forward(layer, batch, both, 2, xb + kT * xs, xs,
+                                        y_batch + kT * ys, ys));
+    one = Seq(1, 1);
+    CHECK_OK(hw_attention_layer_forward(layer, alone, &one, 1, xb + kT * xs, xs,
+                                        y_alone + kT * ys, ys));
+    one = Seq(0, 1);
+    CHECK_OK(hw_attention_layer_forward(layer, alone, &one, 1,
+                                        xb + (kT + 1) * xs, xs,
+                                        y_alone + (kT + 1) * ys, ys));
+    CHECK(Length(batch, 0) == kB + 1 && Length(batch, 1) == kA + 1);
+    CHECK(Length(alone, 0) == kB + 1 && Length(alone, 1) == kA + 1);
+    CHECK(NormwiseDiff(y_batch, ys, y_alone, ys, kT + 2, d) <= kTolerance);
+    /* The padding between rows of y is not written. */
+    CHECK(isnan(y_batch[d]) && isnan(y_batch[(kT + 1) * ys + d + 4]));
+
+    /* Capacity exceeded: an error, the cache and y unchanged. */
+    float* y_bad = FilledArray(kCap * d, 7.0f);
+    one = Seq(1, kCap - kA);
+    float* x_long = RandomArray(kCap * d, 1.0f);
+    CHECK_ERR(
+        hw_attention_layer_forward(layer, batch, &one, 1, x_long, 0, y_bad, 0),
+        HW_OUT_OF_RANGE, "capacity");
+    CHECK(Length(batch, 1) == kA + 1 && Length(batch, 0) == kB + 1);
+    int untouched = 1;
+    for (int64_t i = 0; i < kCap * d; ++i) untouched &= y_bad[i] == 7.0f;
+    CHECK(untouched);
+    /* Exactly up to the capacity is fine. */
+    one = Seq(1, kCap - kA - 1);
+    CHECK_OK(
+        hw_attention_layer_forward(layer, batch, &one, 1, x_long, 0, y_bad, 0));
+    CHECK(Length(batch, 1) == kCap);
+
+    free(x_long);
+    free(y_bad);
+    hw_kv_cache_destroy(batch);
+    hw_kv_cache_destroy(alone);
+    free(xb);
+    free(y_batch);
+    free(y_alone);
+  }
+
+  free(x);
+  free(y_full);
+  free(ref);
+  free(ref_f);
+  hw_kv_cache_destroy(cache);
+  hw_attention_layer_destroy(layer);
+}
+
+static void TestLayerShapes(void) {
+  Model models[4];
+  models[0] = MakeModel(32, 4, 4, 8, HW_MASK_CAUSAL, 0);  /* MHA */
+  models[1] = MakeModel(32, 4, 2, 12, HW_MASK_CAUSAL, 1); /* GQA, hd != d/H */
+  models[2] = MakeModel(24, 4, 1, 6, HW_MASK_CAUSAL, 1);  /* MQA */
+  models[3] = MakeModel(16, 2, 1, 8, HW_MASK_NONE, 1);    /* MQA, no mask */
+
+  /* On every instruction set this CPU runs (the layer packs its weights for
+   * the target active at create). */
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    for (int i = 0; i < 4; ++i) TestLayerShape(&models[i]);
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+  for (int i = 0; i < 4; ++i) FreeModel(&models[i]);
+}
+
+static void TestLayerErrors(void) {
+  Model m = MakeModel(16, 4, 2, 4, HW_MASK_CAUSAL, 1);
+  hw_attention_layer_config config = Config(&m);
+  hw_attention_layer_weights weights = Weights(&m);
+  hw_attention_layer* layer = NULL;
+
+  /* Bad config or weights: an error naming the argument, *out unchanged. */
+  {
+    hw_attention_layer_weights bad = weights;
+    bad.w_q.cols = 15;
+    CHECK_ERR(hw_attention_layer_create(&config, &bad, &layer),
+              HW_INVALID_ARGUMENT, "w_q");
+    bad = weights;
+    bad.w_k.rows = 8;
+    CHECK_ERR(hw_attention_layer_create(&config, &bad, &layer),
+              HW_INVALID_ARGUMENT, "w_k");
+    bad = weights;
+    bad.w_o.rows = 17;
+    CHECK_ERR(hw_attention_layer_create(&config, &bad, &layer),
+              HW_INVALID_ARGUMENT, "w_o");
+    bad = weights;
+    bad.w_v.data = NULL;
+    CHECK_ERR(hw_attention_layer_create(&config, &bad, &layer),
+              HW_INVALID_ARGUMENT, "w_v");
+    bad = weights;
+    bad.w_q.stride = 3; /* shorter than the row */
+    CHECK_ERR(hw_attention_layer_create(&config, &bad, &layer),
+              HW_INVALID_ARGUMENT, "w_q");
+  }
+  {
+    hw_attention_layer_config bad = config;
+    bad.n_kv_heads = 3; /* does not divide n_heads = 4 */
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "n_kv_heads");
+    bad = config;
+    bad.mask = 7;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "mask");
+    bad = config;
+    bad.d_model = 0;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "d_model");
+    bad = config;
+    bad.scale = -1.0f;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "scale");
+  }
+  CHECK_ERR(hw_attention_layer_create(NULL, &weights, &layer),
+            HW_INVALID_ARGUMENT, "config");
+  CHECK_ERR(hw_attention_layer_create(&config, NULL, &layer),
+            HW_INVALID_ARGUMENT, "weights");
+  CHECK_ERR(hw_attention_layer_create(&config, &weights, NULL),
+            HW_INVALID_ARGUMENT, "out");
+  CHECK(layer == NULL);
+
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &layer));
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_attention_layer_create_cache(layer, 1, 8, &cache));
+  float* x = RandomArray(4 * 16, 1.0f);
+  float* y = FilledArray(4 * 16, 0.0f);
+  hw_layer_sequence s = Seq(0, 2);
+
+  /* Null handles and pointers. */
+  CHECK_ERR(hw_attention_layer_forward(NULL, cache, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "layer is null");
+  CHECK_ERR(hw_attention_layer_forward(layer, NULL, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "cache is null");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, NULL, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "sequences is null");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, NULL, 0, y, 0),
+            HW_INVALID_ARGUMENT, "x is null");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, NULL, 0),
+            HW_INVALID_ARGUMENT, "y is null");
+  int64_t n = 0;
+  size_t bytes = 0;
+  hw_kv_cache* other = NULL;
+  CHECK_ERR(hw_attention_layer_n_weights(NULL, &n), HW_INVALID_ARGUMENT,
+            "layer");
+  CHECK_ERR(hw_attention_layer_packed_bytes(NULL, &bytes), HW_INVALID_ARGUMENT,
+            "layer");
+  CHECK_ERR(hw_attention_layer_cache_bytes_per_token(layer, NULL),
+            HW_INVALID_ARGUMENT, "bytes");
+  CHECK_ERR(hw_attention_layer_create_cache(NULL, 1, 8, &other),
+            HW_INVALID_ARGUMENT, "layer");
+  CHECK_ERR(hw_attention_layer_get_config(NULL, &config), HW_INVALID_ARGUMENT,
+            "layer");
+  CHECK(other == NULL);
+  hw_attention_layer_destroy(NULL); /* a no-op */
+
+  /* Bad sequences and views. */
+  hw_layer_sequence bad = Seq(0, 0);
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "n_tokens");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 0, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "n_sequences");
+  bad = Seq(1, 1); /* the cache has one sequence */
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "seq");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 15, y, 0),
+            HW_INVALID_ARGUMENT, "x");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, x, 0),
+            HW_INVALID_ARGUMENT, "y");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 15),
+            HW_INVALID_ARGUMENT, "y");
+  CHECK_OK(hw_kv_cache_create(1, 2, 8, 8, &other)); /* head_dim 8, not 4 */
+  CHECK_ERR(hw_attention_layer_forward(layer, other, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "head_dim");
+  CHECK(Length(other, 0) == 0);
+  hw_kv_cache_destroy(other);
+  CHECK(Length(cache, 0) == 0);
+
+  /* Too many tokens: an error, the cache unchanged. */
+  float* x_long = RandomArray(9 * 16, 1.0f);
+  float* y_long = FilledArray(9 * 16, 0.0f);
+  bad = Seq(0, 9);
+  CHECK_ERR(
+      hw_attention_layer_forward(layer, cache, &bad, 1, x_long, 0, y_long, 0),
+      HW_OUT_OF_RANGE, "capacity");
+  CHECK(Length(cache, 0) == 0);
+
+  /* A cap on another vector width after create: FAILED_PRECONDITION until the
+   * cap is removed. */
+  const char* targets[16];
+  const int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 1) {
+    CHECK_OK(hw_set_max_target("SCALAR"));
+    CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 0),
+              HW_FAILED_PRECONDITION, "");
+    CHECK(Length(cache, 0) == 0);
+    hw_reset_max_target();
+  }
+  CHECK_OK(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 0));
+  CHECK(Length(cache, 0) == 2);
+
+  free(x_long);
+  free(y_long);
+  free(x);
+  free(y);
+  hw_kv_cache_destroy(cache);
+  hw_attention_layer_destroy(layer);
+  FreeModel(&m);
+}
+
+/* --------------------------------------------------- Matmul and softmax */
+
+static void TestMatmul(void) {
+  enum { M = 5, N = 7, K = 9 };
+  for (int ta = 0; ta <= 1; ++ta) {
+    for (int tb = 0; tb <= 1; ++tb) {
+      /* Stored shapes, with padded strides. */
+      const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+      const int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int64_t lda = a_cols + 1, ldb = b_cols + 2, ldc = N + 3;
+      float* a = RandomArray(a_rows * lda, 2.0f);
+      float* b = RandomArray(b_rows * ldb, 2.0f);
+      float* c = RandomArray(M * ldc, 2.0f);
+      float* c0 = RandomArray(M * ldc, 0.0f);
+      memcpy(c0, c, (size_t)(M * ldc) * sizeof(float));
+      const float alpha = 0.75f, beta = -1.5f;
+      CHECK_OK(hw_matmul(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc));
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0.0, abs_sum = 0.0;
+          for (int64_t p = 0; p < K; ++p) {
+            const double av = ta ? a[p * lda + i] : a[i * lda + p];
+            const double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+            s += av * bv;
+            abs_sum += fabs(av * bv);
+          }
+          const double want = alpha * s + beta * c0[i * ldc + j];
+          /* matmul.h's bound: (K + K / 512 + 3) 2^-24 (|alpha| sum |a b| +
+           * |beta| |c_old|). */
+          const double bound =
+              (K + 3) * ldexp(1.0, -24) *
+              (fabs(alpha) * abs_sum + fabs(beta) * fabs(c0[i * ldc + j]));
+          CHECK(fabs(c[i * ldc + j] - want) <= bound);
+        }
+        for (int64_t j = N; j < ldc; ++j)
+          CHECK(c[i * ldc + j] == c0[i * ldc + j]);
+      }
+      free(a);
+      free(b);
+      free(c);
+      free(c0);
+    }
+  }
+
+  /* Dense strides (0) and beta = 0 over NaN. */
+  {
+    float a[2 * 3] = {1, 2, 3, 4, 5, 6};
+    float b[3 * 2] = {1, 0, 0, 1, 1, 1};
+    float c[2 * 2] = {NAN, NAN, NAN, NAN};
+    CHECK_OK(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, 2, 2, 3, 1.0f, a, 0, b, 0,
+                       0.0f, c, 0));
+    CHECK(c[0] == 4 && c[1] == 5 && c[2] == 10 && c[3] == 11);
+
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, NULL, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "a is null");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, NULL, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "b is null");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 0, 0.0f, NULL, 0),
+              HW_INVALID_ARGUMENT, "c is null");
+    CHECK_ERR(hw_matmul(2, 0, 2, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "trans_a");
+    CHECK_ERR(hw_matmul(0, -1, 2, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "trans_b");
+    CHECK_ERR(hw_matmul(0, 0, 0, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "m");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 2, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "stride");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, NAN, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "alpha");
+    CHECK_ERR(hw_matmul(0, 0, 2, 1, 3, 1.0f, a, 0, a, 1, 0.0f, a, 0),
+              HW_INVALID_ARGUMENT, "overlap");
+    CHECK(c[0] == 4 && c[3] == 11 && a[0] == 1);
+  }
+}
+
+static void TestSoftmax(void) {
+  enum { R = 3, C = 6, S = 8 };
+  float x[R * S], y[R * S];
+  for (int i = 0; i < R * S; ++i) {
+    x[i] = 4.0f * Rand();
+    y[i] = -5.0f;
+  }
+  x[2 * S + 0] = -INFINITY; /* an -inf entry gives 0 */
+  CHECK_OK(hw_softmax_rows(R, C, x, S, y, S, 0.5f));
+  for (int r = 0; r < R; ++r) {
+    double max = -INFINITY, sum = 0.0;
+    for (int c = 0; c < C; ++c) {
+      if (0.5 * x[r * S + c] > max) max = 0.5 * x[r * S + c];
+    }
+    for (int c = 0; c < C; ++c) sum += exp(0.5 * x[r * S + c] - max);
+    for (int c = 0; c < C; ++c) {
+      const double want = exp(0.5 * x[r * S + c] - max) / sum;
+      CHECK(fabs(y[r * S + c] - want) <= 1e-6 * want + 1e-30);
+    }
+    CHECK(y[r * S + C] == -5.0f); /* padding not written */
+  }
+  CHECK(y[2 * S] == 0.0f);
+
+  /* In place, dense. */
+  float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  CHECK_OK(hw_softmax_rows(1, 4, z, 0, z, 0, 1.0f));
+  CHECK(fabs(z[0] - 0.25) < 1e-7 && fabs(z[3] - 0.25) < 1e-7);
+
+  CHECK_ERR(hw_softmax_rows(R, C, NULL, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
+            "x is null");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, NULL, S, 1.0f), HW_INVALID_ARGUMENT,
+            "y is null");
+  CHECK_ERR(hw_softmax_rows(R, C, x, 4, y, S, 1.0f), HW_INVALID_ARGUMENT,
+            "stride");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, y, S, INFINITY), HW_INVALID_ARGUMENT,
+            "scale");
+  CHECK_ERR(hw_softmax_rows(0, C, x, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
+            "rows");
+}
+
+int main(void) {
+  TestStatusAndVersion();
+  TestTargetsAndThreads();
+  TestKvCache();
+  TestLayerShapes();
+  TestLayerErrors();
+  TestMatmul();
+  TestSoftmax();
+  if (g_failures != 0) {
+    fprintf(stderr, "capi_test: %d check(s) failed\n", g_failures);
+    return g_failures < 100 ? g_failures : 100;
+  }
+  printf("capi_test: all checks passed (version %s, target %s)\n", hw_version(),
+         hw_active_target());
+  return 0;
+}
