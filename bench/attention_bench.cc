@@ -1,17 +1,22 @@
 // headway::Attention per target and thread count: decode against a long cache
 // and causal prefill, for MHA, GQA-8 and MQA with 32 query heads of head_dim
-// 128; and the materialised path (AttentionWithWeights) on the same prefill,
-// the baseline the fused path is measured against.
+// 128; and the materialised path (AttentionWithWeights) on the same shapes,
+// the seed-style peer that the fused path is measured against.
 //
-// Counted work:
-// - decode: the K and V bytes that must be read, 2 * n_kv_heads * kv_len *
-// head_dim * 4
-//   ("%read" of the DRAM read ceiling: at kv_len 16384 the MHA cache is 512
-//   MiB, GQA-8's 128 MiB; MQA's 16 MiB fits in L3, so its percentage can pass
-//   100);
-// - prefill: the unmasked flops only, 4 * n * n * head_dim * n_heads / 2 (QK^T
-// and PV, two flops
-//   per multiply-add, half the square under the causal mask) ("%FMA").
+// Counted work (docs/BENCHMARKS.md), with H = 32 query heads, G KV heads, d =
+// 128, L cached rows, n query rows:
+// - flops: the two products only, 4 * H * d per (query, visible key) pair
+//   (QK^T and PV, two flops per multiply-add): decode 4 * H * L * d, prefill
+//   4 * H * d * n * n / 2 (the half of the square under the causal mask);
+// - bytes: what must be read and written, 4 * (2 * G * L * d + 2 * n * H * d)
+//   (K and V read, q read, out written); the materialised path also writes its
+//   weights, 4 * H * n * L more.
+// Each row reports the percentage of the ceiling that bounds it at that
+// arithmetic intensity: decode MHA and GQA-8 (0.5 and 2 flops per byte) the
+// DRAM read bandwidth ("%read"; at L = 16384 the MHA cache is 512 MiB, GQA-8's
+// 128 MiB), MQA decode (16 flops per byte; its 16 MiB cache fits in L3) and
+// prefill the FMA peak ("%FMA") on the vector targets (SCALAR's ridge point is
+// near 0.5 flop per byte, so there decode is compute-bound too).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -90,6 +95,22 @@ AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
   return query;
 }
 
+// The counters of n_tokens query rows against kv_len cached rows, with or
+// without the weights written.
+void Report(benchmark::State& state, const RunConfig& run, int64_t n_kv,
+            int64_t n_tokens, int64_t kv_len, bool weights) {
+  // Visible (query, key) pairs: all of them for one decode row, the lower half
+  // of the square for a prefill.
+  const double pairs =
+      n_tokens == 1 ? static_cast<double>(kv_len) : 0.5 * n_tokens * kv_len;
+  const double flops = 4.0 * kHeads * kHeadDim * pairs;
+  double bytes = sizeof(float) * (2.0 * n_kv * kv_len * kHeadDim +
+                                  2.0 * n_tokens * kHeads * kHeadDim);
+  if (weights) bytes += sizeof(float) * 1.0 * kHeads * n_tokens * kv_len;
+  ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, run.target,
+                 run.threads);
+}
+
 void BM_Decode(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
   const KvCache& cache = SharedCache(n_kv, kDecodeLen);
@@ -99,12 +120,21 @@ void BM_Decode(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
     benchmark::ClobberMemory();
   }
-  ReportMemory(state, 2.0 * n_kv * kDecodeLen * kHeadDim * sizeof(float),
-               MemoryCeiling::kRead, run.threads);
+  Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/false);
 }
 
-double PrefillFlops() {
-  return 4.0 * kPrefillLen * kPrefillLen * kHeadDim * kHeads / 2;
+void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const KvCache& cache = SharedCache(n_kv, kDecodeLen);
+  const Buffers buffers = MakeBuffers(1, true, kDecodeLen);
+  const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
+  const MatrixView<float> weights(buffers.weights.get(), kHeads, kDecodeLen);
+  for (auto _ : state) {
+    if (!Check(state, AttentionWithWeights(cache, kHeads, query, weights)))
+      break;
+    benchmark::ClobberMemory();
+  }
+  Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/true);
 }
 
 void BM_Prefill(benchmark::State& state, const RunConfig& run) {
@@ -116,7 +146,7 @@ void BM_Prefill(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
     benchmark::ClobberMemory();
   }
-  ReportCompute(state, PrefillFlops(), run.target, run.threads);
+  Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/false);
 }
 
 void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
@@ -131,27 +161,22 @@ void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
       break;
     benchmark::ClobberMemory();
   }
-  ReportCompute(state, PrefillFlops(), run.target, run.threads);
+  Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/true);
 }
 
 void RegisterAttention() {
-  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA).
+  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA). Decode, at most tens of ms per
+  // call, runs all three on every target; prefill, about 0.1 s per call on
+  // AVX-512 and 2-4 s on SCALAR, MHA on every target and all three on the key
+  // targets, as the materialised peers (harness.h).
   const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
-  for (benchmark::internal::Benchmark* b : RegisterPerTarget(
-           "attention_decode", BM_Decode, {"kv_heads"}, layouts)) {
-    b->MinTime(0.2);
-  }
-  // About 0.25 s per call on AVX-512 and several seconds on SCALAR: few
-  // iterations.
-  for (benchmark::internal::Benchmark* b : RegisterPerTarget(
-           "attention_prefill", BM_Prefill, {"kv_heads"}, layouts)) {
-    b->MinTime(0.1);
-  }
-  for (benchmark::internal::Benchmark* b :
-       RegisterPerTarget("attention_prefill_materialized",
-                         BM_PrefillMaterialized, {"kv_heads"}, layouts)) {
-    b->MinTime(0.1);
-  }
+  RegisterPerTarget("attention_decode", BM_Decode, {"kv_heads"}, layouts,
+                    /*every_target_sets=*/3);
+  RegisterPerTarget("attention_decode_materialized", BM_DecodeMaterialized,
+                    {"kv_heads"}, layouts);
+  RegisterPerTarget("attention_prefill", BM_Prefill, {"kv_heads"}, layouts);
+  RegisterPerTarget("attention_prefill_materialized", BM_PrefillMaterialized,
+                    {"kv_heads"}, layouts);
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterAttention);

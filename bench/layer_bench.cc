@@ -4,19 +4,22 @@
 // "seed" peer, the same layer computed the way the seed's numpy code does it,
 // composed from Headway's public kernels.
 //
-// Counted work:
-// - decode: the bytes that must be read, the packed weights (packed_bytes():
-//   about 256 MiB for MHA, 160 MiB for GQA-8, 132 MiB for MQA, all far larger
-//   than the 32 MiB L3, so every step reads them from memory) plus 4096 tokens
-//   of KV cache (cache_bytes_per_token() each: 128 MiB for MHA, 32 MiB for
-//   GQA-8, 4 MiB for MQA) ("%read" of the DRAM read ceiling). The cache is
-//   filled once and truncated back to 4096 tokens after each step.
-// - prefill: the projections, 2 * n * d_model * (n_heads + 2 * n_kv_heads) *
+// Counted work (docs/BENCHMARKS.md), for n new tokens after L cached ones:
+// - flops: the projections, 2 * n * d_model * (n_heads + 2 * n_kv_heads) *
 //   head_dim (Q, K, V) + 2 * n * n_heads * head_dim * d_model (output), plus
-//   the unmasked attention, 4 * n * n * head_dim * n_heads / 2 ("%FMA"); the
-//   cache is emptied before each iteration.
-// Both also count "tokens" per second. The seed rows count the same work as
-// the layer's, so their percentages compare directly.
+//   the unmasked attention, 4 * head_dim * n_heads per visible (query, key)
+//   pair: n * (L + 1) for a decode step, n * n / 2 for a prefill;
+// - bytes: the packed weights (packed_bytes(): about 256 MiB for MHA, 160 MiB
+//   for GQA-8, 132 MiB for MQA, all far larger than the 32 MiB L3, so every
+//   call reads them from memory), the L cached tokens read and the n new ones
+//   written (cache_bytes_per_token() each: at L = 4096, 128 MiB for MHA,
+//   32 MiB for GQA-8, 4 MiB for MQA), x read and y written.
+// Each row reports the percentage of the ceiling that bounds it at that
+// arithmetic intensity: decode the DRAM read bandwidth ("%read"), prefill the
+// FMA peak ("%FMA"). The decode cache is filled once and truncated back to
+// 4096 tokens after each step; the prefill cache is emptied before each
+// iteration. Both also count "tokens" per second. The seed rows count the same
+// work as the layer's, so their percentages compare directly.
 //
 // The seed peer (layer_seed_decode, layer_seed_prefill), step by step as the
 // seed's numpy code: Q, K and V as three separate GEMMs on the unpacked
@@ -231,13 +234,31 @@ void ReportTokens(benchmark::State& state, int64_t tokens_per_iter) {
                          benchmark::Counter::kIsRate);
 }
 
-double PrefillFlops(int64_t n_kv) {
-  const double n = kPrefillLen;
+// The counters of n new tokens after `cached` ones, with `weight_bytes` of
+// weights and `token_bytes` of KV cache per token.
+void Report(benchmark::State& state, const RunConfig& run, int64_t n_kv,
+            int64_t n, int64_t cached, double weight_bytes,
+            double token_bytes) {
+  const double tokens = static_cast<double>(n);
   const double projections =
-      2.0 * n * kDModel * (kHeads + 2 * n_kv) * kHeadDim +
-      2.0 * n * kHeads * kHeadDim * kDModel;
-  const double attention = 4.0 * n * n * kHeadDim * kHeads / 2;
-  return projections + attention;
+      2.0 * tokens * kDModel * (kHeads + 2 * n_kv) * kHeadDim +
+      2.0 * tokens * kHeads * kHeadDim * kDModel;
+  // Visible (query, key) pairs: each new token sees the cached ones and the
+  // new ones up to itself (n * n / 2 for a prefill, as counted elsewhere).
+  const double pairs =
+      cached > 0 ? tokens * static_cast<double>(cached + 1) : tokens * n / 2;
+  const double flops = projections + 4.0 * kHeadDim * kHeads * pairs;
+  const double bytes = weight_bytes +
+                       token_bytes * static_cast<double>(cached + n) +
+                       2.0 * sizeof(float) * tokens * kDModel;
+  ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, run.target,
+                 run.threads);
+  ReportTokens(state, n);
+}
+
+// The host's weights in bytes (unpacked: as many as the layer packs).
+double HostWeightBytes(int64_t n_kv) {
+  return 4.0 * (kDModel * (kHeads + 2 * n_kv) * kHeadDim + kQCols * kDModel);
 }
 
 // -----------------------------------------------------------------------------
@@ -263,12 +284,9 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
-  ReportMemory(state,
-               static_cast<double>(layer->packed_bytes()) +
-                   static_cast<double>(kContext) *
-                       static_cast<double>(layer->cache_bytes_per_token()),
-               MemoryCeiling::kRead, run.threads);
-  ReportTokens(state, 1);
+  Report(state, run, n_kv, 1, kContext,
+         static_cast<double>(layer->packed_bytes()),
+         static_cast<double>(layer->cache_bytes_per_token()));
 }
 
 void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
@@ -293,8 +311,9 @@ void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
-  ReportCompute(state, PrefillFlops(n_kv), run.target, run.threads);
-  ReportTokens(state, kPrefillLen);
+  Report(state, run, n_kv, kPrefillLen, 0,
+         static_cast<double>(layer->packed_bytes()),
+         static_cast<double>(layer->cache_bytes_per_token()));
 }
 
 // -----------------------------------------------------------------------------
@@ -372,15 +391,9 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
-  // The same bytes as the layer's: the weights (unpacked, as many) and the
-  // cache rows.
-  const double weight_bytes =
-      4.0 * (kDModel * (kHeads + 2 * n_kv) * kHeadDim + kQCols * kDModel);
-  ReportMemory(state,
-               weight_bytes + static_cast<double>(kContext) *
-                                  static_cast<double>(cache.bytes_per_token()),
-               MemoryCeiling::kRead, run.threads);
-  ReportTokens(state, 1);
+  // The same work as the layer's.
+  Report(state, run, n_kv, 1, kContext, HostWeightBytes(n_kv),
+         static_cast<double>(cache.bytes_per_token()));
 }
 
 void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
@@ -403,8 +416,8 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
     if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
-  ReportCompute(state, PrefillFlops(n_kv), run.target, run.threads);
-  ReportTokens(state, kPrefillLen);
+  Report(state, run, n_kv, kPrefillLen, 0, HostWeightBytes(n_kv),
+         static_cast<double>(cache.bytes_per_token()));
 }
 
 void RegisterLayer() {

@@ -1,16 +1,26 @@
-// headway_bench: measures this machine's ceilings, then runs every registered
-// benchmark.
+// headway_bench: measures this machine's ceilings, then runs the registered
+// benchmarks with a progress line, and prints a summary table at the end.
 //
-//   headway_bench [Google Benchmark flags] [--headway_ceiling_ms=N]
+//   headway_bench [Google Benchmark flags] [--headway_* flags]
 //
 // --headway_ceiling_ms=N: time spent on each of the ~12 ceiling measurements
-// (default 100: about 1.5 s in all). A tiny N (e.g. 1) makes start-up nearly
-// instant, for smoke tests.
+//   (default 100: about 1.5 s in all). A tiny N (e.g. 1) makes start-up nearly
+//   instant, for smoke tests.
+// --headway_targets=A,B,...: only these targets (names as in
+//   headway::SupportedTargets(), or "best"), every shape on each.
+// --headway_threads=N,M,...: only these thread counts (default: 1 and all).
+// --headway_full: every shape on every target. By default the shapes after a
+//   benchmark's first ones run on KeyTargets() only (the best target and
+//   AVX2), which keeps the default run to about 5 minutes on 2 cores.
+// --benchmark_min_time defaults to 0.1 s here, not Google Benchmark's 0.5 s.
+// docs/BENCHMARKS.md has the details.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
@@ -18,32 +28,78 @@
 namespace {
 
 constexpr char kCeilingFlag[] = "--headway_ceiling_ms";
+constexpr char kTargetsFlag[] = "--headway_targets";
+constexpr char kThreadsFlag[] = "--headway_threads";
+constexpr char kFullFlag[] = "--headway_full";
 constexpr double kDefaultCeilingMs = 100.0;
+// Put before the user's flags, which override it.
+char kDefaultMinTime[] = "--benchmark_min_time=0.1";
 
 void PrintHelp() {
   benchmark::PrintDefaultHelp();
   fprintf(stdout,
-          "          [%s=<ms>]  (time per ceiling measurement; default %.0f)\n",
-          kCeilingFlag, kDefaultCeilingMs);
+          "          [%s=<ms>]  (time per ceiling measurement; default %.0f)\n"
+          "          [%s=<TARGET>,...|best]  (default: every supported one)\n"
+          "          [%s=<n>,...]  (default: 1 and all)\n"
+          "          [%s]  (every shape on every target; default: a "
+          "benchmark's later\n"
+          "                          shapes on the best target and AVX2 "
+          "only)\n"
+          "          (--benchmark_min_time defaults to 0.1 here)\n",
+          kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag,
+          kFullFlag);
 }
 
-// Parses "--headway_ceiling_ms=N" into *ms. Returns false if `arg` is another
-// flag; exits on a malformed value.
-bool ParseCeilingFlag(const char* arg, double* ms) {
-  const size_t length = strlen(kCeilingFlag);
-  if (strncmp(arg, kCeilingFlag, length) != 0 || arg[length] != '=')
-    return false;
+[[noreturn]] void Fail(const char* flag, const std::string& message) {
+  fprintf(stderr, "headway_bench: %s: %s\n", flag, message.c_str());
+  exit(1);
+}
+
+// The value of `arg` if it is "<flag>=<value>", else nullptr.
+const char* FlagValue(const char* arg, const char* flag) {
+  const size_t length = strlen(flag);
+  if (strncmp(arg, flag, length) != 0 || arg[length] != '=') return nullptr;
+  return arg + length + 1;
+}
+
+double ParseMs(const char* value) {
   char* end = nullptr;
-  const double value = strtod(arg + length + 1, &end);
-  if (end == arg + length + 1 || *end != '\0' || !std::isfinite(value) ||
-      value <= 0.0) {
-    fprintf(stderr,
-            "headway_bench: %s needs a positive number of ms, got \"%s\"\n",
-            kCeilingFlag, arg + length + 1);
-    exit(1);
+  const double ms = strtod(value, &end);
+  if (end == value || *end != '\0' || !std::isfinite(ms) || ms <= 0.0) {
+    Fail(kCeilingFlag,
+         std::string("needs a positive number of ms, got \"") + value + "\"");
   }
-  *ms = value;
-  return true;
+  return ms;
+}
+
+std::vector<std::string> ParseList(const char* flag, const char* value) {
+  std::vector<std::string> items;
+  std::string item;
+  for (const char* c = value;; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (item.empty())
+        Fail(flag, std::string("empty item in \"") + value + "\"");
+      items.push_back(item);
+      item.clear();
+      if (*c == '\0') break;
+    } else {
+      item += *c;
+    }
+  }
+  return items;
+}
+
+std::vector<int> ParseThreads(const char* value) {
+  std::vector<int> threads;
+  for (const std::string& item : ParseList(kThreadsFlag, value)) {
+    char* end = nullptr;
+    const long n = strtol(item.c_str(), &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096) {
+      Fail(kThreadsFlag, "\"" + item + "\" is not a thread count");
+    }
+    threads.push_back(static_cast<int>(n));
+  }
+  return threads;
 }
 
 // True if Google Benchmark will only list the benchmarks (no need to measure
@@ -63,16 +119,37 @@ bool ListsOnly(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const bool lists_only = ListsOnly(argc, argv);
-  // Consumes Google Benchmark's own flags (and handles --help); ours is left in
-  // argv.
-  benchmark::Initialize(&argc, argv, PrintHelp);
+  std::vector<char*> args = {argv[0], kDefaultMinTime};
+  args.insert(args.end(), argv + 1, argv + argc);
+  args.push_back(nullptr);
+  int count = static_cast<int>(args.size()) - 1;
+  // Consumes Google Benchmark's own flags (and handles --help); ours are left.
+  benchmark::Initialize(&count, args.data(), PrintHelp);
+
   double ceiling_ms = kDefaultCeilingMs;
+  headway::bench::Options options;
   int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (!ParseCeilingFlag(argv[i], &ceiling_ms)) argv[kept++] = argv[i];
+  for (int i = 1; i < count; ++i) {
+    const char* arg = args[i];
+    if (const char* value = FlagValue(arg, kCeilingFlag)) {
+      ceiling_ms = ParseMs(value);
+    } else if (const char* targets = FlagValue(arg, kTargetsFlag)) {
+      options.targets = ParseList(kTargetsFlag, targets);
+    } else if (const char* threads = FlagValue(arg, kThreadsFlag)) {
+      options.threads = ParseThreads(threads);
+    } else if (strcmp(arg, kFullFlag) == 0) {
+      options.full = true;
+    } else {
+      args[kept++] = args[i];
+    }
   }
-  argc = kept;
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  count = kept;
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+  const std::string error = headway::bench::SetOptions(options);
+  if (!error.empty()) {
+    fprintf(stderr, "headway_bench: %s\n", error.c_str());
+    return 1;
+  }
 
   if (!lists_only) {
     headway::bench::MeasureCeilings(ceiling_ms);
@@ -80,7 +157,11 @@ int main(int argc, char** argv) {
     headway::bench::AddCeilingsToContext();
   }
   headway::bench::RegisterAll();
-  headway::bench::RunBenchmarks();
+  if (lists_only) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    headway::bench::RunBenchmarks(argv[0]);
+  }
   benchmark::Shutdown();
   return 0;
 }

@@ -5,11 +5,13 @@
 // read and written), the least any softmax moves. The kernel reads a row that
 // does not fit in the caches twice and writes it twice (softmax-inl.h), so on
 // such rows it can reach at most ~50% of the copy ceiling; "%copy" shows how
-// close it gets.
+// close it gets. Flops counted: 5 per element (max, subtract, exp, sum,
+// normalize; exp counts as one), for the roofline: at 5 / 8 flop per byte a
+// softmax is memory-bound on any machine (docs/BENCHMARKS.md).
 //
 // Cache-resident rows are bound by exp (~20 vector instructions per element),
-// not by memory, and exp is no FMA-peak workload: they report elements/s and
-// GB/s only, to compare targets and thread counts, and no percentage.
+// not by memory, and exp is no FMA-peak workload: they report elements/s,
+// GFLOP/s and GB/s, to compare targets and thread counts, and no percentage.
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +42,22 @@ constexpr int64_t kL2Cols = 65536;
 constexpr int64_t kHugeCols = int64_t{1} << 24;
 
 constexpr double kBytesPerElement = 2 * sizeof(float);
+constexpr double kFlopsPerElement = 5;
+
+// Counters for `elements` per iteration: the DRAM copy ceiling bounds rows that
+// do not stay in the caches; cache-resident rows have no ceiling.
+void Report(benchmark::State& state, const RunConfig& run, int64_t elements,
+            bool memory_bound) {
+  const double n = static_cast<double>(elements);
+  state.SetItemsProcessed(state.iterations() * elements);
+  if (memory_bound) {
+    ReportRoofline(state, kFlopsPerElement * n, kBytesPerElement * n,
+                   MemoryCeiling::kCopy, run.target, run.threads);
+  } else {
+    ReportFlops(state, kFlopsPerElement * n);
+    ReportBytes(state, kBytesPerElement * n);
+  }
+}
 
 // Logits in [-8, 8) (exp spans 7 decades, like attention scores), one buffer
 // per (size, seed) for the whole run: filling 64 MiB on every invocation of a
@@ -74,14 +92,7 @@ void BM_Softmax(benchmark::State& state, const RunConfig& run,
     benchmark::ClobberMemory();
     scale = 1.5f - scale;
   }
-  const double elements = static_cast<double>(rows * cols);
-  state.SetItemsProcessed(state.iterations() * rows * cols);
-  if (memory_bound) {
-    ReportMemory(state, kBytesPerElement * elements, MemoryCeiling::kCopy,
-                 run.threads);
-  } else {
-    ReportBytes(state, kBytesPerElement * elements);
-  }
+  Report(state, run, rows * cols, memory_bound);
 }
 
 // In place on a row far larger than the caches. Softmax of a softmax is still a
@@ -94,9 +105,7 @@ void BM_SoftmaxInPlace(benchmark::State& state, const RunConfig& run) {
       break;
     benchmark::ClobberMemory();
   }
-  state.SetItemsProcessed(state.iterations() * rows * cols);
-  ReportMemory(state, kBytesPerElement * static_cast<double>(rows * cols),
-               MemoryCeiling::kCopy, run.threads);
+  Report(state, run, rows * cols, /*memory_bound=*/true);
 }
 
 // In place on short rows whose data is cold: every iteration takes the next of
@@ -118,17 +127,17 @@ void BM_SoftmaxCold(benchmark::State& state, const RunConfig& run) {
     }
     benchmark::ClobberMemory();
   }
-  state.SetItemsProcessed(state.iterations() * rows * cols);
-  ReportMemory(state, kBytesPerElement * static_cast<double>(rows * cols),
-               MemoryCeiling::kCopy, run.threads);
+  Report(state, run, rows * cols, /*memory_bound=*/true);
 }
 
 void RegisterSoftmax() {
-  RegisterPerTarget("softmax",
-                    [](benchmark::State& state, const RunConfig& run) {
-                      BM_Softmax(state, run, /*memory_bound=*/false);
-                    },
-                    {"rows", "cols"}, {{kL1Rows, kL1Cols}, {1, kL2Cols}});
+  RegisterPerTarget(
+      "softmax",
+      [](benchmark::State& state, const RunConfig& run) {
+        BM_Softmax(state, run, /*memory_bound=*/false);
+      },
+      {"rows", "cols"}, {{kL1Rows, kL1Cols}, {1, kL2Cols}},
+      /*every_target_sets=*/2);
   RegisterPerTarget("softmax",
                     [](benchmark::State& state, const RunConfig& run) {
                       BM_Softmax(state, run, /*memory_bound=*/true);

@@ -286,6 +286,12 @@ void AddCeilingsToContext() {
   if (!c.measured) return;
   const std::string all = std::to_string(c.all_threads) + "t";
   benchmark::AddCustomContext("headway_ceiling_ms", Format(c.budget_ms));
+  // Every supported target, best first (the order of the charts).
+  std::string targets;
+  for (const Ceilings::Fma& fma : c.fma) {
+    targets += (targets.empty() ? "" : ",") + std::string(fma.target.name);
+  }
+  benchmark::AddCustomContext("headway_targets", targets);
   benchmark::AddCustomContext("headway_memory_buffer_bytes",
                               std::to_string(c.memory_bytes));
   for (const Ceilings::Fma& fma : c.fma) {

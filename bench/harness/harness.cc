@@ -1,7 +1,8 @@
 // Registration, reporting and inputs of the benchmark harness (the ceilings:
-// ceilings.cc).
+// ceilings.cc; the reporter: reporter.cc).
 #include "bench/harness/harness.h"
 
+#include <ctype.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,18 @@
 namespace headway {
 namespace bench {
 namespace {
+
+Options& MutableOptions() {
+  static Options options;
+  return options;
+}
+
+bool IsKeyTarget(const Target& target) {
+  for (const Target& key : KeyTargets()) {
+    if (key == target) return true;
+  }
+  return false;
+}
 
 std::vector<void (*)()>& Registrars() {
   static std::vector<void (*)()> registrars;
@@ -73,36 +86,6 @@ void SetPercent(benchmark::State& state, const std::string& name,
       benchmark::Counter::kIsRate);
 }
 
-// The default display reporter, except that percentages ("%..." counters, rates
-// only so that they are divided by the time) are printed as plain numbers, not
-// "42.1/s". The JSON and CSV reporters print no units, so the file reporter
-// needs no such help.
-class PercentDisplayReporter : public benchmark::BenchmarkReporter {
- public:
-  explicit PercentDisplayReporter(benchmark::BenchmarkReporter* inner)
-      : inner_(inner) {}
-
-  bool ReportContext(const Context& context) override {
-    return inner_->ReportContext(context);
-  }
-  void ReportRuns(const std::vector<Run>& runs) override {
-    std::vector<Run> copy = runs;
-    for (Run& run : copy) {
-      for (auto& [name, counter] : run.counters) {
-        if (!name.empty() && name[0] == '%') {
-          counter.flags = static_cast<benchmark::Counter::Flags>(
-              counter.flags & ~benchmark::Counter::kIsRate);
-        }
-      }
-    }
-    inner_->ReportRuns(copy);
-  }
-  void Finalize() override { inner_->Finalize(); }
-
- private:
-  benchmark::BenchmarkReporter* inner_;  // owned by Google Benchmark
-};
-
 }  // namespace
 
 const char* MemoryCeilingName(MemoryCeiling kind) {
@@ -129,6 +112,22 @@ void ReportBytes(benchmark::State& state, double bytes_per_iter) {
       benchmark::Counter::kIsRate);
 }
 
+void ReportRoofline(benchmark::State& state, double flops_per_iter,
+                    double bytes_per_iter, MemoryCeiling memory,
+                    const Target& target, int threads) {
+  ReportFlops(state, flops_per_iter);
+  ReportBytes(state, bytes_per_iter);
+  const double fma = FmaPeakGflops(target, threads) * 1e9;
+  const double bandwidth = MemoryPeakGbps(memory, threads) * 1e9;
+  // min(F, I * B) with I = flops / bytes: compare F * bytes with flops * B.
+  if (fma * bytes_per_iter <= flops_per_iter * bandwidth) {
+    SetPercent(state, "%FMA", flops_per_iter, fma);
+  } else {
+    SetPercent(state, std::string("%") + MemoryCeilingName(memory),
+               bytes_per_iter, bandwidth);
+  }
+}
+
 void ReportCompute(benchmark::State& state, double flops_per_iter,
                    const Target& target, int threads) {
   ReportFlops(state, flops_per_iter);
@@ -150,9 +149,86 @@ bool Check(benchmark::State& state, const Status& status) {
 }
 
 std::vector<int> ThreadCounts() {
+  if (!GetOptions().threads.empty()) return GetOptions().threads;
   const int all = std::max(1, tbb::info::default_concurrency());
   if (all == 1) return {1};
   return {1, all};
+}
+
+std::string SetOptions(const Options& given) {
+  Options options = given;
+  for (std::string& name : options.targets) {
+    // Case-insensitive, as SetMaxTarget.
+    for (char& c : name) {
+      c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+    }
+  }
+  const std::vector<Target> supported = SupportedTargets();
+  for (const std::string& name : options.targets) {
+    bool found = name == "BEST";
+    for (const Target& target : supported) found |= name == target.name;
+    if (!found) {
+      std::string names;
+      for (const Target& target : supported) {
+        names += std::string(names.empty() ? "" : ",") + target.name;
+      }
+      return "target \"" + name + "\" is not one this CPU supports (" + names +
+             ", or best)";
+    }
+  }
+  const int all = std::max(1, tbb::info::default_concurrency());
+  for (int threads : options.threads) {
+    if (threads < 1 || threads > all) {
+      return "thread count " + std::to_string(threads) +
+             " is not between 1 and " + std::to_string(all);
+    }
+  }
+  MutableOptions() = options;
+  return "";
+}
+
+const Options& GetOptions() { return MutableOptions(); }
+
+std::vector<Target> SelectedTargets() {
+  const std::vector<Target> supported = SupportedTargets();
+  const std::vector<std::string>& names = GetOptions().targets;
+  if (names.empty()) return supported;
+  std::vector<Target> selected;
+  for (const Target& target : supported) {
+    for (const std::string& name : names) {
+      if (name == target.name || (name == "BEST" && target == supported[0])) {
+        selected.push_back(target);
+        break;
+      }
+    }
+  }
+  return selected;
+}
+
+bool IsPeerFamily(const std::string& family) {
+  size_t begin = 0;
+  while (begin <= family.size()) {
+    size_t end = family.find('_', begin);
+    if (end == std::string::npos) end = family.size();
+    const std::string word = family.substr(begin, end - begin);
+    if (word == "openblas" || word == "onednn" || word == "materialized" ||
+        word == "seed") {
+      return true;
+    }
+    begin = end + 1;
+  }
+  return false;
+}
+
+std::vector<Target> KeyTargets() {
+  std::vector<Target> keys;
+  for (const Target& target : SupportedTargets()) {
+    const std::string name = target.name;
+    if (keys.empty() || name == "AVX2") {
+      keys.push_back(target);
+    }
+  }
+  return keys;
 }
 
 std::vector<std::vector<int64_t>> ArgProduct(
@@ -174,14 +250,21 @@ std::vector<std::vector<int64_t>> ArgProduct(
 std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
     const std::string& name, BenchmarkFn fn,
     const std::vector<std::string>& arg_names,
-    const std::vector<std::vector<int64_t>>& arg_sets) {
+    const std::vector<std::vector<int64_t>>& arg_sets,
+    size_t every_target_sets) {
   // The thread count is the last argument, so that Google Benchmark names it
   // ".../threads:N".
   std::vector<std::string> names = arg_names;
   names.push_back("threads");
   const size_t threads_index = arg_names.size();
+  const bool all_shapes = GetOptions().full || !GetOptions().targets.empty();
+  if (IsPeerFamily(name)) every_target_sets = 0;
   std::vector<benchmark::internal::Benchmark*> registered;
-  for (const Target& target : SupportedTargets()) {
+  for (const Target& target : SelectedTargets()) {
+    const size_t sets = all_shapes || IsKeyTarget(target)
+                            ? arg_sets.size()
+                            : std::min(every_target_sets, arg_sets.size());
+    if (sets == 0) continue;
     const std::string full_name = name + "/" + target.name;
     benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
         full_name.c_str(),
@@ -199,9 +282,9 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
           ResetMaxTarget();
         });
     bench->ArgNames(names)->UseRealTime();
-    for (const std::vector<int64_t>& args : arg_sets) {
+    for (size_t i = 0; i < sets; ++i) {
       for (int threads : ThreadCounts()) {
-        std::vector<int64_t> with_threads = args;
+        std::vector<int64_t> with_threads = arg_sets[i];
         with_threads.push_back(threads);
         bench->Args(with_threads);
       }
@@ -218,11 +301,6 @@ bool AddRegistrar(void (*registrar)()) {
 
 void RegisterAll() {
   for (void (*registrar)() : Registrars()) registrar();
-}
-
-size_t RunBenchmarks() {
-  PercentDisplayReporter display(benchmark::CreateDefaultDisplayReporter());
-  return benchmark::RunSpecifiedBenchmarks(&display);
 }
 
 void FillUniform(float* data, size_t n, float lo, float hi, uint64_t seed) {

@@ -13,18 +13,22 @@
 //       if (!Check(state, Scale(x.get(), n, 0.5f))) break;
 //       benchmark::ClobberMemory();
 //     }
-//     ReportMemory(state, 8.0 * n, MemoryCeiling::kCopy, run.threads);
+//     ReportRoofline(state, 1.0 * n, 8.0 * n, MemoryCeiling::kCopy,
+//                    run.target, run.threads);
 //   }
 //   void RegisterScale() {
 //     RegisterPerTarget("scale", BM_Scale, {"n"}, {{1 << 12}, {1 << 24}});
 //   }
 //   HEADWAY_REGISTER_BENCHMARKS(RegisterScale);
 //
-// which registers "scale/AVX3/n:4096/threads:1/real_time" and its siblings for
-// every target the CPU supports and for 1 and all threads. Time is wall-clock
+// which registers "scale/AVX3/n:4096/threads:1/real_time" and its siblings: on
+// 1 and all threads, the first shape on every target the CPU supports and the
+// others on the key targets (see RegisterPerTarget). Time is wall-clock
 // time (UseRealTime): the work runs on several threads. Counters: "GFLOP/s" and
 // "GB/s" (rates, 1e9 per second) and a percentage of the bounding ceiling,
-// named after it ("%FMA", "%read", "%copy", "%L2").
+// named after it ("%FMA", "%read", "%copy", "%L2"). ReportRoofline reports all
+// three from the flops and bytes of one iteration; docs/BENCHMARKS.md says how
+// each benchmark counts them.
 #ifndef HEADWAY_BENCH_HARNESS_HARNESS_H_
 #define HEADWAY_BENCH_HARNESS_HARNESS_H_
 
@@ -95,13 +99,25 @@ void ReportFlops(benchmark::State& state, double flops_per_iter);
 // Counter "GB/s": the bytes the operation must move (its inputs read, its
 // outputs written), not what the caches happen to transfer.
 void ReportBytes(benchmark::State& state, double bytes_per_iter);
-// For compute-bound kernels: "GFLOP/s" and "%FMA" of FmaPeakGflops(target,
-// threads).
+// The roofline of a kernel: "GFLOP/s", "GB/s" and the percentage of the
+// ceiling that bounds it at its arithmetic intensity I = flops / bytes. On
+// `threads` threads of `target` it can reach at most min(F, I * B), with F =
+// FmaPeakGflops(target, threads) and B = MemoryPeakGbps(memory, threads): if F
+// is the lower, the counter is "%FMA" (GFLOP/s of F), else "%read" / "%copy" /
+// "%L2" (GB/s of B). `memory` is where the bytes come from: kRead for kernels
+// that mostly read (kernels with cold inputs), kCopy for kernels that write as
+// much as they read. Both counts must be > 0.
+void ReportRoofline(benchmark::State& state, double flops_per_iter,
+                    double bytes_per_iter, MemoryCeiling memory,
+                    const Target& target, int threads);
+// For kernels that count flops only (no "GB/s", so they stay off the roofline
+// chart): "GFLOP/s" and "%FMA" of FmaPeakGflops(target, threads). Prefer
+// ReportRoofline.
 void ReportCompute(benchmark::State& state, double flops_per_iter,
                    const Target& target, int threads);
-// For memory-bound kernels: "GB/s" and "%read" / "%copy" / "%L2" of
-// MemoryPeakGbps(kind, threads). Use kCopy for kernels that write as much as
-// they read.
+// For kernels that count bytes only (no "GFLOP/s", so they stay off the
+// roofline chart): "GB/s" and "%read" / "%copy" / "%L2" of MemoryPeakGbps(kind,
+// threads). Prefer ReportRoofline.
 void ReportMemory(benchmark::State& state, double bytes_per_iter,
                   MemoryCeiling kind, int threads);
 
@@ -125,23 +141,56 @@ struct RunConfig {
 using BenchmarkFn = std::function<void(benchmark::State&, const RunConfig&)>;
 
 // Registers `name`/<TARGET>/<arg_names[0]>:<v0>/.../threads:<n> for every
-// target this CPU supports (best first), every tuple in `arg_sets`
-// (state.range(i) is tuple[i]) and every count in ThreadCounts(). Returns one
-// benchmark::internal::Benchmark per target, to tune further (e.g.
-// ->MinTime(2)). Call it from a registrar (HEADWAY_REGISTER_BENCHMARKS).
+// selected target (SelectedTargets(), best first), tuples of `arg_sets`
+// (state.range(i) is tuple[i]) and every count in ThreadCounts(). The default
+// run keeps to about 5 minutes: the first `every_target_sets` tuples run on
+// every target, the others only on KeyTargets(), so put a cheap,
+// representative shape first; a peer (IsPeerFamily(name)) runs on
+// KeyTargets() only. --headway_full and --headway_targets run every tuple on
+// every selected target. Returns one benchmark::internal::Benchmark per
+// registered target, to tune further (e.g. ->MinTime(2)). Call it from a
+// registrar (HEADWAY_REGISTER_BENCHMARKS).
 std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
     const std::string& name, BenchmarkFn fn,
     const std::vector<std::string>& arg_names,
-    const std::vector<std::vector<int64_t>>& arg_sets);
+    const std::vector<std::vector<int64_t>>& arg_sets,
+    size_t every_target_sets = 1);
 
 // The cross product of per-argument values: the arg_sets of a sweep.
 // ArgProduct({{1, 8}, {4096}}) is {{1, 4096}, {8, 4096}}.
 std::vector<std::vector<int64_t>> ArgProduct(
     const std::vector<std::vector<int64_t>>& values);
 
-// 1 and all threads (the size of TBB's default arena): {1, 2} on a 2-core
-// machine.
+// The thread counts to run: --headway_threads, by default 1 and all threads
+// (the size of TBB's default arena): {1, 2} on a 2-core machine.
 std::vector<int> ThreadCounts();
+
+// True for a peer: a family whose name has the word openblas, onednn,
+// materialized or seed (matmul_openblas, attention_prefill_materialized,
+// layer_seed_decode) is the peer of the family without it, which the summary
+// table compares with it.
+bool IsPeerFamily(const std::string& family);
+
+// What to run, from main()'s --headway_* flags; set before RegisterAll().
+struct Options {
+  // --headway_targets: target names (and "best"), case-insensitive; empty:
+  // every supported target, the later shapes on KeyTargets() only.
+  std::vector<std::string> targets;
+  std::vector<int> threads;  // --headway_threads; empty: 1 and all
+  bool full = false;         // --headway_full: every shape on every target
+};
+// Checks `options` against this CPU and keeps them; returns an error message,
+// or "".
+std::string SetOptions(const Options& options);
+const Options& GetOptions();
+
+// The supported targets that the options select, best first.
+std::vector<Target> SelectedTargets();
+// The targets that run every shape in the default run: the best supported one
+// and AVX2 (the most widespread), if supported. SCALAR, the baseline of the "vs
+// SCALAR" ratios, is not one: its prefills take seconds per call, so in the
+// default run it has the first shapes only, as the other targets.
+std::vector<Target> KeyTargets();
 
 // Queues `registrar` to run from main() after the flags are parsed and the
 // ceilings measured, so registration never depends on the order of static
@@ -213,10 +262,23 @@ void PrintCeilings();
 void AddCeilingsToContext();
 // Runs the queued registrars.
 void RegisterAll();
-// benchmark::RunSpecifiedBenchmarks with the default display reporter, which
-// prints the percentage counters without the "/s" that Google Benchmark puts
-// after every rate.
-size_t RunBenchmarks();
+// benchmark::RunSpecifiedBenchmarks with the display reporter that
+// --benchmark_format selects (the file reporter of --benchmark_out is Google
+// Benchmark's), wrapped (reporter.cc) to print
+// - the percentage counters without the "/s" that Google Benchmark puts after
+//   every rate;
+// - on stderr, a progress line "[i/N elapsed] name ..." as each benchmark
+//   starts, N counted from the filtered list (in a terminal, a line that the
+//   results overwrite);
+// - at the end, a summary table: per row its figure, its percentage of the
+//   bounding ceiling and its speed relative to the fastest peer and to SCALAR
+//   on the same shape and thread count (on stdout with the console format, else
+//   on stderr).
+// To count the filtered list, it runs Google Benchmark's list mode first,
+// turning --benchmark_list_tests on and off with two more calls of
+// benchmark::Initialize (argv0 and that flag only); the other flags keep their
+// values.
+size_t RunBenchmarks(char* argv0);
 
 }  // namespace bench
 }  // namespace headway

@@ -1,0 +1,423 @@
+// The display reporter of headway_bench: Google Benchmark's own (console, JSON
+// or CSV, as --benchmark_format says) wrapped to print a progress line while
+// the benchmarks run and a summary table at the end. tools/report.py prints
+// the same table from the JSON file; docs/BENCHMARKS.md describes both.
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bench/harness/harness.h"
+#include "benchmark/benchmark.h"
+#include "headway/targets.h"
+
+namespace headway {
+namespace bench {
+namespace {
+
+using Run = benchmark::BenchmarkReporter::Run;
+
+std::vector<std::string> Split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream stream(text);
+  while (std::getline(stream, part, separator)) parts.push_back(part);
+  return parts;
+}
+
+std::string Join(const std::vector<std::string>& parts, char separator) {
+  std::string joined;
+  for (const std::string& part : parts) {
+    if (!joined.empty()) joined += separator;
+    joined += part;
+  }
+  return joined;
+}
+
+bool StartsWith(const std::string& text, const char* prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
+
+// One benchmark row of the summary, parsed from its name
+// (family/TARGET/arg:value/.../threads:N/real_time; peers without a target
+// have their kernel's name in place of TARGET).
+struct Row {
+  std::string family;  // "matmul", "attention_prefill_materialized", ...
+  std::string base;    // the family this row is a peer of, or `family`
+  std::string peer;    // "onednn/sgemm", "materialized", ...; "" if Headway's
+  std::string target;  // "AVX2", ...; "" for a peer that has none
+  std::string shape;   // the arguments but threads: "m:1/n:4096/..."
+  // `shape` without "packed:" (pre-packing B is Headway's, peers have none).
+  std::string peer_shape;
+  std::string packed;  // the "packed:1" argument, if any
+  int threads = 0;
+  double seconds = 0.0;  // real time per iteration
+  double gflops = 0.0;   // 0: not reported
+  double gbps = 0.0;
+  std::string ceiling;  // "FMA", "read", "copy", "L2"; "" if none reported
+  double percent = 0.0;
+  std::string error;
+};
+
+Row ParseRow(const Run& run) {
+  Row row;
+  const std::vector<std::string> parts = Split(run.run_name.str(), '/');
+  row.family = parts.empty() ? "" : parts[0];
+  std::vector<std::string> base_words, peer_words;
+  for (const std::string& word : Split(row.family, '_')) {
+    // A word of a peer family's name marks the peer (harness.h).
+    (IsPeerFamily(word) ? peer_words : base_words).push_back(word);
+  }
+  row.base = Join(base_words, '_');
+  row.peer = Join(peer_words, '_');
+  size_t first_arg = 1;
+  if (parts.size() > 1) {
+    first_arg = 2;
+    for (const Target& target : CompiledTargets()) {
+      if (parts[1] == target.name) row.target = parts[1];
+    }
+    if (row.target.empty()) row.peer += "/" + parts[1];
+  }
+  std::vector<std::string> shape, peer_shape;
+  for (size_t i = first_arg; i < parts.size(); ++i) {
+    const std::string& arg = parts[i];
+    if (StartsWith(arg, "threads:")) {
+      row.threads = std::stoi(arg.substr(8));
+    } else if (arg.find(':') == std::string::npos ||
+               StartsWith(arg, "min_time:") ||
+               StartsWith(arg, "min_warmup_time:") ||
+               StartsWith(arg, "repeats:") || StartsWith(arg, "iterations:")) {
+      // real_time, min_time:..., and other run settings: not the shape.
+    } else {
+      shape.push_back(arg);
+      if (StartsWith(arg, "packed:")) {
+        row.packed = arg;
+      } else {
+        peer_shape.push_back(arg);
+      }
+    }
+  }
+  row.shape = Join(shape, '/');
+  row.peer_shape = Join(peer_shape, '/');
+  if (run.error_occurred) {
+    row.error = run.error_message;
+    return row;
+  }
+  row.seconds = run.GetAdjustedRealTime() /
+                benchmark::GetTimeUnitMultiplier(run.time_unit);
+  for (const auto& [name, counter] : run.counters) {
+    if (name == "GFLOP/s") {
+      row.gflops = counter.value;
+    } else if (name == "GB/s") {
+      row.gbps = counter.value;
+    } else if (!name.empty() && name[0] == '%') {
+      row.ceiling = name.substr(1);
+      row.percent = counter.value;
+    }
+  }
+  return row;
+}
+
+// The figure that the bounding ceiling limits: GFLOP/s for the FMA peak, GB/s
+// for a bandwidth; without a ceiling, GB/s if counted, else GFLOP/s.
+std::string Figure(const Row& row) {
+  char text[32];
+  if (row.ceiling == "FMA" ||
+      (row.ceiling.empty() && row.gbps == 0.0 && row.gflops > 0.0)) {
+    snprintf(text, sizeof(text), "%8.1f GFLOP/s", row.gflops);
+  } else if (!row.ceiling.empty() || row.gbps > 0.0) {
+    snprintf(text, sizeof(text), "%8.1f GB/s   ", row.gbps);
+  } else {
+    snprintf(text, sizeof(text), "%8.3f ms     ", row.seconds * 1e3);
+  }
+  return text;
+}
+
+// Prints the summary of `rows` (in run order) to `out`.
+void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
+  if (rows.empty()) return;
+  // Groups: (base family, shape without packed) in order of first appearance.
+  std::map<std::pair<std::string, std::string>, size_t> group_of;
+  std::vector<size_t> group(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    group[i] = group_of
+                   .emplace(std::make_pair(rows[i].base, rows[i].peer_shape),
+                            group_of.size())
+                   .first->second;
+  }
+  std::map<std::string, int> target_rank;
+  for (const Target& target : CompiledTargets()) {
+    target_rank.emplace(target.name, static_cast<int>(target_rank.size()));
+  }
+  auto rank = [&](const Row& row) {
+    // Headway's rows best target first, then peers with a target, then the
+    // others.
+    const int t = row.target.empty() ? 99 : target_rank[row.target];
+    return std::make_tuple(row.peer.empty() ? 0 : 1, row.target.empty(), t,
+                           row.peer, row.packed);
+  };
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (group[a] != group[b]) return group[a] < group[b];
+    if (rows[a].threads != rows[b].threads) {
+      return rows[a].threads < rows[b].threads;
+    }
+    return rank(rows[a]) < rank(rows[b]);
+  });
+
+  out << "\nSummary (figure: the rate that the bounding ceiling limits; bound: "
+         "its % of that\nceiling; vs peer, vs SCALAR: the fastest peer's or "
+         "SCALAR's time / this row's time\non the same shape and thread "
+         "count, so 2.00x is twice as fast)\n";
+  char line[256];
+  size_t previous_group = rows.size();
+  for (size_t i : order) {
+    const Row& row = rows[i];
+    if (group[i] != previous_group) {
+      previous_group = group[i];
+      std::string title = row.base;
+      for (const std::string& arg : Split(row.peer_shape, '/')) {
+        title += " " + arg;
+      }
+      snprintf(line, sizeof(line), "\n%s\n  %-22s %3s %16s %9s %20s %9s\n",
+               title.c_str(), "variant", "thr", "figure", "bound", "vs peer",
+               "vs SCALAR");
+      out << line;
+    }
+    std::string variant = row.target;
+    if (!row.peer.empty()) variant += (variant.empty() ? "" : " ") + row.peer;
+    if (!row.packed.empty() && row.packed != "packed:0") variant += " packed";
+    if (!row.error.empty()) {
+      snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
+               row.threads, row.error.c_str());
+      out << line;
+      continue;
+    }
+    char bound[16] = "-";
+    if (!row.ceiling.empty()) {
+      snprintf(bound, sizeof(bound), "%3.0f%% %s", row.percent,
+               row.ceiling.c_str());
+    }
+    // The fastest peer on this shape and thread count (on the same target if
+    // the peer has targets).
+    const Row* best_peer = nullptr;
+    const Row* scalar = nullptr;
+    for (const Row& other : rows) {
+      if (!other.error.empty() || other.threads != row.threads) continue;
+      if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
+          other.peer_shape == row.peer_shape &&
+          (other.target.empty() || other.target == row.target) &&
+          (best_peer == nullptr || other.seconds < best_peer->seconds)) {
+        best_peer = &other;
+      }
+      if (!row.target.empty() && other.target == "SCALAR" &&
+          other.family == row.family && other.shape == row.shape) {
+        scalar = &other;
+      }
+    }
+    char vs_peer[32] = "-";
+    if (best_peer != nullptr) {
+      snprintf(vs_peer, sizeof(vs_peer), "%6.2fx %-12s",
+               best_peer->seconds / row.seconds,
+               Split(best_peer->peer, '/')[0].c_str());
+    }
+    char vs_scalar[32] = "-";
+    if (scalar != nullptr) {
+      snprintf(vs_scalar, sizeof(vs_scalar), "%7.1fx",
+               scalar->seconds / row.seconds);
+    }
+    snprintf(line, sizeof(line), "  %-22s %3d %16s %9s %20s %9s\n",
+             variant.c_str(), row.threads, Figure(row).c_str(), bound, vs_peer,
+             vs_scalar);
+    out << line;
+  }
+  out.flush();
+}
+
+// Wraps Google Benchmark's display reporter: percentages without "/s", a
+// progress line on stderr, and the summary at the end.
+class HarnessReporter : public benchmark::BenchmarkReporter {
+ public:
+  HarnessReporter(benchmark::BenchmarkReporter* inner,
+                  std::vector<std::string> names)
+      : inner_(inner),
+        names_(std::move(names)),
+        transient_(isatty(STDERR_FILENO) != 0),
+        start_(std::chrono::steady_clock::now()) {}
+
+  bool ReportContext(const Context& context) override {
+    const bool ok = inner_->ReportContext(context);
+    if (ok) ShowProgress();
+    return ok;
+  }
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ClearProgress();
+    std::vector<Run> copy = runs;
+    for (Run& run : copy) {
+      for (auto& [name, counter] : run.counters) {
+        if (!name.empty() && name[0] == '%') {
+          counter.flags = static_cast<benchmark::Counter::Flags>(
+              counter.flags & ~benchmark::Counter::kIsRate);
+        }
+      }
+    }
+    inner_->ReportRuns(copy);
+    inner_->GetOutputStream().flush();
+    if (!runs.empty()) Record(runs);
+    ShowProgress();
+  }
+
+  void Finalize() override {
+    ClearProgress();
+    inner_->Finalize();
+    // The table goes with the console output; JSON or CSV on stdout stay
+    // clean.
+    const bool console =
+        dynamic_cast<benchmark::ConsoleReporter*>(inner_) != nullptr;
+    PrintSummary(rows_, console ? inner_->GetOutputStream() : std::cerr);
+  }
+
+ private:
+  // One row per benchmark: its run, or with repetitions the median, which
+  // Google Benchmark reports in a second call of its own.
+  void Record(const std::vector<Run>& runs) {
+    const std::string name = runs[0].run_name.str();
+    bool aggregates = true;
+    const Run* median = nullptr;
+    for (const Run& run : runs) {
+      aggregates &= run.run_type == Run::RT_Aggregate;
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name == "median") {
+        median = &run;
+      }
+    }
+    const auto row = row_of_.find(name);
+    if (aggregates && row != row_of_.end()) {
+      if (median != nullptr) rows_[row->second] = ParseRow(*median);
+      return;
+    }
+    row_of_[name] = rows_.size();
+    rows_.push_back(ParseRow(median != nullptr ? *median : runs[0]));
+    // With --benchmark_enable_random_interleaving the order is not the list's:
+    // then the line names the benchmark that finished.
+    if (done_ >= names_.size() || names_[done_] != name) in_order_ = false;
+    last_ = name;
+    ++done_;
+  }
+
+  void ShowProgress() {
+    if (done_ >= names_.size()) return;
+    // A full line once per benchmark; the terminal line again after each
+    // output that cleared it.
+    if (!transient_ && done_ == lines_) return;
+    lines_ = done_;
+    const int seconds = static_cast<int>(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count());
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "[%zu/%zu %d:%02d] ",
+             in_order_ ? done_ + 1 : done_, names_.size(), seconds / 60,
+             seconds % 60);
+    std::string text = prefix;
+    text += in_order_ ? names_[done_] + " ..." : "done: " + last_;
+    if (transient_) {
+      // One terminal line, overwritten by the next output: cut to its width.
+      winsize size{};
+      const size_t width =
+          ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0
+              ? size.ws_col
+              : 80;
+      if (text.size() >= width) text.resize(width - 1);
+      fprintf(stderr, "%s", text.c_str());
+      shown_ = true;
+    } else {
+      fprintf(stderr, "%s\n", text.c_str());
+    }
+    fflush(stderr);
+  }
+
+  void ClearProgress() {
+    if (!shown_) return;
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+    shown_ = false;
+  }
+
+  benchmark::BenchmarkReporter* inner_;  // owned by Google Benchmark
+  std::vector<std::string> names_;       // the filtered list, in run order
+  bool transient_;                       // stderr is a terminal
+  std::chrono::steady_clock::time_point start_;
+  size_t done_ = 0;          // benchmarks reported
+  size_t lines_ = SIZE_MAX;  // done_ at the last full line
+  bool in_order_ = true;
+  bool shown_ = false;
+  std::string last_;
+  std::vector<Row> rows_;
+  std::map<std::string, size_t> row_of_;  // benchmark name -> index in rows_
+};
+
+// Collects what Google Benchmark prints in list mode.
+class ListReporter : public benchmark::BenchmarkReporter {
+ public:
+  explicit ListReporter(std::ostream* out) {
+    SetOutputStream(out);
+    SetErrorStream(out);
+  }
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+// Sets --benchmark_list_tests to `value` through benchmark::Initialize, the
+// only public way; other flags keep their values. Initialize also re-adds the
+// --benchmark_context pairs and complains on std::cerr that they exist:
+// silenced.
+void SetListTests(char* argv0, bool value) {
+  std::string flag =
+      std::string("--benchmark_list_tests=") + (value ? "true" : "false");
+  char* args[] = {argv0, flag.data(), nullptr};
+  int count = 2;
+  std::ostringstream discard;
+  std::streambuf* saved = std::cerr.rdbuf(discard.rdbuf());
+  benchmark::Initialize(&count, args);
+  std::cerr.rdbuf(saved);
+}
+
+// The names of the benchmarks that --benchmark_filter selects, in run order.
+std::vector<std::string> FilteredNames(char* argv0) {
+  SetListTests(argv0, true);
+  std::ostringstream listing;
+  ListReporter lister(&listing);
+  benchmark::RunSpecifiedBenchmarks(&lister);
+  SetListTests(argv0, false);
+  std::vector<std::string> names;
+  for (const std::string& line : Split(listing.str(), '\n')) {
+    // Error messages (no match) contain spaces; names do not.
+    if (!line.empty() && line.find(' ') == std::string::npos) {
+      names.push_back(line);
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+size_t RunBenchmarks(char* argv0) {
+  HarnessReporter display(benchmark::CreateDefaultDisplayReporter(),
+                          FilteredNames(argv0));
+  return benchmark::RunSpecifiedBenchmarks(&display);
+}
+
+}  // namespace bench
+}  // namespace headway

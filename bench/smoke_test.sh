@@ -1,0 +1,46 @@
+#!/bin/sh
+# meson test bench_smoke: headway_bench in a tiny mode, then tools/report.py on its JSON.
+#
+#   bench/smoke_test.sh <headway_bench> <tools/report.py> <output folder>
+#
+# Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and
+# SCALAR, and one small row of each kernel family and of its peers (the prefills, seconds long on
+# SCALAR, on the best target only). Checks that the progress line and the summary table appear
+# and that the JSON has rows with both GFLOP/s and GB/s. The charts are drawn only where
+# matplotlib is installed; the test passes without it.
+set -eu
+bench=$1
+report=$2
+out=$3
+mkdir -p "$out"
+rm -f "$out/bench.json" "$out/roofline.svg" "$out/roofline.png" "$out/speedup.svg" \
+  "$out/speedup.png"
+
+# Targets other than SCALAR: ([^S]|S[^C])[^/]*
+not_scalar='([^S]|S[^C])[^/]*'
+filter="^(softmax/[^/]+/rows:32/cols:2048/"
+filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:0/"
+filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
+filter="$filter|attention_prefill/$not_scalar/kv_heads:1/"
+filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"
+filter="$filter|layer_prefill/$not_scalar/kv_heads:1/)"
+
+"$bench" --headway_ceiling_ms=1 --benchmark_min_time=0.001 --headway_targets=best,SCALAR \
+  --headway_threads=1 "--benchmark_filter=$filter" \
+  --benchmark_out="$out/bench.json" --benchmark_out_format=json >"$out/stdout.txt" \
+  2>"$out/stderr.txt" || { cat "$out/stdout.txt" "$out/stderr.txt"; exit 1; }
+cat "$out/stdout.txt" "$out/stderr.txt"
+
+fail() {
+  echo "bench_smoke: $1" >&2
+  exit 1
+}
+grep -q '^\[1/[0-9]* ' "$out/stderr.txt" || fail "no progress line on stderr"
+grep -q '^Summary' "$out/stdout.txt" || fail "no summary table on stdout"
+grep -q '"GFLOP/s"' "$out/bench.json" || fail "no GFLOP/s in the JSON"
+grep -q '"GB/s"' "$out/bench.json" || fail "no GB/s in the JSON"
+if grep -q '"error_occurred": true' "$out/bench.json"; then
+  fail "a benchmark failed"
+fi
+
+python3 "$report" "$out/bench.json" --out-dir "$out" || fail "tools/report.py failed"
