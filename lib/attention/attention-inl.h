@@ -440,6 +440,33 @@ HWY_INLINE float DotPadded(const float* HWY_RESTRICT a,
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
 }
 
+// Scores sc[r * bkp + s] = qs_r . K[k0 + s] of a key block, key by key. With
+// kPrefetch (several query rows: the dot products take long enough per key
+// that the hardware prefetchers fall behind), K rows 16 keys ahead and the
+// block's V rows are prefetched as the keys go by. Measured on Zen 5, decode at
+// 16384 keys: GQA-8 (4 rows) 67/73% -> 82/100% of the read bandwidth (1/2
+// threads); for MHA (1 row) it cost 6-9%, so one row does without.
+template <bool kPrefetch>
+HWY_INLINE void NarrowScores(const float* HWY_RESTRICT keys,
+                             const float* HWY_RESTRICT values, int64_t k0,
+                             size_t n_keys, const float* HWY_RESTRICT qs,
+                             size_t rows, size_t row_stride,
+                             float* HWY_RESTRICT sc, size_t bkp) {
+  for (size_t s = 0; s < n_keys; ++s) {
+    const float* k_row = keys + (static_cast<size_t>(k0) + s) * row_stride;
+    if constexpr (kPrefetch) {
+      const float* v_row = values + (static_cast<size_t>(k0) + s) * row_stride;
+      for (size_t p = 0; p < row_stride; p += 16) {
+        hwy::Prefetch(k_row + 16 * row_stride + p);
+        hwy::Prefetch(v_row + p);
+      }
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      sc[r * bkp + s] = DotPadded(qs + r * row_stride, k_row, row_stride);
+    }
+  }
+}
+
 // One work item on a narrow tile. qs [rows, row_stride]: scale * q,
 // zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
 // vectors); o [rows, row_stride] unnormalised output.
@@ -477,12 +504,12 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     // Scores key by key: a K row comes from memory once and serves every query
     // row while it is in L1 (row by row, the first row would stream K and the
     // others re-read it).
-    for (size_t s = 0; s < n_keys; ++s) {
-      const float* k_row =
-          keys + (k0 + static_cast<int64_t>(s)) * dims.row_stride;
-      for (size_t r = 0; r < rows; ++r) {
-        sc[r * bkp + s] = DotPadded(qs + r * row_stride, k_row, row_stride);
-      }
+    if (rows > 1) {
+      NarrowScores<true>(keys, values, k0, n_keys, qs, rows, row_stride, sc,
+                         bkp);
+    } else {
+      NarrowScores<false>(keys, values, k0, n_keys, qs, rows, row_stride, sc,
+                          bkp);
     }
     // Masks: the additive one, then -inf past each row's position (causal).
     for (size_t r = 0; r < rows; ++r) {
