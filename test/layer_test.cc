@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <new>
 #include <string>
@@ -621,6 +622,24 @@ void RunParity(const AttentionLayerConfig& config, const char* biases,
       ExpectCacheHolds(cache, 0, e, model.shape.kv_cols(), 0, what));
 }
 
+// RunParity for every config, both masks, no bias and all four, and each n;
+// each run gets its own seed.
+void ParitySweep(std::vector<AttentionLayerConfig> configs,
+                 std::initializer_list<int64_t> ns, uint64_t seed) {
+  for (AttentionLayerConfig& config : configs) {
+    for (const AttentionMask mask :
+         {AttentionMask::kCausal, AttentionMask::kNone}) {
+      config.mask = mask;
+      for (const char* biases : {"", "qkvo"}) {
+        for (const int64_t n : ns) {
+          ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
+          seed += 16;
+        }
+      }
+    }
+  }
+}
+
 // The seed's layer: MHA, with and without the causal mask and biases,
 // head_dim * n_heads == d_model (head_dim 0) and != d_model (explicit).
 TEST_P(AttentionLayerTest, MhaMatchesSeedLayer) {
@@ -632,40 +651,16 @@ TEST_P(AttentionLayerTest, MhaMatchesSeedLayer) {
   AttentionLayerConfig sharp = Config(64, 2);
   sharp.scale = 1.0f;  // scores 4 times the default: a peakier softmax
   configs.push_back(sharp);
-  uint64_t seed = 1;
-  for (AttentionLayerConfig config : configs) {
-    for (const AttentionMask mask :
-         {AttentionMask::kCausal, AttentionMask::kNone}) {
-      config.mask = mask;
-      for (const char* biases : {"", "qkvo"}) {
-        for (const int64_t n : {1, 7, 33}) {
-          ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
-          seed += 16;
-        }
-      }
-    }
-  }
+  ParitySweep(configs, {1, 7, 33}, /*seed=*/1);
 }
 
 // GQA and MQA: query head h reads KV head h / (n_heads / n_kv_heads).
 TEST_P(AttentionLayerTest, GqaAndMqaMatchReference) {
-  const AttentionLayerConfig configs[] = {
+  const std::vector<AttentionLayerConfig> configs = {
       Config(64, 8, 4),     Config(64, 8, 2, 16), Config(64, 8, 1),
       Config(96, 6, 3, 20), Config(64, 4, 1, 24),
   };
-  uint64_t seed = 1000;
-  for (AttentionLayerConfig config : configs) {
-    for (const AttentionMask mask :
-         {AttentionMask::kCausal, AttentionMask::kNone}) {
-      config.mask = mask;
-      for (const char* biases : {"", "qkvo"}) {
-        for (const int64_t n : {1, 9, 40}) {
-          ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
-          seed += 16;
-        }
-      }
-    }
-  }
+  ParitySweep(configs, {1, 9, 40}, /*seed=*/1000);
 }
 
 // Each bias may be given alone (the others null).
