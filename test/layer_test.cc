@@ -1181,6 +1181,20 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// The status has `code`, starts with `prefix` and contains every part of
+// `expect` (the first one also names the case in the failure message).
+void ExpectError(const Status& status, StatusCode code,
+                 const std::vector<std::string>& expect, const char* prefix) {
+  const std::string expected = expect.empty() ? std::string() : expect[0];
+  EXPECT_EQ(status.code(), code)
+      << status.ToString() << " (expected " << expected << ")";
+  for (const std::string& part : expect) {
+    EXPECT_TRUE(Contains(status.message(), part))
+        << "message: " << status.message() << "\nexpected: " << part;
+  }
+  EXPECT_EQ(status.message().rfind(prefix, 0), 0u) << status.message();
+}
+
 TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   const AttentionLayerConfig good = Config(32, 4, 2);  // head_dim 8
   Model model(ShapeOf(good), "qkvo", 8000);
@@ -1292,16 +1306,7 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);
-    const std::string expected =
-        bad.expect.empty() ? std::string() : bad.expect[0];
-    EXPECT_EQ(status.code(), bad.code)
-        << status.ToString() << " (expected " << expected << ")";
-    for (const std::string& part : bad.expect) {
-      EXPECT_TRUE(Contains(status.message(), part))
-          << "message: " << status.message() << "\nexpected: " << part;
-    }
-    EXPECT_EQ(status.message().rfind("AttentionLayer::Create: ", 0), 0u)
-        << status.message();
+    ExpectError(status, bad.code, bad.expect, "AttentionLayer::Create: ");
     EXPECT_EQ(layer.config().d_model, 32) << status.ToString();
     EXPECT_EQ(layer.config().n_kv_heads, 2) << status.ToString();
   }
@@ -1417,16 +1422,7 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
     const Status status = bad.layer->Forward(
         bad.cache, bad.null_sequences ? nullptr : bad.sequences.data(),
         n_sequences, bad.x, bad.y);
-    const std::string expected =
-        bad.expect.empty() ? std::string() : bad.expect[0];
-    EXPECT_EQ(status.code(), bad.code)
-        << status.ToString() << " (expected " << expected << ")";
-    for (const std::string& part : bad.expect) {
-      EXPECT_TRUE(Contains(status.message(), part))
-          << "message: " << status.message() << "\nexpected: " << part;
-    }
-    EXPECT_EQ(status.message().rfind("AttentionLayer::Forward: ", 0), 0u)
-        << status.message();
+    ExpectError(status, bad.code, bad.expect, "AttentionLayer::Forward: ");
     EXPECT_EQ(out, out_before) << "y written: " << status.ToString();
     EXPECT_EQ(x, x_before) << "x written: " << status.ToString();
     EXPECT_TRUE(Snapshot(&cache) == before)

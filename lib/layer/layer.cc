@@ -147,16 +147,6 @@ int64_t SpanOf(int64_t rows, int64_t cols, int64_t stride) {
   return bytes;
 }
 
-// Grow-only float buffer (ScratchBuffer is per target; this one is the
-// layer's).
-struct FloatScratch {
-  float* Get(size_t floats) {
-    if (data.size() < floats) data.resize(floats);
-    return data.data();
-  }
-  std::vector<float> data;
-};
-
 }  // namespace
 
 struct AttentionLayer::Impl {
@@ -169,7 +159,7 @@ struct AttentionLayer::Impl {
   std::vector<float> b_qkv;  // empty: no bias
   std::vector<float> b_o;    // empty: none (or not the first shard)
   // Reused by Forward.
-  FloatScratch q, attn;
+  ScratchBuffer q, attn;     // grow-only (lib/core/blocks.h)
   std::vector<float*> rows;  // [3][T]
   std::vector<AttentionWork> works;
   std::vector<uint8_t> seen;  // [cache sequences]
@@ -366,8 +356,9 @@ KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences,
 }
 size_t AttentionLayer::cache_bytes_per_token() const {
   if (!impl_) return 0;
+  // KvCache's row stride: head_dim rounded up to 16 floats.
   const size_t row_stride =
-      (static_cast<size_t>(impl_->config.head_dim) + 15) / 16 * 16;
+      RoundUp(static_cast<size_t>(impl_->config.head_dim), size_t{16});
   return 2 * static_cast<size_t>(impl_->local_kv_heads) * row_stride *
          sizeof(float);
 }
