@@ -385,15 +385,40 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
   const float qscale = dims.scale * kLog2e;
   // QT[p, r] = scale * log2(e) * q[t0 + r / group, (kv_head * group + r %
   // group) * d + p]; 0 for padding.
-  for (size_t r = 0; r < rp; ++r) {
-    if (static_cast<int64_t>(r) < tile.rows) {
-      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-      const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
-      const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
-      for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = qscale * q_row[p];
-    } else {
-      for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = 0.0f;
+  const auto q_row = [&](size_t r) {
+    const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+    const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
+    return work.q + t * work.q_stride + h * dims.head_dim;
+  };
+  const size_t rows = static_cast<size_t>(tile.rows);
+  size_t r = 0;
+#if HWY_TARGET != HWY_SCALAR
+  // 4 x 4 blocks: the q rows are often 16 KiB apart (one token's heads).
+  for (; r + 4 <= rows; r += 4) {
+    const float* q0 = q_row(r);
+    const float* q1 = q_row(r + 1);
+    const float* q2 = q_row(r + 2);
+    const float* q3 = q_row(r + 3);
+    size_t p = 0;
+    for (; p + 4 <= dim; p += 4) {
+      float* out = qt + p * rp + r;
+      Transpose4x4(q0 + p, q1 + p, q2 + p, q3 + p, qscale, out, out + rp,
+                   out + 2 * rp, out + 3 * rp);
     }
+    for (; p < dim; ++p) {
+      qt[p * rp + r] = qscale * q0[p];
+      qt[p * rp + r + 1] = qscale * q1[p];
+      qt[p * rp + r + 2] = qscale * q2[p];
+      qt[p * rp + r + 3] = qscale * q3[p];
+    }
+  }
+#endif
+  for (; r < rows; ++r) {
+    const float* q = q_row(r);
+    for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = qscale * q[p];
+  }
+  for (; r < rp; ++r) {
+    for (size_t p = 0; p < dim; ++p) qt[p * rp + r] = 0.0f;
   }
   std::fill(ot, ot + dim * rp, 0.0f);
   std::fill(state.max, state.max + rp, -std::numeric_limits<float>::infinity());
@@ -655,17 +680,77 @@ HWY_INLINE void WriteTileOutput(const AttentionDims& dims,
                                 size_t o_rs, size_t o_ps, const float* sum) {
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const AttentionWork& work = *tile.work;
-  for (int64_t r = 0; r < tile.rows; ++r) {
+  const auto out_row = [&](int64_t r) {
     const int64_t t = tile.t0 + r / group;
     const int64_t h = tile.kv_head * group + r % group;
-    float* out_row = work.out + t * work.out_stride + h * dims.head_dim;
+    return work.out + t * work.out_stride + h * dims.head_dim;
+  };
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    float* out = out_row(r);
     const float l = sum[r];
     const float inv = l > 0.0f || std::isnan(l) ? 1.0f / l : 0.0f;
     for (int64_t p = 0; p < dims.head_dim; ++p) {
-      out_row[p] =
-          l > 0.0f || std::isnan(l) ? o[r * o_rs + p * o_ps] * inv : 0.0f;
+      out[p] = l > 0.0f || std::isnan(l) ? o[r * o_rs + p * o_ps] * inv : 0.0f;
     }
   }
+}
+
+// WriteTileOutput for a wide tile, OT [d, rp] (o(r, p) = ot[p * rp + r]):
+// normalises OT in place, by lanes, then transposes it into the output rows
+// in 4 x 4 blocks. Same values as WriteTileOutput.
+HWY_INLINE void WriteWideTileOutput(const AttentionDims& dims,
+                                    const AttentionTile& tile,
+                                    float* HWY_RESTRICT ot, size_t rp,
+                                    const float* sum) {
+#if HWY_TARGET == HWY_SCALAR
+  WriteTileOutput(dims, tile, ot, 1, rp, sum);
+#else
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  const size_t dim = static_cast<size_t>(dims.head_dim);
+  for (size_t j = 0; j < rp; j += N) {
+    const auto l = hn::Load(d, sum + j);
+    // Rows that saw no key (l == 0) are zeros; a NaN sum stays NaN.
+    const auto keep = hn::Or(hn::Gt(l, hn::Zero(d)), hn::IsNaN(l));
+    const auto inv = hn::Div(hn::Set(d, 1.0f), l);
+    for (size_t p = 0; p < dim; ++p) {
+      float* row = ot + p * rp + j;
+      hn::Store(hn::IfThenElseZero(keep, hn::Mul(hn::Load(d, row), inv)), d,
+                row);
+    }
+  }
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const AttentionWork& work = *tile.work;
+  const auto out_row = [&](int64_t r) {
+    const int64_t t = tile.t0 + r / group;
+    const int64_t h = tile.kv_head * group + r % group;
+    return work.out + t * work.out_stride + h * dims.head_dim;
+  };
+  int64_t r = 0;
+  for (; r + 4 <= tile.rows; r += 4) {
+    float* out0 = out_row(r);
+    float* out1 = out_row(r + 1);
+    float* out2 = out_row(r + 2);
+    float* out3 = out_row(r + 3);
+    const float* col = ot + r;
+    size_t p = 0;
+    for (; p + 4 <= dim; p += 4) {
+      Transpose4x4(col + p * rp, col + (p + 1) * rp, col + (p + 2) * rp,
+                   col + (p + 3) * rp, 1.0f, out0 + p, out1 + p, out2 + p,
+                   out3 + p);
+    }
+    for (; p < dim; ++p) {
+      out0[p] = col[p * rp];
+      out1[p] = col[p * rp + 1];
+      out2[p] = col[p * rp + 2];
+      out3[p] = col[p * rp + 3];
+    }
+  }
+  for (; r < tile.rows; ++r) {
+    float* out = out_row(r);
+    for (size_t p = 0; p < dim; ++p) out[p] = ot[p * rp + r];
+  }
+#endif
 }
 
 // A chunk's result kept for merging: m, l and the normalised output [rows, d].
@@ -871,7 +956,9 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
             o_ps = 1;
           }
           for (int64_t i = 0; i < n_group; ++i) {
-            if (sp.n_chunks == 1) {
+            if (sp.n_chunks == 1 && sp.wide) {
+              WriteWideTileOutput(dims, tiles[i], o[i], o_ps, state[i].sum);
+            } else if (sp.n_chunks == 1) {
               WriteTileOutput(dims, tiles[i], o[i], o_rs, o_ps, state[i].sum);
             } else {
               const int64_t tile_index = kv_head * sp.n_tiles + tile_begin + i;

@@ -178,6 +178,37 @@ inline constexpr size_t kMatmulL2Bytes = size_t{1} << 20;
 // ---------------------------------------------------------------------------------------------
 // Packing.
 
+// Transposes a 4 x 4 block of floats, times scale: d_j[i] = scale * s_i[j]
+// for i, j < 4 (s_i: four floats of source row i; d_j: of destination row j).
+// Not on HWY_SCALAR (no 128-bit vectors).
+#if HWY_TARGET != HWY_SCALAR
+HWY_INLINE void Transpose4x4(const float* s0, const float* s1, const float* s2,
+                             const float* s3, float scale, float* d0, float* d1,
+                             float* d2, float* d3) {
+  const hn::Full128<float> d4;
+  const hn::Repartition<uint64_t, decltype(d4)> d64;
+  const auto r0 = hn::LoadU(d4, s0);
+  const auto r1 = hn::LoadU(d4, s1);
+  const auto r2 = hn::LoadU(d4, s2);
+  const auto r3 = hn::LoadU(d4, s3);
+  // t0 = r0[0] r1[0] r0[1] r1[1], t1 = r2[0] r3[0] r2[1] r3[1], t2/t3: lanes 2
+  // and 3.
+  const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, r0, r1));
+  const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, r2, r3));
+  const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, r0, r1));
+  const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, r2, r3));
+  const auto vscale = hn::Set(d4, scale);
+  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1))),
+             d4, d0);
+  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1))),
+             d4, d1);
+  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3))),
+             d4, d2);
+  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3))),
+             d4, d3);
+}
+#endif
+
 // Packs columns [j0, j0 + cols) and rows [k0, k0 + kc) of op(B), cols <= NR,
 // into one slice dst [kc][NR], zeros in the columns past `cols`. op(B) = b [k,
 // n] (row stride ldb), or b^T with b [n, k].
@@ -218,31 +249,15 @@ HWY_INLINE void PackBSlice(const float* HWY_RESTRICT b, size_t ldb, bool trans,
     const size_t c1 = std::min(kc, c0 + kChunk);
     size_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
-    const hn::Full128<float> d4;
-    const hn::Repartition<uint64_t, decltype(d4)> d64;
     for (; j + 4 <= cols; j += 4) {
       const float* src = b + (j0 + j) * ldb + k0;
       size_t kk = c0;
       for (; kk + 4 <= c1; kk += 4) {
-        // Rows j..j+3 of b, k kk..kk+3: r_i[t] = b[j + i][kk + t].
-        const auto r0 = hn::LoadU(d4, src + kk);
-        const auto r1 = hn::LoadU(d4, src + ldb + kk);
-        const auto r2 = hn::LoadU(d4, src + 2 * ldb + kk);
-        const auto r3 = hn::LoadU(d4, src + 3 * ldb + kk);
-        // t0 = r0[0] r1[0] r0[1] r1[1], t1 = r2[0] r3[0] r2[1] r3[1], t2/t3:
-        // lanes 2 and 3.
-        const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, r0, r1));
-        const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, r2, r3));
-        const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, r0, r1));
-        const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, r2, r3));
+        // Rows j..j+3 of b, k kk..kk+3, to rows kk..kk+3 of dst.
         float* out = dst + kk * NR + j;
-        hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1)), d4, out);
-        hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1)), d4,
-                   out + NR);
-        hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3)), d4,
-                   out + 2 * NR);
-        hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3)), d4,
-                   out + 3 * NR);
+        Transpose4x4(src + kk, src + ldb + kk, src + 2 * ldb + kk,
+                     src + 3 * ldb + kk, 1.0f, out, out + NR, out + 2 * NR,
+                     out + 3 * NR);
       }
       for (; kk < c1; ++kk) {
         for (size_t i = 0; i < 4; ++i) dst[kk * NR + j + i] = src[i * ldb + kk];
