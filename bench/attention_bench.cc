@@ -116,8 +116,10 @@ void BM_Decode(benchmark::State& state, const RunConfig& run) {
   const KvCache& cache = SharedCache(n_kv, kDecodeLen);
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
+  const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
+  if (!WarmUp(state, step)) return;
   for (auto _ : state) {
-    if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
+    if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
   Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/false);
@@ -129,9 +131,12 @@ void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
   const Buffers buffers = MakeBuffers(1, true, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
   const MatrixView<float> weights(buffers.weights.get(), kHeads, kDecodeLen);
+  const auto step = [&] {
+    return AttentionWithWeights(cache, kHeads, query, weights);
+  };
+  if (!WarmUp(state, step)) return;
   for (auto _ : state) {
-    if (!Check(state, AttentionWithWeights(cache, kHeads, query, weights)))
-      break;
+    if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
   Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/true);
@@ -142,8 +147,10 @@ void BM_Prefill(benchmark::State& state, const RunConfig& run) {
   const KvCache& cache = SharedCache(n_kv, kPrefillLen);
   const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
+  const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
+  if (!WarmUp(state, step)) return;
   for (auto _ : state) {
-    if (!Check(state, Attention(cache, kHeads, &query, 1))) break;
+    if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
   Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/false);
@@ -156,9 +163,12 @@ void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
   const MatrixView<float> weights(buffers.weights.get(), kHeads * kPrefillLen,
                                   kPrefillLen);
+  const auto step = [&] {
+    return AttentionWithWeights(cache, kHeads, query, weights);
+  };
+  if (!WarmUp(state, step)) return;
   for (auto _ : state) {
-    if (!Check(state, AttentionWithWeights(cache, kHeads, query, weights)))
-      break;
+    if (!Check(state, step())) break;
     benchmark::ClobberMemory();
   }
   Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/true);

@@ -41,7 +41,6 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -109,7 +108,6 @@ const HostWeights& SharedHostWeights() {
 struct LayerSlot {
   int64_t n_kv = 0;
   int64_t target_bits = 0;
-  int64_t generation = 0;  // counts the layers created
   std::unique_ptr<AttentionLayer> layer;
 };
 LayerSlot& SharedLayerSlot() {
@@ -143,28 +141,12 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
   }
   slot.n_kv = n_kv;
   slot.target_bits = target.bits;
-  ++slot.generation;
   slot.layer = std::move(layer);
   return slot.layer.get();
 }
 
 // Frees the shared layer (the seed benchmarks do not use it).
 void DropSharedLayer() { SharedLayerSlot().layer.reset(); }
-
-// What a benchmark runs, for WarmUp's keys.
-enum Kind : int64_t { kLayerDecode, kLayerPrefill, kSeedDecode, kSeedPrefill };
-
-// Runs `step` once, untimed, the first time `key` is seen: the timed
-// iterations then find the scratch memory of the layer and of each thread
-// allocated and its pages mapped (at these sizes the first iteration is often
-// the only one). False after skipping the benchmark if the step fails.
-template <class Step>
-bool WarmUp(benchmark::State& state, std::vector<int64_t> key,
-            const Step& step) {
-  static std::set<std::vector<int64_t>> seen;
-  if (!seen.insert(std::move(key)).second) return true;
-  return Check(state, step());
-}
 
 // One cache per (n_kv_heads, capacity) for the whole run, holding `filled`
 // random tokens when handed out (decode: kContext of kContext + 1; prefill:
@@ -276,8 +258,7 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = cache.Truncate(0, kContext);
     return status;
   };
-  if (!WarmUp(state, {kLayerDecode, SharedLayerSlot().generation, run.threads},
-              step)) {
+  if (!WarmUp(state, step)) {
     return;
   }
   for (auto _ : state) {
@@ -303,8 +284,7 @@ void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
     }
     return status;
   };
-  if (!WarmUp(state, {kLayerPrefill, SharedLayerSlot().generation, run.threads},
-              step)) {
+  if (!WarmUp(state, step)) {
     return;
   }
   for (auto _ : state) {
@@ -384,7 +364,7 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = cache.Truncate(0, kContext);
     return status;
   };
-  if (!WarmUp(state, {kSeedDecode, n_kv, run.target.bits, run.threads}, step)) {
+  if (!WarmUp(state, step)) {
     return;
   }
   for (auto _ : state) {
@@ -408,8 +388,7 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = SeedForward(host, &cache, io, buffers);
     return status;
   };
-  if (!WarmUp(state, {kSeedPrefill, n_kv, run.target.bits, run.threads},
-              step)) {
+  if (!WarmUp(state, step)) {
     return;
   }
   for (auto _ : state) {
