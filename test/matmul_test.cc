@@ -343,6 +343,59 @@ TEST_P(MatmulTest, PackedEqualsUnpacked) {
   }
 }
 
+// PackColumns of parts side by side packs exactly what Pack of the whole
+// matrix packs: parts that end inside a panel (straddled panels are gathered),
+// parts that fill panels, several K blocks; the parts as column ranges of one
+// strided, misaligned matrix and as separate buffers with their own strides.
+TEST_P(MatmulTest, PackColumnsEqualsPack) {
+  const Tile t = ActiveTile();
+  const std::vector<std::vector<int64_t>> widths = {
+      {1},
+      {1, t.nr - 1, t.nr + 1},
+      {t.nr, 2 * t.nr, t.nr},
+      {3 * t.nr + 5, 7, 2, 1, t.nr},
+      {13, 3 * t.nr, 29}};
+  for (const int64_t k : {int64_t{1}, int64_t{5}, t.kc + 3}) {
+    for (const std::vector<int64_t>& w : widths) {
+      int64_t n = 0;
+      for (int64_t cols : w) n += cols;
+      // The whole matrix: stride n + 3, one float of offset.
+      const Operand whole(k, n, Transpose::kNo, 3, 1, 41);
+      PackedB want;
+      ASSERT_TRUE(PackedB::Pack(whole.view(), Transpose::kNo, &want).ok());
+      // Its column ranges, and copies of them with strides of their own.
+      std::vector<MatrixView<const float>> ranges;
+      std::vector<std::vector<float>> copies(w.size());
+      std::vector<MatrixView<const float>> separate;
+      int64_t j = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        ranges.emplace_back(whole.data + j, k, w[i], whole.stride);
+        const int64_t stride = w[i] + static_cast<int64_t>(i);
+        copies[i].assign(static_cast<size_t>(k * stride), kNaN);
+        for (int64_t r = 0; r < k; ++r) {
+          std::memcpy(&copies[i][static_cast<size_t>(r * stride)],
+                      whole.data + r * whole.stride + j,
+                      static_cast<size_t>(w[i]) * sizeof(float));
+        }
+        separate.emplace_back(copies[i].data(), k, w[i], stride);
+        j += w[i];
+      }
+      for (const auto* parts : {&ranges, &separate}) {
+        PackedB got;
+        ASSERT_TRUE(PackedB::PackColumns(parts->data(),
+                                         static_cast<int64_t>(parts->size()),
+                                         &got)
+                        .ok());
+        EXPECT_EQ(got.rows(), k);
+        EXPECT_EQ(got.cols(), n);
+        ASSERT_EQ(got.bytes(), want.bytes());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0)
+            << "k " << k << ", " << w.size() << " parts";
+      }
+    }
+  }
+}
+
 // 1, 2 and 7 threads give bit-identical results (work split over M and N only).
 TEST_P(MatmulTest, ThreadCountInvariant) {
   struct Shape {
@@ -505,6 +558,26 @@ TEST(MatmulErrors, PackedB) {
                                             int64_t{1} << 31, int64_t{1} << 31),
                     Transpose::kNo, &empty),
       StatusCode::kResourceExhausted, "overflows");
+  EXPECT_EQ(empty.bytes(), 0u);
+
+  const MatrixView<const float> parts[2] = {b44, b44};
+  ExpectError(PackedB::PackColumns(parts, 2, nullptr),
+              StatusCode::kInvalidArgument, "out is null");
+  ExpectError(PackedB::PackColumns(nullptr, 2, &empty),
+              StatusCode::kInvalidArgument, "parts is null");
+  ExpectError(PackedB::PackColumns(parts, 0, &empty),
+              StatusCode::kInvalidArgument, "n_parts is 0");
+  ExpectError(PackedB::PackColumns(parts, PackedB::kMaxColumnParts + 1, &empty),
+              StatusCode::kInvalidArgument, "n_parts is 17");
+  const MatrixView<const float> bad_data[2] = {
+      b44, MatrixView<const float>(nullptr, 4, 4)};
+  ExpectError(PackedB::PackColumns(bad_data, 2, &empty),
+              StatusCode::kInvalidArgument, "parts[1].data is null");
+  const MatrixView<const float> bad_rows[2] = {
+      b44, MatrixView<const float>(b.data(), 3, 4)};
+  ExpectError(PackedB::PackColumns(bad_rows, 2, &empty),
+              StatusCode::kInvalidArgument,
+              "parts[1] has 3 rows but parts[0] has 4");
   EXPECT_EQ(empty.bytes(), 0u);
 
   PackedB packed;

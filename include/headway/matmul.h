@@ -43,6 +43,8 @@ struct PackedFree {
 // now picks an instruction set with another panel width (after SetMaxTarget,
 // say): pack again after changing the target. Targets with the same panel width
 // (AVX3_DL and AVX3; SSE4 and SSSE3) share packed matrices.
+struct MatmulBPart;  // internal: one part of a matrix to pack
+
 class HEADWAY_API PackedB {
  public:
   PackedB();  // empty: rows() == cols() == 0; Matmul rejects it
@@ -60,6 +62,17 @@ class HEADWAY_API PackedB {
   // byte count that overflows, or no memory for the packed buffer.
   static Status Pack(MatrixView<const float> b, Transpose tb, PackedB* out);
 
+  // Packs the matrix [parts[0] | parts[1] | ...] [k, sum of the parts'
+  // columns], the parts side by side (each [k, cols_i], row-major with its own
+  // stride), as Pack would pack it, without building it: a layer's fused QKV
+  // weight from W_Q, W_K and W_V, say. Bit-identical to Pack of the
+  // concatenation. Errors (kInvalidArgument, *out unchanged): null out or
+  // parts, n_parts not in [1, kMaxColumnParts], a bad part (as for Pack), parts
+  // with different row counts; kResourceExhausted: as for Pack.
+  static constexpr int64_t kMaxColumnParts = 16;
+  static Status PackColumns(const MatrixView<const float>* parts,
+                            int64_t n_parts, PackedB* out);
+
   int64_t rows() const { return rows_; }  // K: rows of op(b)
   int64_t cols() const { return cols_; }  // N: columns of op(b)
   // Bytes of the packed buffer: K * ceil(N / panel) * panel * 4 (the edge
@@ -75,6 +88,9 @@ class HEADWAY_API PackedB {
   const float* data() const { return data_.get(); }
 
  private:
+  static Status PackParts(const char* fn, const MatmulBPart* parts,
+                          size_t n_parts, int64_t k, int64_t n, PackedB* out);
+
   std::unique_ptr<float, internal::PackedFree> data_;
   size_t floats_ = 0;
   int64_t rows_ = 0;

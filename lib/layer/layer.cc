@@ -275,22 +275,14 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
     const int64_t lq = impl->local_heads * hd;
     const int64_t lkv = impl->local_kv_heads * hd;
     const int64_t n_qkv = lq + 2 * lkv;
-    // The fused weight: this shard's columns of W_Q, then W_K, then W_V.
-    std::vector<float> fused(static_cast<size_t>(c.d_model * n_qkv));
-    for (int64_t r = 0; r < c.d_model; ++r) {
-      float* dst = fused.data() + r * n_qkv;
-      const float* q = weights.w_q.data + r * weights.w_q.stride + h0 * hd;
-      const float* k = weights.w_k.data + r * weights.w_k.stride + g0 * hd;
-      const float* v = weights.w_v.data + r * weights.w_v.stride + g0 * hd;
-      std::copy(q, q + lq, dst);
-      std::copy(k, k + lkv, dst + lq);
-      std::copy(v, v + lkv, dst + lq + lkv);
-    }
-    status = PackedB::Pack(
-        MatrixView<const float>(fused.data(), c.d_model, n_qkv, n_qkv),
-        Transpose::kNo, &impl->qkv);
+    // The fused weight: this shard's columns of W_Q, then W_K, then W_V,
+    // packed straight from the host's matrices.
+    const MatrixView<const float> qkv_parts[3] = {
+        {weights.w_q.data + h0 * hd, c.d_model, lq, weights.w_q.stride},
+        {weights.w_k.data + g0 * hd, c.d_model, lkv, weights.w_k.stride},
+        {weights.w_v.data + g0 * hd, c.d_model, lkv, weights.w_v.stride}};
+    status = PackedB::PackColumns(qkv_parts, 3, &impl->qkv);
     if (!status.ok()) return status;
-    fused = std::vector<float>();
     // This shard's rows of W_O.
     status = PackedB::Pack(
         MatrixView<const float>(weights.w_o.data + h0 * hd * weights.w_o.stride,

@@ -118,6 +118,17 @@ struct MatmulOut {
   }
 };
 
+// Columns [begin, begin + cols) of a matrix given as parts side by side (the
+// fused QKV weight from W_Q, W_K and W_V): op(part) [k, cols], op(part) = b
+// [k, cols] (row stride ldb) or b^T with b [cols, k].
+struct MatmulBPart {
+  const float* b;
+  size_t ldb;
+  bool trans;
+  size_t begin;
+  size_t cols;
+};
+
 }  // namespace headway
 
 #endif  // HEADWAY_LIB_MATMUL_MATMUL_INL_H_PLAN_
@@ -301,27 +312,63 @@ HWY_INLINE size_t PackedBFloats(size_t k, size_t n) {
   return MatmulPackedLayout(k, n).Floats();
 }
 
+// Packs op(B) = [op(parts[0]) | op(parts[1]) | ...] [k, n] (parts in column
+// order, covering [0, n)) into dst (PackedBFloats(k, n) floats, 64-byte
+// aligned), panels in parallel. A panel inside one part is packed from it by
+// PackBSlice; one that straddles parts (at most n_parts - 1 of them) is
+// gathered element by element. Either way dst holds exactly what packing the
+// whole matrix would write.
+HWY_INLINE void PackBPanelsParts(const MatmulBPart* parts, size_t n_parts,
+                                 size_t k, size_t n, float* dst) {
+  constexpr size_t NR = kMatmulNR;
+  const MatmulPackedLayout layout(k, n);
+  // ~64 KiB of packed output per task at least: below that a task costs more
+  // than it saves.
+  const size_t grain = std::max<size_t>(1, 16384 / (k * NR));
+  tbb::parallel_for(
+      tbb::blocked_range<size_t>(0, layout.panels, grain),
+      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+        for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+          const size_t k0 = layout.kblocks.Begin(kb);
+          const size_t kc = layout.kblocks.Size(kb, k);
+          for (size_t p = range.begin(); p < range.end(); ++p) {
+            const size_t j0 = p * NR, j1 = std::min(n, j0 + NR);
+            float* slice = dst + layout.Slice(kb, p);
+            size_t q = 0;  // the part that holds column j0
+            while (q + 1 < n_parts && parts[q].begin + parts[q].cols <= j0) {
+              ++q;
+            }
+            if (j1 <= parts[q].begin + parts[q].cols) {
+              PackBSlice(parts[q].b, parts[q].ldb, parts[q].trans, k0, kc,
+                         j0 - parts[q].begin, j1 - j0, slice);
+              continue;
+            }
+            for (size_t kk = 0; kk < kc; ++kk) {
+              float* out = slice + kk * NR;
+              size_t part = q;
+              for (size_t j = j0; j < j1; ++j) {
+                while (part + 1 < n_parts &&
+                       parts[part].begin + parts[part].cols <= j) {
+                  ++part;
+                }
+                const MatmulBPart& src = parts[part];
+                const size_t col = j - src.begin, row = k0 + kk;
+                out[j - j0] = src.trans ? src.b[col * src.ldb + row]
+                                        : src.b[row * src.ldb + col];
+              }
+              std::fill(out + (j1 - j0), out + NR, 0.0f);
+            }
+          }
+        }
+      });
+}
+
 // Packs all of op(B) [k, n] into dst (PackedBFloats(k, n) floats, 64-byte
 // aligned), panels in parallel.
 HWY_INLINE void PackBPanels(const float* b, size_t ldb, bool trans, size_t k,
                             size_t n, float* dst) {
-  const MatmulPackedLayout layout(k, n);
-  // ~64 KiB of packed output per task at least: below that a task costs more
-  // than it saves.
-  const size_t grain = std::max<size_t>(1, 16384 / (k * kMatmulNR));
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, layout.panels, grain),
-                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-                      for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
-                        const size_t k0 = layout.kblocks.Begin(kb);
-                        const size_t kc = layout.kblocks.Size(kb, k);
-                        for (size_t p = range.begin(); p < range.end(); ++p) {
-                          const size_t j0 = p * kMatmulNR;
-                          PackBSlice(b, ldb, trans, k0, kc, j0,
-                                     std::min(kMatmulNR, n - j0),
-                                     dst + layout.Slice(kb, p));
-                        }
-                      }
-                    });
+  const MatmulBPart whole{b, ldb, trans, 0, n};
+  PackBPanelsParts(&whole, 1, k, n, dst);
 }
 
 // Row stride of a packed A strip: KC plus one cache line, so that the MR rows

@@ -17,10 +17,10 @@ HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 
-// Packs op(B) [k, n] for this target into a new aligned buffer of *floats
-// floats; null when out of memory. *panel_width and *target describe the
-// layout.
-float* PackBT(const float* b, size_t ldb, bool trans_b, size_t k, size_t n,
+// Packs op(B) [k, n] = [op(parts[0]) | op(parts[1]) | ...] for this target
+// into a new aligned buffer of *floats floats; null when out of memory.
+// *panel_width and *target describe the layout.
+float* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
               size_t* floats, size_t* panel_width, int64_t* target) {
   *panel_width = kMatmulNR;
   *target = HWY_TARGET;
@@ -29,7 +29,7 @@ float* PackBT(const float* b, size_t ldb, bool trans_b, size_t k, size_t n,
       hwy::AllocateAlignedBytes(*floats * sizeof(float), nullptr, nullptr));
   if (packed == nullptr) return nullptr;
   try {
-    PackBPanels(b, ldb, trans_b, k, n, packed);
+    PackBPanelsParts(parts, n_parts, k, n, packed);
   } catch (...) {
     hwy::FreeAlignedBytes(packed, nullptr, nullptr);
     throw;
@@ -202,24 +202,20 @@ PackedB& PackedB::operator=(PackedB&& other) noexcept {
   return *this;
 }
 
-Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
-  constexpr const char* kFn = "PackedB::Pack";
-  if (out == nullptr)
-    return Status::InvalidArgument("PackedB::Pack: out is null");
-  int64_t k = 0, n = 0;
-  Status status = CheckOpB(kFn, b, tb, &k, &n);
-  if (status.ok()) status = CheckPackedSize(kFn, k, n);
+// Packs op(B) [k, n] from its parts (validated by the caller) into *out.
+Status PackedB::PackParts(const char* fn, const MatmulBPart* parts,
+                          size_t n_parts, int64_t k, int64_t n, PackedB* out) {
+  Status status = CheckPackedSize(fn, k, n);
   if (!status.ok()) return status;
   internal::InitOnce();
-  return Guarded(kFn, [&]() -> Status {
+  return Guarded(fn, [&]() -> Status {
     size_t floats = 0, panel_width = 0;
     int64_t target = 0;
     float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
-        b.data, static_cast<size_t>(b.stride), tb == Transpose::kYes,
-        static_cast<size_t>(k), static_cast<size_t>(n), &floats, &panel_width,
-        &target);
+        parts, n_parts, static_cast<size_t>(k), static_cast<size_t>(n), &floats,
+        &panel_width, &target);
     if (packed == nullptr) {
-      return Status::ResourceExhausted(std::string(kFn) + ": no memory for " +
+      return Status::ResourceExhausted(std::string(fn) + ": no memory for " +
                                        std::to_string(floats * sizeof(float)) +
                                        " bytes");
     }
@@ -231,6 +227,56 @@ Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
     out->target_name_ = hwy::TargetName(target);
     return Status::Ok();
   });
+}
+
+Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
+  constexpr const char* kFn = "PackedB::Pack";
+  if (out == nullptr)
+    return Status::InvalidArgument("PackedB::Pack: out is null");
+  int64_t k = 0, n = 0;
+  Status status = CheckOpB(kFn, b, tb, &k, &n);
+  if (!status.ok()) return status;
+  const MatmulBPart whole{b.data, static_cast<size_t>(b.stride),
+                          tb == Transpose::kYes, 0, static_cast<size_t>(n)};
+  return PackParts(kFn, &whole, 1, k, n, out);
+}
+
+Status PackedB::PackColumns(const MatrixView<const float>* parts,
+                            int64_t n_parts, PackedB* out) {
+  constexpr const char* kFn = "PackedB::PackColumns";
+  if (out == nullptr) {
+    return Status::InvalidArgument(std::string(kFn) + ": out is null");
+  }
+  if (parts == nullptr) {
+    return Status::InvalidArgument(std::string(kFn) + ": parts is null");
+  }
+  if (n_parts < 1 || n_parts > kMaxColumnParts) {
+    return Status::InvalidArgument(std::string(kFn) + ": n_parts is " +
+                                   std::to_string(n_parts) + ", not in [1, " +
+                                   std::to_string(kMaxColumnParts) + "]");
+  }
+  MatmulBPart pieces[kMaxColumnParts];
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_parts; ++i) {
+    const std::string name = "parts[" + std::to_string(i) + "]";
+    Status status = internal::CheckMatrix(kFn, name.c_str(), parts[i]);
+    if (!status.ok()) return status;
+    if (parts[i].rows != parts[0].rows) {
+      return Status::InvalidArgument(std::string(kFn) + ": " + name + " has " +
+                                     std::to_string(parts[i].rows) +
+                                     " rows but parts[0] has " +
+                                     std::to_string(parts[0].rows));
+    }
+    if (__builtin_add_overflow(n, parts[i].cols, &n)) {
+      return Status::ResourceExhausted(std::string(kFn) +
+                                       ": the column count overflows");
+    }
+    pieces[i] = {parts[i].data, static_cast<size_t>(parts[i].stride), false,
+                 static_cast<size_t>(n - parts[i].cols),
+                 static_cast<size_t>(parts[i].cols)};
+  }
+  return PackParts(kFn, pieces, static_cast<size_t>(n_parts), parts[0].rows, n,
+                   out);
 }
 
 Status Matmul(MatrixView<const float> a, Transpose ta,
