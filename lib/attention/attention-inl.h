@@ -292,6 +292,26 @@ struct AttentionTile {
       key_end;  // this item's key chunk, already cut at the causal limit
 };
 
+// Row r of a tile is query head kv_head * group + r % group of token t0 + r /
+// group: its head_dim floats in q and in out.
+HWY_INLINE int64_t TileRowOffset(const AttentionTile& tile, int64_t group,
+                                 int64_t head_dim, int64_t r, int64_t stride) {
+  return (tile.t0 + r / group) * stride +
+         (tile.kv_head * group + r % group) * head_dim;
+}
+HWY_INLINE const float* TileQRow(const AttentionDims& dims,
+                                 const AttentionTile& tile, int64_t r) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  return tile.work->q +
+         TileRowOffset(tile, group, dims.head_dim, r, tile.work->q_stride);
+}
+HWY_INLINE float* TileOutRow(const AttentionDims& dims,
+                             const AttentionTile& tile, int64_t r) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  return tile.work->out +
+         TileRowOffset(tile, group, dims.head_dim, r, tile.work->out_stride);
+}
+
 // Position of the tile's row r (or -1 for padding rows, which then see no key).
 HWY_INLINE int64_t RowPosition(const AttentionTile& tile, int64_t group,
                                int64_t r) {
@@ -380,15 +400,10 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
                               float* HWY_RESTRICT ot, size_t rp,
                               OnlineSoftmaxState state) {
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  const AttentionWork& work = *tile.work;
   const float qscale = dims.scale * kLog2e;
-  // QT[p, r] = scale * log2(e) * q[t0 + r / group, (kv_head * group + r %
-  // group) * d + p]; 0 for padding.
+  // QT[p, r] = scale * log2(e) * q row r (TileQRow) [p]; 0 for padding.
   const auto q_row = [&](size_t r) {
-    const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-    const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
-    return work.q + t * work.q_stride + h * dims.head_dim;
+    return TileQRow(dims, tile, static_cast<int64_t>(r));
   };
   const size_t rows = static_cast<size_t>(tile.rows);
   size_t r = 0;
@@ -542,9 +557,7 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
   for (size_t r = 0; r < rows; ++r) {
-    const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-    const int64_t h = tile.kv_head * group + static_cast<int64_t>(r) % group;
-    const float* q_row = work.q + t * work.q_stride + h * dims.head_dim;
+    const float* q_row = TileQRow(dims, tile, static_cast<int64_t>(r));
     float* qs_row = qs + r * row_stride;
     for (int64_t p = 0; p < dims.head_dim; ++p)
       qs_row[p] = dims.scale * q_row[p];
@@ -678,13 +691,7 @@ HWY_INLINE AttentionTile MakeTile(const AttentionDims& dims,
 HWY_INLINE void WriteTileOutput(const AttentionDims& dims,
                                 const AttentionTile& tile, const float* o,
                                 size_t o_rs, size_t o_ps, const float* sum) {
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  const AttentionWork& work = *tile.work;
-  const auto out_row = [&](int64_t r) {
-    const int64_t t = tile.t0 + r / group;
-    const int64_t h = tile.kv_head * group + r % group;
-    return work.out + t * work.out_stride + h * dims.head_dim;
-  };
+  const auto out_row = [&](int64_t r) { return TileOutRow(dims, tile, r); };
   for (int64_t r = 0; r < tile.rows; ++r) {
     float* out = out_row(r);
     const float l = sum[r];
@@ -719,13 +726,7 @@ HWY_INLINE void WriteWideTileOutput(const AttentionDims& dims,
                 row);
     }
   }
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  const AttentionWork& work = *tile.work;
-  const auto out_row = [&](int64_t r) {
-    const int64_t t = tile.t0 + r / group;
-    const int64_t h = tile.kv_head * group + r % group;
-    return work.out + t * work.out_stride + h * dims.head_dim;
-  };
+  const auto out_row = [&](int64_t r) { return TileOutRow(dims, tile, r); };
   int64_t r = 0;
   for (; r + 4 <= tile.rows; r += 4) {
     float* out0 = out_row(r);
@@ -782,12 +783,8 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
                               const AttentionTile& tile,
                               const AttentionPartial* partials,
                               int64_t n_chunks) {
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  const AttentionWork& work = *tile.work;
   for (int64_t r = 0; r < tile.rows; ++r) {
-    const int64_t t = tile.t0 + r / group;
-    const int64_t h = tile.kv_head * group + r % group;
-    float* out_row = work.out + t * work.out_stride + h * dims.head_dim;
+    float* out_row = TileOutRow(dims, tile, r);
     double m = -std::numeric_limits<double>::infinity();
     bool nan = false;
     for (int64_t c = 0; c < n_chunks; ++c) {
