@@ -159,7 +159,8 @@ std::string Describe(const Case& c) {
 }
 
 // Runs one case through the fused path (q strided, out strided), checks it.
-void RunCase(const Case& c, uint64_t seed) {
+// scale 0: 1 / sqrt(head_dim).
+void RunCase(const Case& c, uint64_t seed, float scale = 0.0f) {
   KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, seed);
   const int64_t width = c.layout.n_heads * c.head_dim;
   const int64_t q_stride = width + 5, out_stride = width + 3;
@@ -173,11 +174,13 @@ void RunCase(const Case& c, uint64_t seed) {
   query.out = MatrixView<float>(out.data(), c.n_tokens, width, out_stride);
   AttentionOptions options;
   options.mask = c.causal ? AttentionMask::kCausal : AttentionMask::kNone;
+  options.scale = scale;
   const Status status = Attention(cache, c.layout.n_heads, &query, 1, options);
   ASSERT_TRUE(status.ok()) << status.ToString();
-  ExpectMatchesReference(cache, c.layout.n_heads, query, c.causal,
-                         static_cast<float>(1.0 / std::sqrt(c.head_dim)),
-                         Describe(c));
+  ExpectMatchesReference(
+      cache, c.layout.n_heads, query, c.causal,
+      scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(c.head_dim)),
+      Describe(c));
   // Padding of out is not the kernel's.
   for (int64_t t = 0; t + 1 < c.n_tokens; ++t) {
     for (int64_t col = width; col < out_stride; ++col) {
@@ -218,6 +221,23 @@ TEST_P(AttentionTest, Prefill) {
           RunCase({layout, head_dim, n, n, causal}, seed++);
           if (HasFatalFailure()) return;
         }
+      }
+    }
+  }
+}
+
+// Scores that span hundreds (scale 80 / sqrt(d)): exp's range reduction far
+// from 0, weights below 2^-127 of the row's largest (flushed to 0), and running
+// maxima that jump by more than that from one key block to the next (alpha 0),
+// on wide (prefill) and narrow (decode) tiles.
+TEST_P(AttentionTest, LargeScoreRange) {
+  uint64_t seed = 900;
+  for (const Layout& layout : {Layout{8, 8}, Layout{8, 1}}) {
+    for (const int64_t n_tokens : {1, 40}) {
+      for (const bool causal : {true, false}) {
+        RunCase({layout, 64, 300, n_tokens, causal}, seed++,
+                80.0f / std::sqrt(64.0f));
+        if (HasFatalFailure()) return;
       }
     }
   }
