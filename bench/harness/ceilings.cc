@@ -55,23 +55,26 @@ volatile float sink;
 // noise (other processes, interrupts, clock ramp-up) only ever slows a trial
 // down. `reps` grows until a trial lasts budget_s / 8.
 template <class Trial>
-double BestRate(double budget_s, const Trial& trial) {
-  const double deadline = Seconds() + budget_s;
-  uint64_t reps = 1;
+double BestRate(double budget_s, int threads, const Trial& trial) {
   double best = 0.0;
-  for (int trials = 0;; ++trials) {
-    const double start = Seconds();
-    const double units = trial(reps);
-    const double elapsed = Seconds() - start;
-    best = std::max(best, units / std::max(elapsed, 1e-9));
-    if (trials >= 2 && Seconds() >= deadline) break;
-    if (elapsed < budget_s / 8) {
-      const double grow = budget_s / 8 / std::max(elapsed, 1e-9);
-      reps = static_cast<uint64_t>(static_cast<double>(reps) *
-                                   std::clamp(grow, 1.5, 64.0)) +
-             1;
+  // 1 thread: on the CPU of every 1-thread row (PinnedIfOneThread).
+  PinnedIfOneThread(threads, [&] {
+    const double deadline = Seconds() + budget_s;
+    uint64_t reps = 1;
+    for (int trials = 0;; ++trials) {
+      const double start = Seconds();
+      const double units = trial(reps);
+      const double elapsed = Seconds() - start;
+      best = std::max(best, units / std::max(elapsed, 1e-9));
+      if (trials >= 2 && Seconds() >= deadline) break;
+      if (elapsed < budget_s / 8) {
+        const double grow = budget_s / 8 / std::max(elapsed, 1e-9);
+        reps = static_cast<uint64_t>(static_cast<double>(reps) *
+                                     std::clamp(grow, 1.5, 64.0)) +
+               1;
+      }
     }
-  }
+  });
   return best;
 }
 
@@ -93,7 +96,7 @@ void OnThreads(tbb::task_arena& arena, int threads, const Body& body) {
 // calling thread).
 double MeasureFma(double budget_s, int threads, int64_t expected_target) {
   tbb::task_arena arena(threads);
-  return 1e-9 * BestRate(budget_s, [&](uint64_t reps) {
+  return 1e-9 * BestRate(budget_s, threads, [&](uint64_t reps) {
            // 1024 rounds x 16 chains of AVX-512 is ~8 us: reps of that amortize
            // the call.
            const uint64_t rounds = reps * 1024;
@@ -121,7 +124,7 @@ double MeasureFma(double budget_s, int threads, int64_t expected_target) {
 double MeasureRead(double budget_s, int threads, const float* data,
                    size_t slice_floats) {
   tbb::task_arena arena(threads);
-  return 1e-9 * BestRate(budget_s, [&](uint64_t reps) {
+  return 1e-9 * BestRate(budget_s, threads, [&](uint64_t reps) {
            std::vector<float> sums(threads);
            OnThreads(arena, threads, [&](int i) {
              float sum = 0.0f;
@@ -142,7 +145,7 @@ double MeasureCopy(double budget_s, int threads, float* data, size_t floats) {
   tbb::task_arena arena(threads);
   const size_t half = floats / 2;
   const size_t slice = half / threads / kStreamElements * kStreamElements;
-  return 1e-9 * BestRate(budget_s, [&](uint64_t reps) {
+  return 1e-9 * BestRate(budget_s, threads, [&](uint64_t reps) {
            OnThreads(arena, threads, [&](int i) {
              for (uint64_t r = 0; r < reps; ++r) {
                internal::Copy(data + i * slice, data + half + i * slice, slice);

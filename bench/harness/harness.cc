@@ -3,6 +3,9 @@
 #include "bench/harness/harness.h"
 
 #include <ctype.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 
@@ -276,8 +279,10 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
             state.SkipWithError(error.c_str());
             return;
           }
-          Arena(threads).execute([&] {
-            fn(state, RunConfig{target, threads});
+          PinnedIfOneThread(threads, [&] {
+            Arena(threads).execute([&] {
+              fn(state, RunConfig{target, threads});
+            });
           });
           ResetMaxTarget();
         });
@@ -292,6 +297,27 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
     registered.push_back(bench);
   }
   return registered;
+}
+
+void PinnedIfOneThread(int threads, const std::function<void()>& body) {
+#ifdef __linux__
+  cpu_set_t saved;
+  if (threads == 1 && sched_getaffinity(0, sizeof(saved), &saved) == 0) {
+    int cpu = CPU_SETSIZE - 1;
+    while (cpu >= 0 && !CPU_ISSET(cpu, &saved)) --cpu;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    if (cpu >= 0) CPU_SET(cpu, &one);
+    if (cpu >= 0 && sched_setaffinity(0, sizeof(one), &one) == 0) {
+      body();
+      sched_setaffinity(0, sizeof(saved), &saved);
+      return;
+    }
+  }
+#else
+  (void)threads;
+#endif
+  body();
 }
 
 bool AddRegistrar(void (*registrar)()) {

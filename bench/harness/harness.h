@@ -136,6 +136,16 @@ bool WarmUp(benchmark::State& state, const Step& step) {
   return Check(state, step());
 }
 
+// Runs body() on the calling thread; with threads == 1 pinned (Linux) to one
+// fixed CPU, the last one the process may use, so that every 1-thread
+// measurement, the ceilings' and the rows', runs on the same core. On the
+// 2-vCPU VM the vCPUs differ by 8% (CPU 0 slower), and the main thread ran on
+// either: after a 2-thread row it moved to CPU 0, so 1-thread rows ran about
+// 10% below a 1-thread ceiling measured on CPU 1 (matmul 2048^3: 163-167
+// against 181-191 GFLOP/s alone, the same as pinned to CPU 0 / CPU 1). Unpinned
+// when the affinity cannot be set.
+void PinnedIfOneThread(int threads, const std::function<void()>& body);
+
 // -----------------------------------------------------------------------------
 // Registration.
 
