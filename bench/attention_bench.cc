@@ -117,11 +117,7 @@ void BM_Decode(benchmark::State& state, const RunConfig& run) {
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
   const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
-  if (!WarmUp(state, step)) return;
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/false);
 }
 
@@ -134,11 +130,7 @@ void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
   const auto step = [&] {
     return AttentionWithWeights(cache, kHeads, query, weights);
   };
-  if (!WarmUp(state, step)) return;
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/true);
 }
 
@@ -148,11 +140,7 @@ void BM_Prefill(benchmark::State& state, const RunConfig& run) {
   const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
   const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
-  if (!WarmUp(state, step)) return;
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/false);
 }
 
@@ -166,11 +154,7 @@ void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
   const auto step = [&] {
     return AttentionWithWeights(cache, kHeads, query, weights);
   };
-  if (!WarmUp(state, step)) return;
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/true);
 }
 

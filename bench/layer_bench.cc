@@ -258,13 +258,7 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = cache.Truncate(0, kContext);
     return status;
   };
-  if (!WarmUp(state, step)) {
-    return;
-  }
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, 1, kContext,
          static_cast<double>(layer->packed_bytes()),
          static_cast<double>(layer->cache_bytes_per_token()));
@@ -284,13 +278,7 @@ void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
     }
     return status;
   };
-  if (!WarmUp(state, step)) {
-    return;
-  }
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, kPrefillLen, 0,
          static_cast<double>(layer->packed_bytes()),
          static_cast<double>(layer->cache_bytes_per_token()));
@@ -364,13 +352,7 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = cache.Truncate(0, kContext);
     return status;
   };
-  if (!WarmUp(state, step)) {
-    return;
-  }
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   // The same work as the layer's.
   Report(state, run, n_kv, 1, kContext, HostWeightBytes(n_kv),
          static_cast<double>(cache.bytes_per_token()));
@@ -388,13 +370,7 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
     if (status.ok()) status = SeedForward(host, &cache, io, buffers);
     return status;
   };
-  if (!WarmUp(state, step)) {
-    return;
-  }
-  for (auto _ : state) {
-    if (!Check(state, step())) break;
-    benchmark::ClobberMemory();
-  }
+  if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, kPrefillLen, 0, HostWeightBytes(n_kv),
          static_cast<double>(cache.bytes_per_token()));
 }

@@ -125,15 +125,21 @@ void ReportMemory(benchmark::State& state, double bytes_per_iter,
 // if ok. Usage in the loop: if (!Check(state, headway::Softmax(...))) break;
 bool Check(benchmark::State& state, const Status& status);
 
-// Runs `step` (one call of what the benchmark times) once, untimed, before the
-// timed loop, every time a benchmark function runs (each repetition). At these
-// sizes the first iteration, Google Benchmark's estimate, is often the only
-// one timed, and a first call after new buffers were allocated and filled ran
-// up to 25% slower here (attention prefill 1 thread: 131-146 GFLOP/s cold,
-// 175 warm). False after skipping the benchmark if the step fails.
+// Times `step` (one call of what the benchmark measures): once untimed, then
+// Google Benchmark's timed loop. The untimed call comes every time a benchmark
+// function runs (each repetition): at these sizes the first iteration, Google
+// Benchmark's estimate, is often the only one timed, and a first call after
+// new buffers were allocated and filled ran up to 25% slower here (attention
+// prefill 1 thread: 131-146 GFLOP/s cold, 175 warm). False after skipping the
+// benchmark if a call fails.
 template <class Step>
-bool WarmUp(benchmark::State& state, const Step& step) {
-  return Check(state, step());
+bool TimeSteps(benchmark::State& state, const Step& step) {
+  if (!Check(state, step())) return false;
+  for (auto _ : state) {
+    if (!Check(state, step())) return false;
+    benchmark::ClobberMemory();
+  }
+  return true;
 }
 
 // Runs body() on the calling thread; with threads == 1 pinned (Linux) to one
