@@ -29,7 +29,11 @@
 // (AttentionWithWeights: the seed's einsum steps on Headway's GEMM and
 // softmax), then the output projection. It uses Headway's Matmul, not
 // OpenBLAS, so the gap to the layer is what the layer's fusion, pre-packed
-// weights and flash attention gain, not a difference of GEMM kernels.
+// weights and flash attention gain, not a difference of GEMM kernels. The
+// seed peers of the BLAS libraries that bench/ has (bench/harness/peers.h:
+// layer_seed_openblas_decode, layer_seed_onednn_prefill, ...) run the same
+// composition with its four projections on that library's sgemm, as numpy's
+// matmul would call it; their attention steps stay Headway's.
 //
 // Memory: one set of MHA-sized host weights (256 MiB) for the whole run, whose
 // first columns of W_K and W_V serve GQA-8 and MQA; one packed layer at a time
@@ -45,6 +49,7 @@
 #include <vector>
 
 #include "bench/harness/harness.h"
+#include "bench/harness/peers.h"
 #include "benchmark/benchmark.h"
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
@@ -311,20 +316,31 @@ struct SeedBuffers {
   }
 };
 
+// c = a b with Headway's Matmul, or with the peer's sgemm on `threads`
+// threads.
+Status Project(const PeerGemm* peer, int threads, MatrixView<const float> a,
+               MatrixView<const float> b, MatrixView<float> c) {
+  if (peer == nullptr) return Matmul(a, Transpose::kNo, b, Transpose::kNo, c);
+  peer->sgemm(threads, /*trans_b=*/false, c.rows, c.cols, a.cols, 1.0f, a.data,
+              a.stride, b.data, b.stride, 0.0f, c.data, c.stride);
+  return Status::Ok();
+}
+
 // The layer as the seed computes it, appending the tokens' K and V to
-// sequence 0 of *cache.
+// sequence 0 of *cache; the projections on Headway's Matmul, or on the peer's
+// sgemm.
 Status SeedForward(const HostWeights& w, KvCache* cache, const Activations& io,
-                   SeedBuffers& b) {
+                   SeedBuffers& b, const PeerGemm* peer, int threads) {
   const int64_t n = b.n_tokens, kv_cols = b.n_kv * kHeadDim;
   const MatrixView<float> q(b.q.get(), n, kQCols);
   const MatrixView<float> k(b.k.get(), n, kv_cols);
   const MatrixView<float> v(b.v.get(), n, kv_cols);
   const MatrixView<float> attn(b.attn.get(), n, kQCols);
-  Status status = Matmul(io.X(), Transpose::kNo, w.Q(), Transpose::kNo, q);
+  Status status = Project(peer, threads, io.X(), w.Q(), q);
   if (!status.ok()) return status;
-  status = Matmul(io.X(), Transpose::kNo, w.K(b.n_kv), Transpose::kNo, k);
+  status = Project(peer, threads, io.X(), w.K(b.n_kv), k);
   if (!status.ok()) return status;
-  status = Matmul(io.X(), Transpose::kNo, w.V(b.n_kv), Transpose::kNo, v);
+  status = Project(peer, threads, io.X(), w.V(b.n_kv), v);
   if (!status.ok()) return status;
   status = cache->Append(0, k, v);
   if (!status.ok()) return status;
@@ -337,10 +353,11 @@ Status SeedForward(const HostWeights& w, KvCache* cache, const Activations& io,
       *cache, kHeads, query,
       MatrixView<float>(b.weights.get(), kHeads * n, length));
   if (!status.ok()) return status;
-  return Matmul(attn, Transpose::kNo, w.O(), Transpose::kNo, io.Y());
+  return Project(peer, threads, attn, w.O(), io.Y());
 }
 
-void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
+void BM_SeedDecode(benchmark::State& state, const RunConfig& run,
+                   const PeerGemm* peer) {
   const int64_t n_kv = state.range(0);
   DropSharedLayer();
   const HostWeights& host = SharedHostWeights();
@@ -348,7 +365,7 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
   const Activations io(1);
   SeedBuffers buffers(1, n_kv, kContext + 1);
   const auto step = [&] {
-    Status status = SeedForward(host, &cache, io, buffers);
+    Status status = SeedForward(host, &cache, io, buffers, peer, run.threads);
     if (status.ok()) status = cache.Truncate(0, kContext);
     return status;
   };
@@ -358,7 +375,8 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run) {
          static_cast<double>(cache.bytes_per_token()));
 }
 
-void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
+void BM_SeedPrefill(benchmark::State& state, const RunConfig& run,
+                    const PeerGemm* peer) {
   const int64_t n_kv = state.range(0);
   DropSharedLayer();
   const HostWeights& host = SharedHostWeights();
@@ -367,7 +385,8 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run) {
   SeedBuffers buffers(kPrefillLen, n_kv, kPrefillLen);
   const auto step = [&] {
     Status status = cache.Reset(0);
-    if (status.ok()) status = SeedForward(host, &cache, io, buffers);
+    if (status.ok())
+      status = SeedForward(host, &cache, io, buffers, peer, run.threads);
     return status;
   };
   if (!TimeSteps(state, step)) return;
@@ -380,11 +399,30 @@ void RegisterLayer() {
   // a few tenths of a second (AVX-512) to tens of seconds (SCALAR) per
   // iteration, and --benchmark_min_time keeps its say.
   const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
+  // The seed peers: on Headway's Matmul (peer == nullptr), then on each BLAS.
+  std::vector<std::pair<std::string, const PeerGemm*>> seeds = {
+      {"seed", nullptr}};
+  for (const PeerGemm& peer : PeerGemms()) {
+    seeds.emplace_back("seed_" + peer.library, &peer);
+  }
   RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads"}, layouts);
-  RegisterPerTarget("layer_seed_decode", BM_SeedDecode, {"kv_heads"}, layouts);
+  for (const auto& [name, peer] : seeds) {
+    RegisterPerTarget(
+        "layer_" + name + "_decode",
+        [peer = peer](benchmark::State& state, const RunConfig& run) {
+          BM_SeedDecode(state, run, peer);
+        },
+        {"kv_heads"}, layouts);
+  }
   RegisterPerTarget("layer_prefill", BM_LayerPrefill, {"kv_heads"}, layouts);
-  RegisterPerTarget("layer_seed_prefill", BM_SeedPrefill, {"kv_heads"},
-                    layouts);
+  for (const auto& [name, peer] : seeds) {
+    RegisterPerTarget(
+        "layer_" + name + "_prefill",
+        [peer = peer](benchmark::State& state, const RunConfig& run) {
+          BM_SeedPrefill(state, run, peer);
+        },
+        {"kv_heads"}, layouts);
+  }
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterLayer);

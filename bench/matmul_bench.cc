@@ -22,14 +22,8 @@
 // they run their own AVX-512 kernels here). The first two shapes run on every
 // target, the others on the key targets (harness.h).
 //
-// OpenBLAS: this environment sets OPENBLAS_CORETYPE=Haswell, which holds
-// OpenBLAS to its AVX2 kernel. OpenBLAS reads the variable once, when the
-// library initialises, so the benchmark is not linked with it: it unsets the
-// variable (HEADWAY_BENCH_OPENBLAS_CORETYPE, if set, is put in its place) and
-// then dlopen()s libopenblas, which then detects the CPU. The kernel that ran
-// (openblas_get_corename()) is in the benchmark's name and in the JSON context.
-// oneDNN (Debian's build) threads with OpenMP: omp_set_num_threads sets its
-// thread count.
+// The peers (bench/harness/peers.h) run the same shapes, one row per peer:
+// matmul_openblas/<OpenBLAS core name>/... and matmul_onednn/sgemm/....
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,21 +33,12 @@
 #include <vector>
 
 #include "bench/harness/harness.h"
+#include "bench/harness/peers.h"
 #include "benchmark/benchmark.h"
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "headway/view.h"
 #include "hwy/aligned_allocator.h"
-
-#ifdef HEADWAY_BENCH_OPENBLAS
-#include <dlfcn.h>
-#endif
-#ifdef HEADWAY_BENCH_DNNL
-#include "dnnl.h"
-#endif
-#ifdef HEADWAY_BENCH_OPENMP
-#include <omp.h>
-#endif
 
 namespace headway {
 namespace bench {
@@ -227,15 +212,15 @@ HEADWAY_REGISTER_BENCHMARKS(RegisterMatmul);
 // -----------------------------------------------------------------------------------------
 // Peers.
 
-// Registers `name`/<kernel>/args.../threads:N for every shape and thread count;
-// fn runs one row-major sgemm C = alpha * A * op(B) on `threads` threads.
-using PeerGemm = void (*)(const Shape& s, int threads, const float* a,
-                          const float* b, float* c, float alpha);
-void RegisterPeer(const std::string& name, PeerGemm gemm) {
+// Registers matmul_<library>/<kernel>/args.../threads:N for every shape and
+// thread count: the peer's row-major sgemm, C = alpha * A * op(B).
+void RegisterPeer(const PeerGemm& peer) {
   std::vector<std::string> names = kArgNames;
   names.push_back("threads");
+  const std::string name = "matmul_" + peer.library + "/" + peer.kernel;
+  const PeerSgemm sgemm = peer.sgemm;
   benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
-      name.c_str(), [gemm](benchmark::State& state) {
+      name.c_str(), [sgemm](benchmark::State& state) {
         const Shape s = Shape::From(state);
         const int threads = static_cast<int>(state.range(6));
         Operands& ops = SharedOperands(s);
@@ -243,14 +228,19 @@ void RegisterPeer(const std::string& name, PeerGemm gemm) {
         const auto run_once = [&]() {
           const float* b = ops.b.get() + ops.NextCopy() * ops.b_size;
           for (int64_t h = 0; h < s.batch; ++h) {
-            gemm(s, threads, ops.a.get() + h * s.m * s.k, b + h * s.k * s.n,
-                 ops.c.get() + h * s.m * s.n, alpha);
+            sgemm(threads, s.trans_b, s.m, s.n, s.k, alpha,
+                  ops.a.get() + h * s.m * s.k, s.k, b + h * s.k * s.n,
+                  s.trans_b ? s.k : s.n, 0.0f, ops.c.get() + h * s.m * s.n,
+                  s.n);
           }
           benchmark::ClobberMemory();
           alpha = 1.5f - alpha;
         };
-        run_once();  // untimed, as for Headway above (the peers' buffers)
-        for (auto _ : state) run_once();
+        // Pinned at 1 thread to the CPU of Headway's rows and the ceilings.
+        PinnedIfOneThread(threads, [&] {
+          run_once();  // untimed, as for Headway above (the peers' buffers)
+          for (auto _ : state) run_once();
+        });
         Report(state, s, SupportedTargets().front(), threads);
       });
   bench->ArgNames(names)->UseRealTime();
@@ -263,75 +253,10 @@ void RegisterPeer(const std::string& name, PeerGemm gemm) {
   }
 }
 
-#ifdef HEADWAY_BENCH_OPENBLAS
-enum CblasOrder { kCblasRowMajor = 101 };
-enum CblasTranspose { kCblasNoTrans = 111, kCblasTrans = 112 };
-using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int,
-                         const float*, int, float, float*, int);
-SgemmFn openblas_sgemm = nullptr;
-void (*openblas_set_num_threads)(int) = nullptr;
-
-void OpenBlasGemm(const Shape& s, int threads, const float* a, const float* b,
-                  float* c, float alpha) {
-  openblas_set_num_threads(threads);
-  openblas_sgemm(
-      kCblasRowMajor, kCblasNoTrans, s.trans_b ? kCblasTrans : kCblasNoTrans,
-      static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k),
-      alpha, a, static_cast<int>(s.k), b,
-      static_cast<int>(s.trans_b ? s.k : s.n), 0.0f, c, static_cast<int>(s.n));
+void RegisterPeers() {
+  for (const PeerGemm& peer : PeerGemms()) RegisterPeer(peer);
 }
-
-void RegisterOpenBlas() {
-  // Before dlopen: OpenBLAS picks its kernel when it initialises.
-  const char* from_env = getenv("OPENBLAS_CORETYPE");
-  const std::string previous = from_env != nullptr ? from_env : "";
-  const char* wanted = getenv("HEADWAY_BENCH_OPENBLAS_CORETYPE");
-  if (wanted != nullptr && wanted[0] != '\0') {
-    setenv("OPENBLAS_CORETYPE", wanted, 1);
-  } else {
-    unsetenv("OPENBLAS_CORETYPE");
-  }
-  void* lib = dlopen(HEADWAY_BENCH_OPENBLAS, RTLD_NOW | RTLD_LOCAL);
-  if (!previous.empty()) setenv("OPENBLAS_CORETYPE", previous.c_str(), 1);
-  if (lib == nullptr) return;
-  openblas_sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cblas_sgemm"));
-  openblas_set_num_threads =
-      reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
-  auto corename =
-      reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_corename"));
-  if (openblas_sgemm == nullptr || openblas_set_num_threads == nullptr) return;
-  const std::string core = corename != nullptr ? corename() : "unknown";
-  benchmark::AddCustomContext("openblas_corename", core);
-  benchmark::AddCustomContext("openblas_coretype_env_was",
-                              previous.empty() ? "(unset)" : previous);
-  RegisterPeer("matmul_openblas/" + core, OpenBlasGemm);
-}
-HEADWAY_REGISTER_BENCHMARKS(RegisterOpenBlas);
-#endif  // HEADWAY_BENCH_OPENBLAS
-
-#ifdef HEADWAY_BENCH_DNNL
-void DnnlGemm(const Shape& s, int threads, const float* a, const float* b,
-              float* c, float alpha) {
-#ifdef HEADWAY_BENCH_OPENMP
-  omp_set_num_threads(threads);
-#else
-  (void)threads;
-#endif
-  (void)dnnl_sgemm('N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, alpha, a, s.k, b,
-                   s.trans_b ? s.k : s.n, 0.0f, c, s.n);
-}
-
-void RegisterDnnl() {
-  const dnnl_version_t* version = dnnl_version();
-  benchmark::AddCustomContext(
-      "onednn_version", std::to_string(version->major) + "." +
-                            std::to_string(version->minor) + "." +
-                            std::to_string(version->patch) + " cpu_runtime " +
-                            std::to_string(version->cpu_runtime));
-  RegisterPeer("matmul_onednn/sgemm", DnnlGemm);
-}
-HEADWAY_REGISTER_BENCHMARKS(RegisterDnnl);
-#endif  // HEADWAY_BENCH_DNNL
+HEADWAY_REGISTER_BENCHMARKS(RegisterPeers);
 
 }  // namespace
 }  // namespace bench
