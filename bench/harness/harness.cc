@@ -262,8 +262,15 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
   const size_t threads_index = arg_names.size();
   const bool all_shapes = GetOptions().full || !GetOptions().targets.empty();
   if (IsPeerFamily(name)) every_target_sets = 0;
+  // A peer on another library's kernels (layer_seed_onednn_prefill) runs
+  // on the first selected target only: the library picks its own ISA, so its
+  // rows on other targets would compare against the wrong ceiling.
+  const bool library_peer = name.find("openblas") != std::string::npos ||
+                            name.find("onednn") != std::string::npos;
+  const std::vector<Target> selected = SelectedTargets();
   std::vector<benchmark::internal::Benchmark*> registered;
-  for (const Target& target : SelectedTargets()) {
+  for (const Target& target : selected) {
+    if (library_peer && target.bits != selected.front().bits) continue;
     const size_t sets = all_shapes || IsKeyTarget(target)
                             ? arg_sets.size()
                             : std::min(every_target_sets, arg_sets.size());

@@ -173,7 +173,8 @@ using BenchmarkFn = std::function<void(benchmark::State&, const RunConfig&)>;
 // run keeps to about 5 minutes: the first `every_target_sets` tuples run on
 // every target, the others only on KeyTargets(), so put a cheap,
 // representative shape first; a peer (IsPeerFamily(name)) runs on
-// KeyTargets() only. --headway_full and --headway_targets run every tuple on
+// KeyTargets() only, and one on OpenBLAS or oneDNN on the first selected
+// target only. --headway_full and --headway_targets run every tuple on
 // every selected target. Returns one benchmark::internal::Benchmark per
 // registered target, to tune further (e.g. ->MinTime(2)). Call it from a
 // registrar (HEADWAY_REGISTER_BENCHMARKS).
