@@ -399,30 +399,28 @@ void RegisterLayer() {
   // a few tenths of a second (AVX-512) to tens of seconds (SCALAR) per
   // iteration, and --benchmark_min_time keeps its say.
   const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
-  // The seed peers: on Headway's Matmul (peer == nullptr), then on each BLAS.
-  std::vector<std::pair<std::string, const PeerGemm*>> seeds = {
-      {"seed", nullptr}};
-  for (const PeerGemm& peer : PeerGemms()) {
-    seeds.emplace_back("seed_" + peer.library, &peer);
-  }
+  // The seed peers of `kind` ("decode", "prefill"): on Headway's Matmul
+  // (peer == nullptr), then on each BLAS.
+  using SeedFn = void (*)(benchmark::State&, const RunConfig&, const PeerGemm*);
+  const auto register_seeds = [&](const std::string& kind, SeedFn fn) {
+    std::vector<std::pair<std::string, const PeerGemm*>> seeds = {
+        {"seed", nullptr}};
+    for (const PeerGemm& peer : PeerGemms()) {
+      seeds.emplace_back("seed_" + peer.library, &peer);
+    }
+    for (const auto& [name, peer] : seeds) {
+      RegisterPerTarget(
+          "layer_" + name + "_" + kind,
+          [fn, peer = peer](benchmark::State& state, const RunConfig& run) {
+            fn(state, run, peer);
+          },
+          {"kv_heads"}, layouts);
+    }
+  };
   RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads"}, layouts);
-  for (const auto& [name, peer] : seeds) {
-    RegisterPerTarget(
-        "layer_" + name + "_decode",
-        [peer = peer](benchmark::State& state, const RunConfig& run) {
-          BM_SeedDecode(state, run, peer);
-        },
-        {"kv_heads"}, layouts);
-  }
+  register_seeds("decode", BM_SeedDecode);
   RegisterPerTarget("layer_prefill", BM_LayerPrefill, {"kv_heads"}, layouts);
-  for (const auto& [name, peer] : seeds) {
-    RegisterPerTarget(
-        "layer_" + name + "_prefill",
-        [peer = peer](benchmark::State& state, const RunConfig& run) {
-          BM_SeedPrefill(state, run, peer);
-        },
-        {"kv_heads"}, layouts);
-  }
+  register_seeds("prefill", BM_SeedPrefill);
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterLayer);

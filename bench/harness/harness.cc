@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -208,19 +209,33 @@ std::vector<Target> SelectedTargets() {
   return selected;
 }
 
-bool IsPeerFamily(const std::string& family) {
+namespace {
+
+// True if one of the '_'-separated words of `family` is in `words`.
+bool HasWord(const std::string& family,
+             std::initializer_list<const char*> words) {
   size_t begin = 0;
   while (begin <= family.size()) {
     size_t end = family.find('_', begin);
     if (end == std::string::npos) end = family.size();
     const std::string word = family.substr(begin, end - begin);
-    if (word == "openblas" || word == "onednn" || word == "materialized" ||
-        word == "seed") {
-      return true;
+    for (const char* w : words) {
+      if (word == w) return true;
     }
     begin = end + 1;
   }
   return false;
+}
+
+// A peer on another library's kernels (layer_seed_onednn_prefill).
+bool IsLibraryPeerFamily(const std::string& family) {
+  return HasWord(family, {"openblas", "onednn"});
+}
+
+}  // namespace
+
+bool IsPeerFamily(const std::string& family) {
+  return HasWord(family, {"openblas", "onednn", "materialized", "seed"});
 }
 
 std::vector<Target> KeyTargets() {
@@ -262,15 +277,14 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
   const size_t threads_index = arg_names.size();
   const bool all_shapes = GetOptions().full || !GetOptions().targets.empty();
   if (IsPeerFamily(name)) every_target_sets = 0;
-  // A peer on another library's kernels (layer_seed_onednn_prefill) runs
-  // on the first selected target only: the library picks its own ISA, so its
-  // rows on other targets would compare against the wrong ceiling.
-  const bool library_peer = name.find("openblas") != std::string::npos ||
-                            name.find("onednn") != std::string::npos;
+  // A peer on another library's kernels runs on the first selected target
+  // only: the library picks its own ISA, so its rows on other targets would
+  // compare against the wrong ceiling.
+  const bool library_peer = IsLibraryPeerFamily(name);
   const std::vector<Target> selected = SelectedTargets();
   std::vector<benchmark::internal::Benchmark*> registered;
   for (const Target& target : selected) {
-    if (library_peer && target.bits != selected.front().bits) continue;
+    if (library_peer && !(target == selected.front())) continue;
     const size_t sets = all_shapes || IsKeyTarget(target)
                             ? arg_sets.size()
                             : std::min(every_target_sets, arg_sets.size());
