@@ -1,5 +1,6 @@
 // The matmul micro-kernel alone, per target: lib/matmul/matmul-inl.h's
-// MatmulTile on operands that stay in the caches, against the FMA ceiling.
+// MatmulStrip (for full tiles, MatmulTileFull), called as the driver calls it,
+// on operands that stay in the caches, against the FMA ceiling.
 //
 // One packed A strip [MR][KC + 16] (25 KiB on AVX3: L1) times kPanels packed B
 // slices [kc][NR] (256 KiB at kc = 512: L2, like one NC block of the driver)
@@ -43,7 +44,7 @@ using ::headway::HWY_NAMESPACE::kMatmulAStripFloats;
 using ::headway::HWY_NAMESPACE::kMatmulMaxKC;
 using ::headway::HWY_NAMESPACE::kMatmulMR;
 using ::headway::HWY_NAMESPACE::kMatmulNR;
-using ::headway::HWY_NAMESPACE::MatmulTile;
+using ::headway::HWY_NAMESPACE::MatmulStrip;
 
 // B slices per kernel pass: the driver's NC block at KC = 512 on AVX3.
 constexpr size_t kPanels = 4;
@@ -69,8 +70,8 @@ double MatmulKernelLoopT(size_t kc, uint64_t reps) {
   for (uint64_t r = 0; r < reps; ++r) {
     for (size_t p = 0; p < kPanels; ++p) {
       // alpha alternates in sign so that C stays bounded over the passes.
-      MatmulTile<kMatmulMR>(kc, a, b + p * kc * NR, out, 0, p * NR, NR,
-                            (r & 1) ? -1.0f : 1.0f, 0.0f, r == 0);
+      MatmulStrip(kMatmulMR, kc, a, b + p * kc * NR, out, 0, p * NR, NR,
+                  (r & 1) ? -1.0f : 1.0f, 0.0f, r == 0);
     }
   }
   return 2.0 * static_cast<double>(kMatmulMR * NR * kc * kPanels) *

@@ -21,10 +21,10 @@
 // - A is packed per K block into strips of MR rows, [MR][KC + 16] (row copies;
 //   the padding spreads the rows over L1 sets), in a per-thread buffer.
 //
-// - The micro-kernel (MatmulTile) keeps an MR x NR tile of C in registers (MR
-//   rows of kNV vectors); per k it does kNV aligned loads of B, MR broadcasts
-//   of A and MR * kNV FMAs. At the end of its K block it adds alpha * tile to C
-//   (to beta * C on the first block).
+// - The micro-kernel (MatmulTileFull; MatmulTile for the edge tiles) keeps an
+//   MR x NR tile of C in registers (MR rows of kNV vectors); per k it does kNV
+//   aligned loads of B, MR broadcasts of A and MR * kNV FMAs. At the end of its
+//   K block it adds alpha * tile to C (to beta * C on the first block).
 //
 // - Tasks (tbb::parallel_for, simple partitioner, >= 8 per thread) are blocks
 //   of MC rows (one thread: up to kMatmulMCOneThread) times groups of
@@ -105,14 +105,25 @@ struct MatmulOut {
   size_t kind_first[kMatmulMaxKinds] = {};
   size_t kind_stride[kMatmulMaxKinds] = {};
 
-  float* At(size_t i, size_t j) const {
-    if (rows == nullptr) return c + i * ldc + j;
+  // Column j of every row: At(i, j) without finding j's segment for each i.
+  struct Column {
+    float* c;  // plain: C(0, j), rows ldc apart
+    size_t ldc;
+    float* const* rows;  // segmented: C(i, j) = rows[i] + offset
+    size_t offset;
+    float* At(size_t i) const {
+      return rows == nullptr ? c + i * ldc : rows[i] + offset;
+    }
+  };
+  Column ColumnAt(size_t j) const {
+    if (rows == nullptr) return {c + j, ldc, nullptr, 0};
     const size_t s = j / seg_cols;
     size_t q = n_kinds - 1;
     while (kind_first[q] > s) --q;
-    return rows[q * m + i] + (s - kind_first[q]) * kind_stride[q] +
-           (j - s * seg_cols);
+    return {nullptr, 0, rows + q * m,
+            (s - kind_first[q]) * kind_stride[q] + (j - s * seg_cols)};
   }
+  float* At(size_t i, size_t j) const { return ColumnAt(j).At(i); }
   // Whether columns [j, j + cols) lie next to each other in every row.
   bool Contiguous(size_t j, size_t cols) const {
     return rows == nullptr || j / seg_cols == (j + cols - 1) / seg_cols;
@@ -501,6 +512,18 @@ HWY_INLINE void MatmulStoreRow(const V (&acc)[kMatmulNV], float* HWY_RESTRICT c,
       acc, [c](size_t j) HWY_ATTR { return c + j; }, cols, alpha, beta, first);
 }
 
+// Starts the lines of C tile [rows, cols] on their way from L3 / memory (2
+// lines per row on AVX3): C is read or written at the end of the kernel, whose
+// KC iterations then hide the latency.
+HWY_INLINE void MatmulPrefetchC(const MatmulOut::Column& column, size_t i0,
+                                size_t rows, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* c = column.At(i0 + r);
+    for (size_t j = 0; j < cols; j += 16) hwy::Prefetch(c + j);
+    hwy::Prefetch(c + cols - 1);
+  }
+}
+
 // C tile [kRows, cols] at (i0, j0) of out op= alpha * A strip
 // [MR][kMatmulAStride] * B slice [kc][NR]. Not inlined: on its own the kernel
 // gets all 32 registers (inlined into the loops of the driver, GCC 12 at -O3
@@ -517,17 +540,8 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  // C is read (or written) at the end: start its lines on their way from L3 /
-  // memory now (2 lines per row on AVX3), so that the kernel's KC iterations
-  // hide the latency.
   const bool contiguous = out.Contiguous(j0, cols);
-  if (contiguous) {
-    for (size_t r = 0; r < kRows; ++r) {
-      const float* c = out.At(i0 + r, j0);
-      for (size_t j = 0; j < cols; j += 16) hwy::Prefetch(c + j);
-      hwy::Prefetch(c + cols - 1);
-    }
-  }
+  if (contiguous) MatmulPrefetchC(out.ColumnAt(j0), i0, kRows, cols);
   V acc[kSets][kRows][kNV];
   for (size_t s = 0; s < kSets; ++s) {
     for (size_t r = 0; r < kRows; ++r) {
@@ -535,19 +549,6 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
     }
   }
   size_t k = 0;
-  if constexpr (kSets == 1 && kNV == 2) {
-    // The common case, written out: two B vectors per k, one broadcast per row.
-    for (; k < kc; ++k) {
-      const V b0 = hn::Load(d, b + k * NR);
-      const V b1 = hn::Load(d, b + k * NR + N);
-      const float* ak = a + k;
-      for (size_t r = 0; r < kRows; ++r) {
-        const V ar = hn::Set(d, ak[r * AS]);
-        acc[0][r][0] = hn::MulAdd(ar, b0, acc[0][r][0]);
-        acc[0][r][1] = hn::MulAdd(ar, b1, acc[0][r][1]);
-      }
-    }
-  }
   for (; k + kSets <= kc; k += kSets) {
     for (size_t s = 0; s < kSets; ++s) {
       const float* bk = b + (k + s) * NR;
@@ -599,11 +600,73 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   }
 }
 
+// Where and how MatmulTileFull stores its tile.
+struct MatmulTileStore {
+  MatmulOut::Column column;
+  size_t i0;
+  float alpha;
+  float beta;
+  bool first;
+};
+// MatmulTile for the common tile, MR rows of all NR columns of C, next to each
+// other in every row, with the same arithmetic. Everything is unrolled, so the
+// accumulators stay in registers from the first FMA to the store: MatmulTile's
+// run-time loop over the rows of an edge tile makes GCC 12 keep them in a
+// stack array, zeroed, stored and reloaded on every call (3-6% of a call at kc
+// = 512, up to 12% at kc = 128). The store's arguments come by reference and
+// are read after the K loop: passed in registers, GCC 12 kept alpha and beta
+// in vector registers through the loop and spilled a B vector (0.7x).
+template <size_t kRows>
+HWY_NOINLINE void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
+                                 const float* HWY_RESTRICT b,
+                                 const MatmulTileStore& store) {
+  static_assert(MatmulSets<kRows>() == 1, "one accumulator set");
+  const MatmulOut::Column& column = store.column;
+  const size_t i0 = store.i0;
+  const MatmulTag d;
+  using V = hn::Vec<MatmulTag>;
+  constexpr size_t NR = kMatmulNR;
+  constexpr size_t N = kMatmulLanes;
+  constexpr size_t kNV = kMatmulNV;
+  MatmulPrefetchC(column, i0, kRows, NR);
+  V acc[kRows][kNV];
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kNV; ++v) acc[r][v] = hn::Zero(d);
+  }
+  for (size_t k = 0; k < kc; ++k) {
+    V bv[kNV];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kNV; ++v) bv[v] = hn::Load(d, b + k * NR + v * N);
+    const float* ak = a + k;
+    HWY_UNROLL(16)
+    for (size_t r = 0; r < kRows; ++r) {
+      const V ar = hn::Set(d, ak[r * kMatmulAStride]);
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) {
+        acc[r][v] = hn::MulAdd(ar, bv[v], acc[r][v]);
+      }
+    }
+  }
+  const MatmulTileStore st = store;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    MatmulStoreRow(acc[r], st.column.At(st.i0 + r), NR, st.alpha, st.beta,
+                   st.first);
+  }
+}
+
 // Runs the micro-kernel for a strip of `rows` (1..MR) rows.
 HWY_INLINE void MatmulStrip(size_t rows, size_t kc, const float* a,
                             const float* b, const MatmulOut& out, size_t i0,
                             size_t j0, size_t cols, float alpha, float beta,
                             bool first) {
+  if (rows == kMatmulMR && cols == kMatmulNR && out.Contiguous(j0, cols)) {
+    const MatmulTileStore store{out.ColumnAt(j0), i0, alpha, beta, first};
+    MatmulTileFull<kMatmulMR>(kc, a, b, store);
+    return;
+  }
   switch (rows) {
 #define HEADWAY_MATMUL_CASE(R)                                        \
   case R:                                                             \
