@@ -616,17 +616,19 @@ struct MatmulTileStore {
 // = 512, up to 12% at kc = 128). The store's arguments come by reference and
 // are read after the K loop: passed in registers, GCC 12 kept alpha and beta
 // in vector registers through the loop and spilled a B vector (0.7x).
-HWY_NOINLINE inline void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
-                                        const float* HWY_RESTRICT b,
-                                        const MatmulTileStore& store) {
-  constexpr size_t kRows = kMatmulMR;
+template <size_t kRows>
+HWY_NOINLINE void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
+                                 const float* HWY_RESTRICT b,
+                                 const MatmulTileStore& store) {
   static_assert(MatmulSets<kRows>() == 1, "one accumulator set");
+  const MatmulOut::Column& column = store.column;
+  const size_t i0 = store.i0;
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
   constexpr size_t NR = kMatmulNR;
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
-  MatmulPrefetchC(store.column, store.i0, kRows, NR);
+  MatmulPrefetchC(column, i0, kRows, NR);
   V acc[kRows][kNV];
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
@@ -647,10 +649,11 @@ HWY_NOINLINE inline void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
       }
     }
   }
+  const MatmulTileStore st = store;
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
-    MatmulStoreRow(acc[r], store.column.At(store.i0 + r), NR, store.alpha,
-                   store.beta, store.first);
+    MatmulStoreRow(acc[r], st.column.At(st.i0 + r), NR, st.alpha, st.beta,
+                   st.first);
   }
 }
 
@@ -661,7 +664,7 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, const float* a,
                             bool first) {
   if (rows == kMatmulMR && cols == kMatmulNR && out.Contiguous(j0, cols)) {
     const MatmulTileStore store{out.ColumnAt(j0), i0, alpha, beta, first};
-    MatmulTileFull(kc, a, b, store);
+    MatmulTileFull<kMatmulMR>(kc, a, b, store);
     return;
   }
   switch (rows) {
