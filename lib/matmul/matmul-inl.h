@@ -65,6 +65,7 @@
 #include <new>
 #include <thread>
 
+#include "headway/threads.h"
 #include "hwy/aligned_allocator.h"
 #include "lib/core/blocks.h"
 #include "tbb/blocked_range.h"
@@ -778,8 +779,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const MatmulPackedLayout layout(k, n);
   const MatmulKBlocks& kblocks = layout.kblocks;
   const size_t panels = layout.panels;
-  const size_t threads =
-      static_cast<size_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+  // MaxThreads, not the arena's concurrency alone: under SetMaxThreads(1) the
+  // default arena still reports every core, and the split for several threads
+  // (A packed per group of panels) ran on one.
+  const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
   const bool small_m = m <= kMatmulSmallM;
 
   // Work split (never changes the arithmetic, see the top of this file).
