@@ -823,27 +823,32 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const bool small_m = m <= kMatmulSmallM;
 
   // Work split (never changes the arithmetic, see the top of this file).
-  // Rows: blocks of MC (fewer rows: one block, so that B is read once). Panels:
-  // enough groups for >= 8 tasks per thread (the last task then costs the other
-  // threads at most ~1/8 of a thread's share of the time), each of >= 4 panels
-  // (128 columns on AVX3) so that packing the A block pays off.
-  // With few panels (N = 128: 4), rows are cut finer (down to one strip) to
-  // make the tasks.
+  // One thread: blocks of up to kMatmulMCOneThread rows (fewer rows: one
+  // block, so that B is read once). Several: row blocks of at most MC rows,
+  // and groups of panels, for >= 8 tasks per thread (the last task then costs
+  // the other threads at most ~1/8 of a thread's share of the time), each
+  // group of >= 4 panels (128 columns on AVX3) so that packing the A block
+  // pays off. With few panels (N = 128: 4), rows are cut finer (down to one
+  // strip) to make the tasks.
   const size_t want_tasks = 8 * threads;
   const size_t max_panel_blocks = std::max<size_t>(1, panels / 4);
-  size_t mc = std::min(m, threads == 1 ? kMatmulMCOneThread : kMatmulMC);
+  const size_t strips_total = (m + MR - 1) / MR;
+  size_t row_blocks = (m + kMatmulMCOneThread - 1) / kMatmulMCOneThread;
+  size_t panel_blocks = 1;
   if (threads > 1) {
-    const size_t want_row_blocks =
-        (want_tasks + max_panel_blocks - 1) / max_panel_blocks;
-    const size_t rows_per_block = (m + want_row_blocks - 1) / want_row_blocks;
-    mc = std::min(mc, std::max(MR, (rows_per_block + MR - 1) / MR * MR));
+    row_blocks =
+        std::max((m + kMatmulMC - 1) / kMatmulMC,
+                 (want_tasks + max_panel_blocks - 1) / max_panel_blocks);
+    row_blocks = std::min(row_blocks, strips_total);
+    panel_blocks =
+        std::min(max_panel_blocks, (want_tasks + row_blocks - 1) / row_blocks);
   }
-  const size_t row_blocks = (m + mc - 1) / mc;
-  size_t panel_blocks = (want_tasks + row_blocks - 1) / row_blocks;
-  panel_blocks = std::min(panel_blocks, max_panel_blocks);
-  if (threads == 1) panel_blocks = 1;
-  const size_t panels_per_block = (panels + panel_blocks - 1) / panel_blocks;
-  panel_blocks = (panels + panels_per_block - 1) / panels_per_block;
+  // Row block b is strips [b * S / row_blocks, (b + 1) * S / row_blocks) of
+  // the S strips, panel group g likewise: the tasks differ by at most a strip
+  // or a panel. (Blocks of MC rows left a last one of 64 rows at M = 1024:
+  // 3 of 18 tasks a third of the others, and a thread idle at the end for
+  // about a task, 5% of a per-head call on 2 threads.)
+  const size_t strips_max = (strips_total + row_blocks - 1) / row_blocks;
 
   // Small M packs A for all K blocks at once:
   // [strip][K block][MR][kMatmulAStride].
@@ -858,16 +863,18 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
       tbb::blocked_range<size_t>(0, tasks, 1),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
         thread_local ScratchBuffer scratch;
-        const size_t strips_max = (mc + MR - 1) / MR;
         float* a_buf = scratch.Get(strips_max * strip_floats);
         for (size_t task = range.begin(); task < range.end(); ++task) {
           // Panel-group major: TBB hands each thread a contiguous range of
           // tasks, so threads mostly work on different panels of B (their own
           // B in their own L2, and no waiting for a slice another packs).
-          const size_t i0 = (task % row_blocks) * mc;
-          const size_t i1 = std::min(m, i0 + mc);
-          const size_t p0 = (task / row_blocks) * panels_per_block;
-          const size_t p1 = std::min(panels, p0 + panels_per_block);
+          const size_t row_block = task % row_blocks;
+          const size_t group = task / row_blocks;
+          const size_t i0 = row_block * strips_total / row_blocks * MR;
+          const size_t i1 =
+              std::min(m, (row_block + 1) * strips_total / row_blocks * MR);
+          const size_t p0 = group * panels / panel_blocks;
+          const size_t p1 = (group + 1) * panels / panel_blocks;
           const size_t strips = (i1 - i0 + MR - 1) / MR;
           if (small_m) {
             // A once for all of K; then per K block the task's panels in
