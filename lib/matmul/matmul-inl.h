@@ -27,7 +27,7 @@
 //   K block it adds alpha * tile to C (to beta * C on the first block).
 //
 // - Tasks (tbb::parallel_for, simple partitioner, >= 8 per thread) are blocks
-//   of MC rows (one thread: up to kMatmulMCOneThread) times groups of
+//   of up to MC rows (one thread: up to kMatmulMCOneThread) times groups of
 //   panels, numbered panel-group major so that
 //   threads work on different parts of B. One task: for each K block: for each
 //   NC block of panels (kc x NC of B, 256 KiB, stays in L2): for each strip
