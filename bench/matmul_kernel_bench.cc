@@ -62,7 +62,7 @@ double MatmulKernelLoopT(size_t kc, uint64_t reps) {
     FillUniform(floats.get(), n, -1.0f, 1.0f, /*seed=*/7);
     return floats;
   }();
-  const float* a = buffer.get();
+  float* a = buffer.get();
   const float* b = a + kMatmulAStripFloats;
   MatmulOut out;
   out.c = buffer.get() + kMatmulAStripFloats + kBFloats;

@@ -644,6 +644,48 @@ struct MatmulTileStore {
   float beta;
   bool first;
 };
+
+// Where MatmulTileFull<kRows, true> copies its A strip from: kRows rows of
+// op(A) = a [m, k] (not transposed), the first at src (row i0, column k0),
+// row stride lda.
+struct MatmulASource {
+  const float* src;
+  size_t lda;
+};
+
+// One k of the full tile: acc[r][v] += a[r * kMatmulAStride] * b[v * N].
+template <size_t kRows, class V>
+HWY_INLINE void MatmulFullStep(V (&acc)[kRows][kMatmulNV],
+                               const float* HWY_RESTRICT a,
+                               const float* HWY_RESTRICT b) {
+  const MatmulTag d;
+  constexpr size_t N = kMatmulLanes;
+  V bv[kMatmulNV];
+  HWY_UNROLL(4)
+  for (size_t v = 0; v < kMatmulNV; ++v) bv[v] = hn::Load(d, b + v * N);
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    const V ar = hn::Set(d, a[r * kMatmulAStride]);
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      acc[r][v] = hn::MulAdd(ar, bv[v], acc[r][v]);
+    }
+  }
+}
+
+// Copies columns [k0, k0 + N) of the kRows rows at src (row stride lda) into
+// the strip a [kRows][kMatmulAStride].
+template <size_t kRows>
+HWY_INLINE void MatmulCopyAVector(const float* HWY_RESTRICT src, size_t lda,
+                                  size_t k0, float* HWY_RESTRICT a) {
+  const MatmulTag d;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    hn::StoreU(hn::LoadU(d, src + r * lda + k0), d,
+               a + r * kMatmulAStride + k0);
+  }
+}
+
 // MatmulTile for the common tile, MR rows of all NR columns of C, next to each
 // other in every row, with the same arithmetic. Everything is unrolled, so the
 // accumulators stay in registers from the first FMA to the store: MatmulTile's
@@ -652,10 +694,18 @@ struct MatmulTileStore {
 // = 512, up to 12% at kc = 128). The store's arguments come by reference and
 // are read after the K loop: passed in registers, GCC 12 kept alpha and beta
 // in vector registers through the loop and spilled a B vector (0.7x).
-template <size_t kRows>
-HWY_NOINLINE void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
+//
+// kPackA: the kernel also packs its A strip, from `source`, into `a`: one
+// vector of every row ahead of the FMAs that read it (the loads and stores go
+// into the slots the FMAs leave free), the last kc mod N columns first. The
+// first kernel of a strip does this instead of a separate copy before it
+// (PackAStrip): for N = 128 the strip serves only 4 kernels, and the copy cost
+// 4-8% of a call.
+template <size_t kRows, bool kPackA>
+HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
                                  const float* HWY_RESTRICT b,
-                                 const MatmulTileStore& store) {
+                                 const MatmulTileStore& store,
+                                 const MatmulASource& source) {
   static_assert(MatmulSets<kRows>() == 1, "one accumulator set");
   const MatmulOut::Column& column = store.column;
   const size_t i0 = store.i0;
@@ -673,17 +723,25 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
     HWY_UNROLL(4)
     for (size_t v = 0; v < kNV; ++v) acc[r][v] = hn::Zero(d);
   }
-  for (size_t k = 0; k < kc; ++k) {
-    V bv[kNV];
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < kNV; ++v) bv[v] = hn::Load(d, b + k * NR + v * N);
-    const float* ak = a + k;
-    HWY_UNROLL(16)
+  if constexpr (!kPackA) {
+    for (size_t k = 0; k < kc; ++k) {
+      MatmulFullStep<kRows>(acc, a + k, b + k * NR);
+    }
+  } else {
+    const float* HWY_RESTRICT src = source.src;
+    const size_t lda = source.lda;
+    const size_t kc_vec = kc / N * N;
     for (size_t r = 0; r < kRows; ++r) {
-      const V ar = hn::Set(d, ak[r * kMatmulAStride]);
-      HWY_UNROLL(4)
-      for (size_t v = 0; v < kNV; ++v) {
-        acc[r][v] = hn::MulAdd(ar, bv[v], acc[r][v]);
+      for (size_t k = kc_vec; k < kc; ++k) {
+        a[r * kMatmulAStride + k] = src[r * lda + k];
+      }
+    }
+    if (kc_vec != 0) MatmulCopyAVector<kRows>(src, lda, 0, a);
+    for (size_t k0 = 0; k0 < kc; k0 += N) {
+      if (k0 + 2 * N <= kc) MatmulCopyAVector<kRows>(src, lda, k0 + N, a);
+      const size_t k1 = HWY_MIN(kc, k0 + N);
+      for (size_t k = k0; k < k1; ++k) {
+        MatmulFullStep<kRows>(acc, a + k, b + k * NR);
       }
     }
   }
@@ -695,15 +753,24 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, const float* HWY_RESTRICT a,
   }
 }
 
-// Runs the micro-kernel for a strip of `rows` (1..MR) rows.
-HWY_INLINE void MatmulStrip(size_t rows, size_t kc, const float* a,
-                            const float* b, const MatmulOut& out, size_t i0,
-                            size_t j0, size_t cols, float alpha, float beta,
-                            bool first) {
+// Runs the micro-kernel for a strip of `rows` (1..MR) rows. With a source
+// (not null), the strip a is packed from it first (by the full kernel, as it
+// runs, or by PackAStrip).
+HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const float* b,
+                            const MatmulOut& out, size_t i0, size_t j0,
+                            size_t cols, float alpha, float beta, bool first,
+                            const MatmulASource* source = nullptr) {
   if (rows == kMatmulMR && cols == kMatmulNR && out.Contiguous(j0, cols)) {
     const MatmulTileStore store{out.ColumnAt(j0), i0, alpha, beta, first};
-    MatmulTileFull<kMatmulMR>(kc, a, b, store);
+    if (source != nullptr) {
+      MatmulTileFull<kMatmulMR, true>(kc, a, b, store, *source);
+    } else {
+      MatmulTileFull<kMatmulMR, false>(kc, a, b, store, MatmulASource{});
+    }
     return;
+  }
+  if (source != nullptr) {
+    PackAStrip(source->src, source->lda, false, 0, rows, 0, kc, a);
   }
   switch (rows) {
 #define HEADWAY_MATMUL_CASE(R)                                        \
@@ -923,8 +990,15 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                 // The strip to prefetch during this one's kernels: the next
                 // one, or the first of the next K block.
                 size_t next_r0 = 0, next_rows = 0, next_kb = kb;
-                if (q0 == p0) {
-                  PackAStrip(a, lda, trans_a, r0, rows, k0, kc, a_strip);
+                // The strip is packed with its first kernel (by that kernel,
+                // in the common case), or here for A^T.
+                const bool pack_a = q0 == p0;
+                const bool pack_in_kernel = pack_a && !trans_a;
+                const MatmulASource source{a + r0 * lda + k0, lda};
+                if (pack_a) {
+                  if (trans_a) {
+                    PackAStrip(a, lda, trans_a, r0, rows, k0, kc, a_strip);
+                  }
                   if (s + 1 < strips) {
                     next_r0 = r0 + MR;
                     next_rows = std::min(MR, i1 - next_r0);
@@ -945,7 +1019,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                            ? lazy_b->Slice(kb, p)
                                            : packed_b + layout.Slice(kb, p);
                   MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
-                              std::min(NR, n - j0), alpha, beta, kb == 0);
+                              std::min(NR, n - j0), alpha, beta, kb == 0,
+                              pack_in_kernel && p == q0 ? &source : nullptr);
                 }
               }
             }
