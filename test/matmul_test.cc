@@ -428,21 +428,27 @@ TEST_P(MatmulTest, ThreadCountInvariant) {
 }
 
 // Calls from inside the host's own parallel loop (nested parallelism): each
-// call's per-thread buffers stay its own.
+// call's per-thread buffers stay its own. A worker may run tasks of several
+// calls in turn; B, packed by each thread into a buffer of its own, is then
+// packed again for each call (two K blocks here, B and B^T).
 TEST_P(MatmulTest, ConcurrentCalls) {
-  constexpr int kCalls = 8;
-  const Operand a(37, 300, Transpose::kNo, 0, 0, 31);
+  constexpr int kCalls = 12;
+  const int64_t k = ActiveTile().kc + 88;
+  const Operand a(37, k, Transpose::kNo, 0, 0, 31);
+  const auto op = [](int i) {
+    return i % 2 ? Transpose::kYes : Transpose::kNo;
+  };
   std::vector<Operand> bs;
   for (int i = 0; i < kCalls; ++i)
-    bs.emplace_back(300, 70 + i, Transpose::kNo, 0, 0, 40 + i);
+    bs.emplace_back(k, 70 + i, op(i), 0, 0, 40 + i);
   std::vector<std::vector<float>> serial(kCalls), nested(kCalls);
   for (int i = 0; i < kCalls; ++i) {
-    serial[i] = RunMatmul(a, Transpose::kNo, bs[i], Transpose::kNo, 37, 70 + i,
-                          nullptr, 0.0f);
+    serial[i] =
+        RunMatmul(a, Transpose::kNo, bs[i], op(i), 37, 70 + i, nullptr, 0.0f);
   }
   tbb::parallel_for(0, kCalls, [&](int i) {
-    nested[i] = RunMatmul(a, Transpose::kNo, bs[i], Transpose::kNo, 37, 70 + i,
-                          nullptr, 0.0f);
+    nested[i] =
+        RunMatmul(a, Transpose::kNo, bs[i], op(i), 37, 70 + i, nullptr, 0.0f);
   });
   for (int i = 0; i < kCalls; ++i)
     EXPECT_TRUE(BitIdentical(serial[i], nested[i])) << i;

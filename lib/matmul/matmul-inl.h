@@ -64,6 +64,7 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "headway/threads.h"
 #include "hwy/aligned_allocator.h"
@@ -878,13 +879,130 @@ class MatmulLazyB {
   std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [K block][panel]
 };
 
+// B packed during the multiplication by each thread, into a buffer of its own,
+// the slices that its tasks use, on first use in the call. For a B that fits
+// L2: packed into one shared buffer (all threads first, then the tasks), it was
+// rewritten on every call while the other cores still held the lines they had
+// read of it in the call before, and each write waited for them to give the
+// line up. A 1024 x 128 B packed on 2 threads after both had read the previous
+// copy: 41 us against 13 us with no other reader. Each slice is packed by
+// every thread that uses it: worth it when the threads share few of them
+// (MatmulOwnBPays). Each thread keeps its buffer (at most 4 MiB: only a B that
+// fits L2 is packed this way) for the next call.
+class MatmulOwnB {
+ public:
+  MatmulOwnB(const float* b, size_t ldb, bool trans,
+             const MatmulPackedLayout& layout, size_t n)
+      : b_(b),
+        ldb_(ldb),
+        trans_(trans),
+        layout_(layout),
+        n_(n),
+        call_(NextCall()) {}
+
+  // The calling thread's copy of packed B (MatmulPackedLayout), for the rest
+  // of the task that calls this. Another call's tasks that the thread ran
+  // since may have overwritten it: it then starts over.
+  const float* Begin() {
+    State& state = ThreadState();
+    if (state.call != call_) {
+      state.call = call_;
+      state.packed = state.buffer.Get(layout_.Floats());
+      state.ready.assign(layout_.kblocks.count * layout_.panels, 0);
+    }
+    return state.packed;
+  }
+
+  // Slice (kb, p) of the calling thread's copy, packed first if this thread
+  // has not. After Begin in the same task.
+  const float* Slice(size_t kb, size_t p) {
+    State& state = ThreadState();
+    float* slice = state.packed + layout_.Slice(kb, p);
+    uint8_t& ready = state.ready[kb * layout_.panels + p];
+    if (!ready) {
+      const size_t j0 = p * kMatmulNR;
+      PackBSlice(b_, ldb_, trans_, layout_.kblocks.Begin(kb),
+                 layout_.kblocks.Size(kb, layout_.k), j0,
+                 std::min(kMatmulNR, n_ - j0), n_ - j0, slice);
+      ready = 1;
+    }
+    return slice;
+  }
+
+ private:
+  struct State {
+    uint64_t call = 0;  // whose B `packed` holds
+    ScratchBuffer buffer;
+    float* packed = nullptr;
+    std::vector<uint8_t> ready;  // [K block][panel]
+  };
+  static State& ThreadState() {
+    thread_local State state;
+    return state;
+  }
+  static uint64_t NextCall() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  const float* b_;
+  size_t ldb_;
+  bool trans_;
+  const MatmulPackedLayout& layout_;
+  size_t n_;
+  uint64_t call_;
+};
+
+// Work split of MatmulPackedOut into row blocks x panel groups (never changes
+// the arithmetic, see the top of this file). One thread: blocks of up to
+// kMatmulMCOneThread rows (fewer rows: one block, so that B is read once).
+// Several: row blocks of at most MC rows, and groups of panels, for >= 8
+// tasks per thread (the last task then costs the other threads at most ~1/8
+// of a thread's share of the time), each group of >= 4 panels (128 columns on
+// AVX3) so that packing the A block pays off. With few panels (N = 128: 4),
+// rows are cut finer (down to one strip) to make the tasks.
+struct MatmulSplit {
+  MatmulSplit(size_t m, size_t panels, size_t threads) {
+    const size_t want_tasks = 8 * threads;
+    const size_t max_panel_blocks = std::max<size_t>(1, panels / 4);
+    strips = (m + kMatmulMR - 1) / kMatmulMR;
+    row_blocks = (m + kMatmulMCOneThread - 1) / kMatmulMCOneThread;
+    panel_blocks = 1;
+    if (threads > 1) {
+      row_blocks =
+          std::max((m + kMatmulMC - 1) / kMatmulMC,
+                   (want_tasks + max_panel_blocks - 1) / max_panel_blocks);
+      row_blocks = std::min(row_blocks, strips);
+      panel_blocks = std::min(max_panel_blocks,
+                              (want_tasks + row_blocks - 1) / row_blocks);
+    }
+  }
+  size_t strips;        // of MR rows
+  size_t row_blocks;    // of strips
+  size_t panel_blocks;  // groups of panels
+};
+
+// Whether MatmulOwnB pays for this split on `threads` threads: whether each
+// thread packs at most twice its share of B, counting the panel groups of its
+// share of the tasks plus one (its range of tasks straddles a group). Always
+// on 1 and 2 threads. On 2 threads, against packing one shared copy first
+// (bench pairs and in-process A/B runs): per-head 1024 x 128 x 1024 +4-6%,
+// 1024 x 1024 x 128 and 512^3 +0-3%; on 1 thread the same. On many threads the
+// tasks of N = 128 (one panel group) would each pack all of B.
+HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
+  const size_t groups = split.panel_blocks;
+  const size_t touched = std::min(groups, (groups + threads - 1) / threads + 1);
+  return touched * threads <= 2 * groups;
+}
+
 // C [m, n] (at out) = alpha * op(A) [m, k] * B + beta * C, with B packed by
-// PackBPanels (MatmulPackedLayout), or, when lazy_b is not null, packed by it
-// on first use. alpha != 0.
+// PackBPanels (MatmulPackedLayout) at packed_b, or packed on first use by
+// lazy_b (shared) or by own_b (per thread) when one is not null. alpha != 0.
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const float* packed_b, size_t m, size_t n,
                                 size_t k, const MatmulOut& out, float alpha,
-                                float beta, MatmulLazyB* lazy_b = nullptr) {
+                                float beta, MatmulLazyB* lazy_b = nullptr,
+                                MatmulOwnB* own_b = nullptr) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -896,27 +1014,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
   const bool small_m = m <= kMatmulSmallM;
 
-  // Work split (never changes the arithmetic, see the top of this file).
-  // One thread: blocks of up to kMatmulMCOneThread rows (fewer rows: one
-  // block, so that B is read once). Several: row blocks of at most MC rows,
-  // and groups of panels, for >= 8 tasks per thread (the last task then costs
-  // the other threads at most ~1/8 of a thread's share of the time), each
-  // group of >= 4 panels (128 columns on AVX3) so that packing the A block
-  // pays off. With few panels (N = 128: 4), rows are cut finer (down to one
-  // strip) to make the tasks.
-  const size_t want_tasks = 8 * threads;
-  const size_t max_panel_blocks = std::max<size_t>(1, panels / 4);
-  const size_t strips_total = (m + MR - 1) / MR;
-  size_t row_blocks = (m + kMatmulMCOneThread - 1) / kMatmulMCOneThread;
-  size_t panel_blocks = 1;
-  if (threads > 1) {
-    row_blocks =
-        std::max((m + kMatmulMC - 1) / kMatmulMC,
-                 (want_tasks + max_panel_blocks - 1) / max_panel_blocks);
-    row_blocks = std::min(row_blocks, strips_total);
-    panel_blocks =
-        std::min(max_panel_blocks, (want_tasks + row_blocks - 1) / row_blocks);
-  }
+  const MatmulSplit split(m, panels, threads);
+  const size_t strips_total = split.strips;
+  const size_t row_blocks = split.row_blocks;
+  const size_t panel_blocks = split.panel_blocks;
   // Row block b is strips [b * S / row_blocks, (b + 1) * S / row_blocks) of
   // the S strips, panel group g likewise: the tasks differ by at most a strip
   // or a panel. (Blocks of MC rows left a last one of 64 rows at M = 1024:
@@ -938,6 +1039,15 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
         thread_local ScratchBuffer scratch;
         float* a_buf = scratch.Get(strips_max * strip_floats);
+        // B for this task: the thread's own copy, or the shared one.
+        const float* b_base = own_b != nullptr ? own_b->Begin() : packed_b;
+        // Slice (kb, p) of it, packed first if it is packed on first use and
+        // `use` may be the first.
+        const auto slice_at = [&](size_t kb, size_t p, bool use) HWY_ATTR {
+          if (use && lazy_b != nullptr) return lazy_b->Slice(kb, p);
+          if (use && own_b != nullptr) return own_b->Slice(kb, p);
+          return b_base + layout.Slice(kb, p);
+        };
         for (size_t task = range.begin(); task < range.end(); ++task) {
           // Panel-group major: TBB hands each thread a contiguous range of
           // tasks, so threads mostly work on different panels of B (their own
@@ -966,9 +1076,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
               for (size_t p = p0; p < p1; ++p) {
                 const size_t j0 = p * NR;
                 const size_t cols = std::min(NR, n - j0);
-                const float* slice = lazy_b != nullptr
-                                         ? lazy_b->Slice(kb, p)
-                                         : packed_b + layout.Slice(kb, p);
+                const float* slice = slice_at(kb, p, true);
                 for (size_t s = 0; s < strips; ++s) {
                   const size_t r0 = i0 + s * MR;
                   MatmulStrip(
@@ -1022,9 +1130,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                    kblocks.Size(next_kb, k), p - q0, q1 - q0);
                   }
                   const size_t j0 = p * NR;
-                  const float* slice = s == 0 && lazy_b != nullptr
-                                           ? lazy_b->Slice(kb, p)
-                                           : packed_b + layout.Slice(kb, p);
+                  const float* slice = slice_at(kb, p, s == 0);
                   MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
                               std::min(NR, n - j0), alpha, beta, kb == 0,
                               pack_in_kernel && p == q0 ? &source : nullptr);
@@ -1065,12 +1171,25 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
   thread_local ScratchBuffer b_scratch;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
     const MatmulPackedLayout layout(k, n);
-    float* packed = b_scratch.Get(layout.Floats());
-    // Packed B that fits the L2 caches (4 MiB: a 1024 x 1024 B) is packed
-    // first, all threads on disjoint panels: written and read back from cache.
+    const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
+    // Packed B that fits the L2 caches (4 MiB: a 1024 x 1024 B) is packed by
+    // each thread, the slices it uses (MatmulOwnB), or, where the threads
+    // would pack too much of it twice, first, all threads on disjoint panels.
     // A larger one is packed slice by slice by the tasks that first need it,
     // so that it is not written to memory and read back.
-    if (layout.Floats() * sizeof(float) <= (size_t{4} << 20)) {
+    const bool small_b = layout.Floats() * sizeof(float) <= (size_t{4} << 20);
+    if (small_b &&
+        MatmulOwnBPays(MatmulSplit(m, layout.panels, threads), threads)) {
+      MatmulOwnB own_b(b, ldb, trans_b, layout, n);
+      MatmulOut out;
+      out.c = c;
+      out.ldc = ldc;
+      MatmulPackedOut(a, lda, trans_a, /*packed_b=*/nullptr, m, n, k, out,
+                      alpha, beta, /*lazy_b=*/nullptr, &own_b);
+      return;
+    }
+    float* packed = b_scratch.Get(layout.Floats());
+    if (small_b) {
       PackBPanels(b, ldb, trans_b, k, n, packed);
       MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta);
     } else {
