@@ -825,22 +825,35 @@ HWY_INLINE void MatmulScaleC(float* c, size_t ldc, size_t m, size_t n,
                     });
 }
 
+// Unpacked op(B) [k, n] (see PackBSlice) and the layout to pack it into.
+struct MatmulBSource {
+  // Packs slice (kb, p) into dst [kc][NR].
+  void Pack(size_t kb, size_t p, float* dst) const {
+    const size_t j0 = p * kMatmulNR;
+    PackBSlice(b, ldb, trans, layout.kblocks.Begin(kb),
+               layout.kblocks.Size(kb, layout.k), j0,
+               std::min(kMatmulNR, n - j0), n - j0, dst);
+  }
+  const float* b;
+  size_t ldb;
+  bool trans;
+  const MatmulPackedLayout& layout;
+  size_t n;
+};
+
 // B packed during the multiplication, each slice by the first task that needs
-// it, so that the slice is in that core's cache when it is first used (packing
-// all of B first would write it to memory and read it back: 25% of the time of
-// 128 x 4096 x 4096).
+// it, into one copy that the tasks share, so that the slice is in that core's
+// cache when it is first used (packing all of B first would write it to memory
+// and read it back: 25% of the time of 128 x 4096 x 4096).
 class MatmulLazyB {
  public:
-  MatmulLazyB(const float* b, size_t ldb, bool trans,
-              const MatmulPackedLayout& layout, size_t n, float* packed)
-      : b_(b),
-        ldb_(ldb),
-        trans_(trans),
-        layout_(layout),
-        n_(n),
+  MatmulLazyB(const MatmulBSource& source, float* packed)
+      : source_(source),
         packed_(packed),
-        state_(new std::atomic<uint8_t>[layout.kblocks.count * layout.panels]) {
-    for (size_t i = 0; i < layout.kblocks.count * layout.panels; ++i) {
+        state_(new std::atomic<uint8_t>[source.layout.kblocks.count *
+                                        source.layout.panels]) {
+    for (size_t i = 0; i < source.layout.kblocks.count * source.layout.panels;
+         ++i) {
       state_[i].store(kEmpty, std::memory_order_relaxed);
     }
   }
@@ -848,16 +861,13 @@ class MatmulLazyB {
   // Returns slice (kb, p), packing it first if no other thread has; waits
   // (spinning: a slice takes microseconds) while another thread packs it.
   const float* Slice(size_t kb, size_t p) {
-    float* slice = packed_ + layout_.Slice(kb, p);
-    std::atomic<uint8_t>& state = state_[kb * layout_.panels + p];
+    float* slice = packed_ + source_.layout.Slice(kb, p);
+    std::atomic<uint8_t>& state = state_[kb * source_.layout.panels + p];
     if (state.load(std::memory_order_acquire) == kReady) return slice;
     uint8_t expected = kEmpty;
     if (state.compare_exchange_strong(expected, kPacking,
                                       std::memory_order_acquire)) {
-      const size_t j0 = p * kMatmulNR;
-      PackBSlice(b_, ldb_, trans_, layout_.kblocks.Begin(kb),
-                 layout_.kblocks.Size(kb, layout_.k), j0,
-                 std::min(kMatmulNR, n_ - j0), n_ - j0, slice);
+      source_.Pack(kb, p, slice);
       state.store(kReady, std::memory_order_release);
       return slice;
     }
@@ -870,11 +880,7 @@ class MatmulLazyB {
 
  private:
   static constexpr uint8_t kEmpty = 0, kPacking = 1, kReady = 2;
-  const float* b_;
-  size_t ldb_;
-  bool trans_;
-  const MatmulPackedLayout& layout_;
-  size_t n_;
+  const MatmulBSource& source_;
   float* packed_;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [K block][panel]
 };
@@ -891,14 +897,8 @@ class MatmulLazyB {
 // fits L2 is packed this way) for the next call.
 class MatmulOwnB {
  public:
-  MatmulOwnB(const float* b, size_t ldb, bool trans,
-             const MatmulPackedLayout& layout, size_t n)
-      : b_(b),
-        ldb_(ldb),
-        trans_(trans),
-        layout_(layout),
-        n_(n),
-        call_(NextCall()) {}
+  explicit MatmulOwnB(const MatmulBSource& source)
+      : source_(source), call_(NextCall()) {}
 
   // The calling thread's copy of packed B (MatmulPackedLayout), for the rest
   // of the task that calls this. Another call's tasks that the thread ran
@@ -906,9 +906,10 @@ class MatmulOwnB {
   const float* Begin() {
     State& state = ThreadState();
     if (state.call != call_) {
+      const MatmulPackedLayout& layout = source_.layout;
       state.call = call_;
-      state.packed = state.buffer.Get(layout_.Floats());
-      state.ready.assign(layout_.kblocks.count * layout_.panels, 0);
+      state.packed = state.buffer.Get(layout.Floats());
+      state.ready.assign(layout.kblocks.count * layout.panels, 0);
     }
     return state.packed;
   }
@@ -917,13 +918,10 @@ class MatmulOwnB {
   // has not. After Begin in the same task.
   const float* Slice(size_t kb, size_t p) {
     State& state = ThreadState();
-    float* slice = state.packed + layout_.Slice(kb, p);
-    uint8_t& ready = state.ready[kb * layout_.panels + p];
+    float* slice = state.packed + source_.layout.Slice(kb, p);
+    uint8_t& ready = state.ready[kb * source_.layout.panels + p];
     if (!ready) {
-      const size_t j0 = p * kMatmulNR;
-      PackBSlice(b_, ldb_, trans_, layout_.kblocks.Begin(kb),
-                 layout_.kblocks.Size(kb, layout_.k), j0,
-                 std::min(kMatmulNR, n_ - j0), n_ - j0, slice);
+      source_.Pack(kb, p, slice);
       ready = 1;
     }
     return slice;
@@ -945,11 +943,7 @@ class MatmulOwnB {
     return next.fetch_add(1, std::memory_order_relaxed);
   }
 
-  const float* b_;
-  size_t ldb_;
-  bool trans_;
-  const MatmulPackedLayout& layout_;
-  size_t n_;
+  const MatmulBSource& source_;
   uint64_t call_;
 };
 
@@ -996,13 +990,20 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
 }
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B + beta * C, with B packed by
-// PackBPanels (MatmulPackedLayout) at packed_b, or packed on first use by
-// lazy_b (shared) or by own_b (per thread) when one is not null. alpha != 0.
+// PackBPanels (MatmulPackedLayout) at packed_b, or, when one of them is not
+// null, packed during the call: on first use by lazy_b (one shared copy) or
+// by own_b (a copy per thread), or, from window_b, by each task into a window
+// of one NC block in a buffer of its thread, slice by slice before its first
+// use and dropped after the NC block (only for a split of one row block, where
+// a task is the only one to use its slices: a copy of all of a B too large for
+// the caches would be written to memory and never read back from cache).
+// alpha != 0.
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const float* packed_b, size_t m, size_t n,
                                 size_t k, const MatmulOut& out, float alpha,
                                 float beta, MatmulLazyB* lazy_b = nullptr,
-                                MatmulOwnB* own_b = nullptr) {
+                                MatmulOwnB* own_b = nullptr,
+                                const MatmulBSource* window_b = nullptr) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -1037,13 +1038,24 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   tbb::parallel_for(
       tbb::blocked_range<size_t>(0, tasks, 1),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        thread_local ScratchBuffer scratch;
+        thread_local ScratchBuffer scratch, window_scratch;
         float* a_buf = scratch.Get(strips_max * strip_floats);
-        // B for this task: the thread's own copy, or the shared one.
+        // B for this task: the thread's own copy, its window, or the shared
+        // copy.
+        const size_t slot_floats = kblocks.length * NR;
+        float* window = window_b != nullptr
+                            ? window_scratch.Get(nc_panels * slot_floats)
+                            : nullptr;
         const float* b_base = own_b != nullptr ? own_b->Begin() : packed_b;
-        // Slice (kb, p) of it, packed first if it is packed on first use and
-        // `use` may be the first.
-        const auto slice_at = [&](size_t kb, size_t p, bool use) HWY_ATTR {
+        // Slice (kb, p) of it, packed first if it is packed during the call and
+        // `use` may be the first; the window holds it in slot `slot`.
+        const auto slice_at = [&](size_t kb, size_t p, size_t slot,
+                                  bool use) HWY_ATTR {
+          if (window != nullptr) {
+            float* slice = window + slot * slot_floats;
+            if (use) window_b->Pack(kb, p, slice);
+            return static_cast<const float*>(slice);
+          }
           if (use && lazy_b != nullptr) return lazy_b->Slice(kb, p);
           if (use && own_b != nullptr) return own_b->Slice(kb, p);
           return b_base + layout.Slice(kb, p);
@@ -1076,7 +1088,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
               for (size_t p = p0; p < p1; ++p) {
                 const size_t j0 = p * NR;
                 const size_t cols = std::min(NR, n - j0);
-                const float* slice = slice_at(kb, p, true);
+                const float* slice = slice_at(kb, p, 0, true);
                 for (size_t s = 0; s < strips; ++s) {
                   const size_t r0 = i0 + s * MR;
                   MatmulStrip(
@@ -1130,7 +1142,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                    kblocks.Size(next_kb, k), p - q0, q1 - q0);
                   }
                   const size_t j0 = p * NR;
-                  const float* slice = slice_at(kb, p, s == 0);
+                  const float* slice = slice_at(kb, p, p - q0, s == 0);
                   MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
                               std::min(NR, n - j0), alpha, beta, kb == 0,
                               pack_in_kernel && p == q0 ? &source : nullptr);
@@ -1147,11 +1159,11 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
 HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
                              const float* packed_b, size_t m, size_t n,
                              size_t k, float* c, size_t ldc, float alpha,
-                             float beta, MatmulLazyB* lazy_b = nullptr) {
+                             float beta) {
   MatmulOut out;
   out.c = c;
   out.ldc = ldc;
-  MatmulPackedOut(a, lda, trans_a, packed_b, m, n, k, out, alpha, beta, lazy_b);
+  MatmulPackedOut(a, lda, trans_a, packed_b, m, n, k, out, alpha, beta);
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the
@@ -1178,24 +1190,31 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
     // A larger one is packed slice by slice by the tasks that first need it,
     // so that it is not written to memory and read back.
     const bool small_b = layout.Floats() * sizeof(float) <= (size_t{4} << 20);
-    if (small_b &&
-        MatmulOwnBPays(MatmulSplit(m, layout.panels, threads), threads)) {
-      MatmulOwnB own_b(b, ldb, trans_b, layout, n);
-      MatmulOut out;
-      out.c = c;
-      out.ldc = ldc;
+    const MatmulSplit split(m, layout.panels, threads);
+    const MatmulBSource source{b, ldb, trans_b, layout, n};
+    MatmulOut out;
+    out.c = c;
+    out.ldc = ldc;
+    if (small_b && MatmulOwnBPays(split, threads)) {
+      MatmulOwnB own_b(source);
       MatmulPackedOut(a, lda, trans_a, /*packed_b=*/nullptr, m, n, k, out,
                       alpha, beta, /*lazy_b=*/nullptr, &own_b);
+      return;
+    }
+    if (!small_b && split.row_blocks == 1) {
+      MatmulPackedOut(a, lda, trans_a, /*packed_b=*/nullptr, m, n, k, out,
+                      alpha, beta, /*lazy_b=*/nullptr, /*own_b=*/nullptr,
+                      &source);
       return;
     }
     float* packed = b_scratch.Get(layout.Floats());
     if (small_b) {
       PackBPanels(b, ldb, trans_b, k, n, packed);
-      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta);
+      MatmulPackedOut(a, lda, trans_a, packed, m, n, k, out, alpha, beta);
     } else {
-      MatmulLazyB lazy_b(b, ldb, trans_b, layout, n, packed);
-      MatmulPacked(a, lda, trans_a, packed, m, n, k, c, ldc, alpha, beta,
-                   &lazy_b);
+      MatmulLazyB lazy_b(source, packed);
+      MatmulPackedOut(a, lda, trans_a, packed, m, n, k, out, alpha, beta,
+                      &lazy_b);
     }
   });
   // Keep up to 64 MiB (a 4096 x 4096 B) for the next call; free anything
