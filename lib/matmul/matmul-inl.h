@@ -13,10 +13,13 @@
 // - B is packed into slices [kc][NR] of NR columns (the edge panel
 //   zero-padded), laid out [K block][panel][kc][NR] (MatmulPackedLayout): the
 //   slices of one K block follow each other in the order the kernels read
-//   them. PackedB holds all of them. An unpacked call packs into a buffer of
-//   the calling thread: all of B first, in parallel, when it fits the L2
-//   caches (<= 4 MiB), else each slice when a task first needs it
-//   (MatmulLazyB), so that a large B is not written to memory and read back.
+//   them. PackedB holds all of them. An unpacked call packs B during the call
+//   (MatmulBSource), each slice before its first use: when B fits the L2
+//   caches (<= 4 MiB), each thread the slices it uses into a buffer of its own
+//   (MatmulOwnB; where that would pack too much twice, all threads one shared
+//   copy first); a larger B, where one task has all the rows, into a window of
+//   one NC block per task, else into one shared copy (MatmulLazyB). A large B
+//   is thus not written to memory and read back.
 //
 // - A is packed per K block into strips of MR rows, [MR][KC + 16] (row copies;
 //   the padding spreads the rows over L1 sets), in a per-thread buffer.
@@ -31,9 +34,9 @@
 //   panels, numbered panel-group major so that
 //   threads work on different parts of B. One task: for each K block: for each
 //   NC block of panels (kc x NC of B, 256 KiB, stays in L2): for each strip
-//   (A: MR x kc, 25 KiB, stays in L1; packed before its first kernel, while
-//   the next strip is prefetched piece by piece): for each panel:
-//   micro-kernel.
+//   (A: MR x kc, 25 KiB, stays in L1; packed by its first kernel, while the
+//   next strip is prefetched piece by piece): for each panel: micro-kernel,
+//   which prefetches its C tile for writing.
 //
 // - Few rows (M <= kMatmulSmallM = 16, decode): one task per group of panels,
 //   A packed once for all K blocks; for each K block, for each panel, the 1 or
@@ -1104,10 +1107,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
             const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
             // NC blocks of panels: their B (kc x NC) stays in L2 while every
             // strip passes over it; each strip's A (MR x kc) stays in L1 across
-            // the panels. A strip is packed just before its first kernels, and
-            // the next strip's A (the first of the next K block after the last)
-            // is prefetched then, so that memory delivers it during those
-            // kernels instead of in a packing phase of its own.
+            // the panels. A strip is packed by its first kernel (A^T: just
+            // before it), and the next strip's A (the first of the next K block
+            // after the last) is prefetched during its kernels, so that memory
+            // delivers it then instead of in a packing phase of its own.
             for (size_t q0 = p0; q0 < p1; q0 += nc_panels) {
               const size_t q1 = std::min(p1, q0 + nc_panels);
               for (size_t s = 0; s < strips; ++s) {
