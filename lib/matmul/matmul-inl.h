@@ -1124,7 +1124,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                 // in the common case), or here for A^T.
                 const bool pack_a = q0 == p0;
                 const bool pack_in_kernel = pack_a && !trans_a;
-                const MatmulASource source{a + r0 * lda + k0, lda};
+                const MatmulASource source{
+                    pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
                 if (pack_a) {
                   if (trans_a) {
                     PackAStrip(a, lda, trans_a, r0, rows, k0, kc, a_strip);
@@ -1190,8 +1191,9 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
     // Packed B that fits the L2 caches (4 MiB: a 1024 x 1024 B) is packed by
     // each thread, the slices it uses (MatmulOwnB), or, where the threads
     // would pack too much of it twice, first, all threads on disjoint panels.
-    // A larger one is packed slice by slice by the tasks that first need it,
-    // so that it is not written to memory and read back.
+    // A larger one is packed slice by slice, so that it is not written to
+    // memory and read back: into a window per task where one task has all the
+    // rows, else into one shared copy by the tasks that first need each slice.
     const bool small_b = layout.Floats() * sizeof(float) <= (size_t{4} << 20);
     const MatmulSplit split(m, layout.panels, threads);
     const MatmulBSource source{b, ldb, trans_b, layout, n};
