@@ -21,6 +21,7 @@ not_scalar='([^S]|S[^C])[^/]*'
 filter="^(softmax/[^/]+/rows:32/cols:2048/"
 filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:0/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
+filter="$filter|fma_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
 filter="$filter|attention_prefill/$not_scalar/kv_heads:1/"
 filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"

@@ -318,5 +318,53 @@ void AddCeilingsToContext() {
   }
 }
 
+namespace {
+
+// The FMA ceiling as a benchmark row, fma_peak/<TARGET>/threads:N: the loop
+// that MeasureFma times, 2^27 flops per thread and iteration on every target
+// (so that "vs SCALAR" is the speed-up: 0.6 ms on AVX3_DL, 11 ms on SCALAR,
+// one core of this machine). The ceilings above are the
+// best trial at start; this row runs among the others (with
+// --benchmark_enable_random_interleaving its repetitions are spread over the
+// run), so a row's median over this row's median in the same run is its
+// fraction of the FMA peak that this run's machine gave, when the VM's speed
+// moves by 5-10% between minutes.
+void BM_FmaPeak(benchmark::State& state, const RunConfig& run) {
+  // Rounds for 2^27 flops: the flops of one round depend on the target.
+  const double round_flops = internal::FmaLoop(1, 0.5f, 1.0f).flops;
+  const uint64_t rounds = std::max<uint64_t>(
+      1, static_cast<uint64_t>(static_cast<double>(uint64_t{1} << 27) /
+                               round_flops));
+  double flops = 0.0;
+  std::vector<internal::FmaLoopResult> results(
+      static_cast<size_t>(run.threads));
+  const auto step = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<int>(0, run.threads, 1),
+        [&](const tbb::blocked_range<int>& range) {
+          for (int i = range.begin(); i != range.end(); ++i) {
+            results[static_cast<size_t>(i)] =
+                internal::FmaLoop(rounds, 0.999999f, 1e-3f * (i + 1));
+          }
+        },
+        tbb::simple_partitioner());
+    flops = 0.0;
+    for (const internal::FmaLoopResult& result : results) {
+      if (result.target != run.target.bits) {
+        return Status::Internal("fma_peak: dispatched to another target");
+      }
+      sink = result.checksum;
+      flops += result.flops;
+    }
+    return Status::Ok();
+  };
+  if (!TimeSteps(state, step)) return;
+  ReportCompute(state, flops, run.target, run.threads);
+}
+
+void RegisterFmaPeak() { RegisterPerTarget("fma_peak", BM_FmaPeak, {}, {{}}); }
+HEADWAY_REGISTER_BENCHMARKS(RegisterFmaPeak);
+
+}  // namespace
 }  // namespace bench
 }  // namespace headway
