@@ -488,8 +488,9 @@ struct MatmulAPrefetch {
   }
   // All of it at once (for the edge kernels).
   HWY_INLINE void All() const {
-    for (size_t line = 0; line * 16 < cols; ++line) Line(line, false);
-    Line(0, true);
+    for (size_t line = 0; line * 16 < cols; ++line) {
+      Line(line, (line + 1) * 16 >= cols);
+    }
   }
 };
 
@@ -601,8 +602,8 @@ HWY_INLINE void MatmulPrefetchC(const MatmulOut::Column& column, size_t i0,
 // tile at once (24 lines from memory on AVX3) filled the L1 miss buffers as the
 // A strip's prefetches did: a quarter at a time, per-head 1024 x 1024 x 128
 // (C written to memory) ran 3% faster on one thread and 9% on two, 2048^3
-// 1.5%, in-process A/B runs; two halves measured the same, 12 parts (one row
-// per chunk) too.
+// 1.5%, in-process A/B runs; two halves measured the same, and so did a row
+// per chunk over up to half the chunks.
 template <size_t kRows>
 HWY_INLINE void MatmulChunkPrefetch(size_t chunk, bool last,
                                     const MatmulOut::Column& column, size_t i0,
