@@ -449,23 +449,12 @@ HWY_INLINE void PackAStrip(const float* HWY_RESTRICT a, size_t lda, bool trans,
   }
 }
 
-// Prefetches piece `piece` of `pieces` of what PackAStrip with the same
-// arguments reads from op(A) = a^T (a [k, m]): kc rows of `rows` floats. Before
-// each kernel of the strip before it (MatmulAPrefetch spreads the prefetches
-// of a strip of A that is not transposed over the kernels themselves).
-HWY_INLINE void PrefetchATStrip(const float* a, size_t lda, size_t i0,
-                                size_t rows, size_t k0, size_t kc, size_t piece,
-                                size_t pieces) {
-  for (size_t kk = piece * kc / pieces; kk < (piece + 1) * kc / pieces; ++kk) {
-    hwy::Prefetch(a + (k0 + kk) * lda + i0);
-    hwy::Prefetch(a + (k0 + kk) * lda + i0 + rows - 1);
-  }
-}
-
-// Part of the next strip of A (not transposed) that one full kernel prefetches
-// as it runs: `rows` rows of `cols` floats, the first at row0, lda apart (rows
-// == 0: none). Spread over the kernel, a line of each row per N k (PackAStrip's
-// rows are only 2 KiB long, too short for the hardware prefetchers). Issued
+// Part of what PackAStrip reads for the next strip of A, which one kernel
+// prefetches as it runs: `rows` rows in memory of `cols` floats, the first at
+// row0, lda apart (rows == 0: none); MR rows of kc floats for op(A) = A, kc
+// rows of MR floats for A^T. The full kernel spreads it over its chunks, a
+// line of each row per N k (PackAStrip's rows are only 2 KiB long, too short
+// for the hardware prefetchers; a row of A^T is one or two lines). Issued
 // all at once before each kernel instead (96 lines: a quarter strip when N =
 // 128), the prefetches filled the L1 miss buffers and the kernel's loads of B
 // waited for them: spread, per-head 1024 x 128 x 1024 ran 17% faster on one
@@ -1202,19 +1191,18 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                 for (size_t p = q0; p < q1; ++p) {
                   MatmulAPrefetch next;
                   if (next_rows != 0) {
+                    // Piece p - q0 of the q1 - q0 kernels' shares of the next
+                    // strip's rows in memory.
                     const size_t pieces = q1 - q0, piece = p - q0;
                     const size_t next_k0 = kblocks.Begin(next_kb);
                     const size_t next_kc = kblocks.Size(next_kb, k);
-                    if (trans_a) {
-                      PrefetchATStrip(a, lda, next_r0, next_rows, next_k0,
-                                      next_kc, piece, pieces);
-                    } else {
-                      const size_t first = piece * next_rows / pieces;
-                      next.row0 = a + (next_r0 + first) * lda + next_k0;
-                      next.lda = lda;
-                      next.rows = (piece + 1) * next_rows / pieces - first;
-                      next.cols = next_kc;
-                    }
+                    const size_t rows_in_memory = trans_a ? next_kc : next_rows;
+                    const size_t first = piece * rows_in_memory / pieces;
+                    next.row0 = trans_a ? a + (next_k0 + first) * lda + next_r0
+                                        : a + (next_r0 + first) * lda + next_k0;
+                    next.lda = lda;
+                    next.rows = (piece + 1) * rows_in_memory / pieces - first;
+                    next.cols = trans_a ? next_rows : next_kc;
                   }
                   const size_t j0 = p * NR;
                   const float* slice = slice_at(kb, p, p - q0, s == 0);
