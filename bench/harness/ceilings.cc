@@ -323,12 +323,11 @@ namespace {
 // The FMA ceiling as a benchmark row, fma_peak/<TARGET>/threads:N: the loop
 // that MeasureFma times, 2^27 flops per thread and iteration on every target
 // (so that "vs SCALAR" is the speed-up: 0.6 ms on AVX3_DL, 11 ms on SCALAR,
-// one core of this machine). The ceilings above are the
-// best trial at start; this row runs among the others (with
-// --benchmark_enable_random_interleaving its repetitions are spread over the
-// run), so a row's median over this row's median in the same run is its
-// fraction of the FMA peak that this run's machine gave, when the VM's speed
-// moves by 5-10% between minutes.
+// one core of this machine). The ceilings above are the best trial at start;
+// this row runs among the others (with --benchmark_enable_random_interleaving
+// its repetitions are spread over the run), so a row's median over this row's
+// median in the same run is its fraction of the FMA peak that this run's
+// machine gave, when the VM's speed moves by 5-10% between minutes.
 void BM_FmaPeak(benchmark::State& state, const RunConfig& run) {
   // Rounds for 2^27 flops: the flops of one round depend on the target.
   const double round_flops = internal::FmaLoop(1, 0.5f, 1.0f).flops;
