@@ -1,17 +1,16 @@
 // Softmax tests: every target, against the float64 reference
 // (test/support/reference.h).
 //
-// Tolerance, per element, relative to the exact value, with u = 2^-24 the unit
-// roundoff of float32 (from the error analysis in lib/softmax/softmax-inl.h):
-//   (6 + |z - m| + (scale inexact ? |z| : 0)) * u
-// 6u: exp (1 ulp <= 2u), the compensated block sum (2u), the rounding of the
-// factor exp(m_b - m) / S (u) and of the final product (u). |z - m| * u: the
-// rounding of the exp argument z - m_b (m_b <= m, so |z - m_b| <= |z - m|),
-// which exp turns into relative error. |z| * u: the rounding of scale * x when
-// the scale is not a power of two. Results below FLT_MIN are denormal and only
-// meet an absolute bound of FLT_MIN * u. For the logits of the tail tests (|x|
-// <= 4, so |z - m| <= 8) the bound is at most 14u = 8.3e-7, under the 1e-6 bar,
-// and it is the same on every target.
+// Tolerance, per element, the bound of softmax.h (u = 2^-24, n = cols, m the
+// row's largest z = scale * x):
+//   (8 + |z - m| + ln n + (scale inexact ? |z| + |m| + ln n : 0)) * u * exact
+//   + 2^-149
+// The derivation is in lib/softmax/softmax-inl.h. The 2^-149 (one ulp of the
+// denormals) covers outputs below FLT_MIN, which exp and the final product
+// round to the denormal grid. For the logits of the tail tests (|x| <= 4, so
+// |z - m| <= 8, n <= 4096) the bound is at most (16 + 8.3) u = 1.5e-6 with
+// an exact scale; the measured worst is under 4e-7 on every target, and the
+// edge test below reaches a large fraction of the bound.
 #include "headway/softmax.h"
 
 #include <algorithm>
@@ -39,6 +38,17 @@ constexpr double kU = 1.0 / (1 << 24);
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+constexpr double kDenormUlp = 1.4012984643248171e-45;  // 2^-149
+
+// softmax.h's relative bound for an element z of a row of n whose largest
+// element is m.
+double SoftmaxRelativeBound(double z, double m, int64_t n, bool exact_scale) {
+  const double log_n = std::log(static_cast<double>(n));
+  const double inexact =
+      exact_scale ? 0.0 : std::fabs(z) + std::fabs(m) + log_n;
+  return (8.0 + std::fabs(z - m) + log_n + inexact) * kU;
+}
+
 bool IsPowerOfTwo(float scale) {
   int exponent = 0;
   return std::frexp(std::fabs(scale), &exponent) == 0.5f;
@@ -62,12 +72,10 @@ void ExpectMatchesReference(const float* x, int64_t x_stride, const float* y,
       const double z = static_cast<double>(scale) * x[r * x_stride + c];
       const double want = ref[r * cols + c];
       const double got = y[r * y_stride + c];
-      const double rel_tol =
-          (6.0 + std::fabs(z - m) + (exact_scale ? 0.0 : std::fabs(z))) * kU;
+      const double rel_tol = SoftmaxRelativeBound(z, m, cols, exact_scale);
       // (want == 0: exp underflowed or the logit is -inf; rel_tol may then be
       // inf.)
-      const double tol = (want > 0 ? rel_tol * want : 0.0) +
-                         std::numeric_limits<float>::min() * kU;
+      const double tol = (want > 0 ? rel_tol * want : 0.0) + kDenormUlp;
       ASSERT_LE(std::fabs(got - want), tol)
           << "row " << r << " col " << c << " of [" << rows << ", " << cols
           << "], scale " << scale << ": got " << got << ", want " << want;
@@ -268,6 +276,73 @@ TEST_P(SoftmaxTest, SameBitsForAnyThreadCount) {
             << threads << " threads, [" << rows << ", " << cols << "]";
       }
     }
+  }
+}
+
+// Equal logits far from zero under a scale that is not a power of two: every
+// pass must see the same rounded scale * x, so z - m is exactly 0 and each
+// element is 1 / n (a pass that fused scale * x - m into one FMA saw z - m up
+// to half an ulp of m: NaN at 1e30, 0.856 row sums at 1e8).
+TEST_P(SoftmaxTest, EqualLargeLogitsInexactScale) {
+  const size_t lanes = test::ActiveFloatLanes();
+  std::vector<size_t> sizes = test::TailSizes(lanes, 64);
+  sizes.push_back(5000);
+  for (const size_t cols : sizes) {
+    for (const float value : {1e30f, -1e30f, 1e8f, 1e4f, 2.0e38f}) {
+      for (const float scale : {0.3f, 0.08838834764f, 1.1f}) {
+        std::vector<float> x(cols, value), y(cols, kNaN);
+        ASSERT_TRUE(Softmax(MatrixView<const float>(x.data(), 1, cols),
+                            MatrixView<float>(y.data(), 1, cols), scale)
+                        .ok());
+        const float want = static_cast<float>(1.0 / static_cast<double>(cols));
+        for (size_t c = 0; c < cols; ++c) {
+          // 1 / n to within the 8u of exp, sum and the two roundings.
+          ASSERT_NEAR(y[c], want, 8 * kU * want)
+              << cols << " x " << value << ", scale " << scale << ", col " << c;
+        }
+      }
+    }
+  }
+}
+
+// The bound at its edge: logits near 1e4 under an inexact scale, where the
+// rounding of scale * x (|z| u and |m| u, about 1.8e-4 relative) dominates,
+// and outputs below FLT_MIN, where the 2^-149 term does. The largest error
+// must reach a good part of the bound (it is tight), never exceed it.
+TEST_P(SoftmaxTest, ErrorBoundAtItsEdge) {
+  struct Row {
+    float offset, spread, scale;
+  };
+  for (const Row& row : {Row{1e4f, 20.0f, 0.3f}, Row{-3e3f, 8.0f, 0.7f},
+                         Row{0.0f, 30.0f, 1.0f}}) {
+    const int64_t cols = 997;
+    std::vector<float> x(cols), y(cols, kNaN);
+    test::FillRandom(x.data(), cols, 41, row.offset - row.spread,
+                     row.offset + row.spread);
+    if (row.scale == 1.0f) {
+      // Denormal outputs: logits 80 to 104 below the maximum.
+      for (int64_t c = 1; c < cols; ++c) x[c] = -80.0f - 24.0f * c / cols;
+      x[0] = 0.0f;
+    }
+    ASSERT_TRUE(Softmax(MatrixView<const float>(x.data(), 1, cols),
+                        MatrixView<float>(y.data(), 1, cols), row.scale)
+                    .ok());
+    const std::vector<double> ref =
+        test::ref::Softmax(x.data(), cols, 1, cols, row.scale);
+    double m = -INFINITY;
+    for (float v : x) m = std::max(m, static_cast<double>(row.scale) * v);
+    double worst = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double z = static_cast<double>(row.scale) * x[c];
+      const double tol =
+          SoftmaxRelativeBound(z, m, cols, IsPowerOfTwo(row.scale)) * ref[c] +
+          kDenormUlp;
+      worst = std::max(worst, std::fabs(y[c] - ref[c]) / tol);
+    }
+    EXPECT_LE(worst, 1.0) << "offset " << row.offset;
+    EXPECT_GE(worst, 0.2) << "offset " << row.offset;
+    std::printf("  offset %g, scale %g: worst error / bound %.3f\n", row.offset,
+                row.scale, worst);
   }
 }
 

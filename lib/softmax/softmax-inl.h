@@ -15,12 +15,19 @@
 // huge rows instead of 3 + 2 for the textbook max / exp-sum / normalize passes.
 // For short rows (one block) it is exactly the textbook algorithm.
 //
-// Error, with u = 2^-24: z - m_b rounds once (|z - m_b| * u absolute, which exp
-// turns into relative error), Highway's Exp is within 1 ULP (2u), the block
-// sums are compensated (Kahan) per lane and reduced in double (2u), the factor
-// exp(m_b - m) / S is computed in double and rounded once (u), and the final
-// product rounds once (u): |y - exact| / exact <= (6 + |z - m_b|) * u, plus |z|
-// * u when scale * x itself rounds.
+// Error, with u = 2^-24, to first order in u (softmax.h states the bound):
+// every pass computes z = fl(scale * x) the same way (no FMA contraction:
+// meson.build), so m = max z is one of the z and z_k - m = 0 for the largest.
+// With t = scale * (x - x_max) the exact argument, the computed one is
+//   fl(z - m_b) + (m_b - m) = t + (z - m_b) e + scale x d_x - scale x_max d_max
+// (|e|, |d| <= u; d = 0 when scale is a power of two). The last term is common
+// to all elements and cancels in the normalisation; what is left moves y by
+//   delta_i - sum_j y_j delta_j, delta_j = |z_j - m| u + |z_j| u
+// and sum_j y_j |z_j - m| <= ln n (the entropy of y), sum_j y_j |z_j| <= |m| +
+// ln n. Exp is within 1 ulp (2u) for the element and on average for the sum,
+// the compensated block sums reduced in double add 2u, the factor exp(m_b - m)
+// / S is rounded once (u), the final product once (u): 8u. Outputs below
+// FLT_MIN are rounded to the denormal grid (2^-149) by exp and the product.
 
 // Non-SIMD part: normal include guard.
 #ifndef HEADWAY_LIB_SOFTMAX_SOFTMAX_INL_H_PLAN_
