@@ -1131,6 +1131,40 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
   }
 }
 
+// A NaN in the last token's x gives NaN in its Q, K and V rows: under the
+// causal mask no earlier token sees that key, so their rows are those of a
+// prefill without it, and only the last row is NaN (wide and narrow tiles).
+TEST_P(AttentionLayerTest, NaNTokenHiddenFromEarlierTokens) {
+  for (const AttentionLayerConfig& config :
+       {Config(64, 4), Config(64, 8, 2), Config(16, 1, 1, 4)}) {
+    for (const int64_t n : {6, 40}) {
+      const std::string what = Describe(config) + ", n " + std::to_string(n);
+      Model model(ShapeOf(config), "qkvo", 77);
+      AttentionLayer layer;
+      ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
+      KvCache cache = MakeCache(layer, 1, n);
+      const int64_t d = config.d_model;
+      std::vector<float> x = test::RandomVector(n * d, 78);
+      x[(n - 1) * d + d / 2] = kNaN;
+      std::vector<float> y(n * d, kSentinel);
+      const LayerSequence sequence{0, n};
+      ASSERT_TRUE(layer
+                      .Forward(&cache, &sequence, 1,
+                               MatrixView<const float>(x.data(), n, d),
+                               MatrixView<float>(y.data(), n, d))
+                      .ok())
+          << what;
+      const std::vector<float> before(x.begin(), x.end() - d);
+      const Expected e = Reference(model, before, true, ScaleOf(config));
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectRowsMatch(y.data(), n - 1, d, d, e, 0, what));
+      for (int64_t j = 0; j < d; ++j) {
+        ASSERT_TRUE(std::isnan(y[(n - 1) * d + j])) << what << ", col " << j;
+      }
+    }
+  }
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
 
 // ---------------------------------------------------------------------------

@@ -7,8 +7,24 @@
 //   out[t, h*d : (h+1)*d] = sum_s softmax_s(scale * q[t, h*d : (h+1)*d] .
 //   K_g[s] + M[t, s]) V_g[s]
 // over the cached rows s < length(seq), where M is the causal mask (-inf for s
-// > q_pos0 + t) plus the optional additive mask. A row whose every score is
-// masked gives zeros.
+// > q_pos0 + t) plus the optional additive mask, added in natural units (every
+// finite mask value, -FLT_MAX included, is a score offset: a row of -FLT_MAX
+// is the uniform average of the keys it sees). A key that a row does not see
+// (causal, or a -inf mask entry) contributes nothing to it, not even a NaN or
+// inf in its K or V row. A row whose every score is masked gives zeros; a row
+// that sees a NaN, or a score of +inf, is NaN.
+//
+// Error bound, per output element of query row t (u = 2^-24): rounding errors
+// taken as a random walk (Higham, Accuracy and Stability of Numerical
+// Algorithms, 2nd ed., sec. 2.8), which the tests assert on every target,
+//   |out - exact| <= 4 u |V|max (sqrt(d) S_t + sqrt(L_t) + 8)
+// with S_t = max_s (scale * sum_p |q_p K[s, p]| + |mask[t, s]|) over the L_t
+// keys the row sees and |V|max the largest |V| among them. The sqrt(d) S_t
+// term is the rounding of the scores, which dominates for large logits (an
+// error e in a score moves that key's weight by e relative); sqrt(L_t) the
+// weighted sum of V; 8 exp, the rescaling and the chunk merge. Measured on
+// scores near 960, the error is 2-9% of the bound; worst-case inputs can reach
+// sqrt(d) and sqrt(L_t) times more.
 #ifndef HEADWAY_ATTENTION_H_
 #define HEADWAY_ATTENTION_H_
 

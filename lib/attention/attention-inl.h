@@ -318,6 +318,46 @@ HWY_INLINE int64_t RowPosition(const AttentionTile& tile, int64_t group,
   return r < tile.rows ? tile.work->q_pos0 + tile.t0 + r / group : -1;
 }
 
+// The additive mask's rule, for every path: a -inf entry hides the key
+// (whatever its score, NaN included); any other entry is added to the score in
+// natural units, where every finite float is representable.
+HWY_INLINE float MaskedScore(float score, float mask) {
+  return mask == -std::numeric_limits<float>::infinity() ? mask : score + mask;
+}
+
+// Whether the query token t of `work` must not see key `key`: past its
+// position (causal) or hidden by a -inf mask entry. A hidden key contributes
+// nothing to the query, not even a NaN of its K or V row.
+HWY_INLINE bool KeyHidden(const AttentionDims& dims, const AttentionWork& work,
+                          int64_t t, int64_t key) {
+  return (dims.causal && key > work.q_pos0 + t) ||
+         (work.mask != nullptr && work.mask[t * work.mask_stride + key] ==
+                                      -std::numeric_limits<float>::infinity());
+}
+
+// Whether some query token in [t0, t0 + nt) cannot see some key in [k0, k0 +
+// n_keys): the blocks where P V must not let 0 * NaN through.
+HWY_INLINE bool BlockMayHide(const AttentionDims& dims,
+                             const AttentionWork& work, int64_t t0, int64_t k0,
+                             int64_t n_keys) {
+  return work.mask != nullptr ||
+         (dims.causal && k0 + n_keys - 1 > work.q_pos0 + t0);
+}
+
+// Whether rows [0, n_rows) of v (row stride `stride`, a multiple of the vector
+// length; columns past the head's are zero) are all finite.
+HWY_INLINE bool RowsFinite(const float* HWY_RESTRICT v, size_t n_rows,
+                           size_t stride) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  // x * 0 is 0 for finite x and NaN for +-inf and NaN.
+  auto acc = hn::Zero(d);
+  for (size_t i = 0; i < n_rows * stride; i += N) {
+    acc = hn::MulAdd(hn::Load(d, v + i), hn::Zero(d), acc);
+  }
+  return hn::AllTrue(d, hn::Eq(acc, hn::Zero(d)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Wide tiles: queries along the lanes.
 
@@ -327,6 +367,14 @@ HWY_INLINE int64_t RowPosition(const AttentionTile& tile, int64_t group,
 // operations of hn::Exp: the softmax step was 13% of causal prefill time.
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
+
+// A tile with an additive mask keeps natural units instead (QT carries scale
+// only, the mask is added, exp2 takes (s - m) * log2(e)): a mask of -FLT_MAX
+// times log2(e) would overflow to -inf and hide a row that the mask leaves
+// visible.
+HWY_INLINE bool WideScoresInBase2(const AttentionWork& work) {
+  return work.mask == nullptr;
+}
 
 // 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
 // measured over [-0.5, 0.5] against float64): x = n + f, n = round(x),
@@ -353,16 +401,25 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   return hn::Mul(p, hn::BitCast(d, bits));
 }
 
-// Online-softmax step on a block of base-2 scores st [n_keys, rp] (lanes =
-// query rows): masks applied already (-inf). Replaces st by P = exp2(st -
-// m_new), rescales ot [d, rp] by alpha and updates m, l (m in base 2). A lane
-// whose scores are all -inf so far keeps m = -inf and P = 0.
+// Online-softmax step on a block of scores st [n_keys, rp] (lanes = query
+// rows; base 2, or natural units when !kBase2): masks applied already (-inf).
+// Replaces st by P = exp(st - m_new), rescales ot [d, rp] by alpha and updates
+// m, l (m in the scores' units). A lane whose scores are all -inf so far keeps
+// m = -inf and P = 0.
+template <bool kBase2>
 HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
                                 size_t rp, float* HWY_RESTRICT ot, size_t dim,
                                 OnlineSoftmaxState state) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto to_base2 = hn::Set(d, kLog2e);
+  // exp(a - b), NaN where a - b is NaN (a NaN score, or +inf - +inf).
+  const auto exp_of_difference = [&](auto a, auto b) HWY_ATTR {
+    const auto x = hn::Sub(a, b);
+    const auto e = Exp2NonPositive(d, kBase2 ? x : hn::Mul(x, to_base2));
+    return hn::IfThenElse(hn::IsNaN(x), x, e);
+  };
   for (size_t j = 0; j < rp; j += N) {
     const auto m_old = hn::Load(d, state.max + j);
     auto m_new = m_old;
@@ -372,14 +429,12 @@ HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
     // -inf - (-inf) would be NaN: a lane with no score yet subtracts 0
     // instead.
     const auto m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-    const auto alpha = Exp2NonPositive(d, hn::Sub(m_old, m_use));
+    const auto alpha = exp_of_difference(m_old, m_use);
     auto sum = hn::Zero(d);
     for (size_t s = 0; s < n_keys; ++s) {
       const auto score = hn::Load(d, st + s * rp + j);
-      // Keep a NaN score NaN so that it reaches the output.
-      const auto p =
-          hn::IfThenElse(hn::Eq(score, score),
-                         Exp2NonPositive(d, hn::Sub(score, m_use)), score);
+      // A NaN score stays NaN so that it reaches the output.
+      const auto p = exp_of_difference(score, m_use);
       hn::Store(p, d, st + s * rp + j);
       sum = hn::Add(sum, p);
     }
@@ -393,15 +448,17 @@ HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
   }
 }
 
-// Starts a wide tile: QT [d, rp] from the queries (scale * log2(e) * q), OT
+// Starts a wide tile: QT [d, rp] from the queries (scale * log2(e) * q, or
+// scale * q in natural units), OT
 // [d, rp] = 0, m = -inf, l = 0 per lane.
 HWY_INLINE void WideTileBegin(const AttentionDims& dims,
                               const AttentionTile& tile, float* HWY_RESTRICT qt,
                               float* HWY_RESTRICT ot, size_t rp,
                               OnlineSoftmaxState state) {
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  const float qscale = dims.scale * kLog2e;
-  // QT[p, r] = scale * log2(e) * q row r (TileQRow) [p]; 0 for padding.
+  const float qscale =
+      WideScoresInBase2(*tile.work) ? dims.scale * kLog2e : dims.scale;
+  // QT[p, r] = qscale * q row r (TileQRow) [p]; 0 for padding.
   const auto q_row = [&](size_t r) {
     return TileQRow(dims, tile, static_cast<int64_t>(r));
   };
@@ -463,7 +520,9 @@ HWY_INLINE void WideTileBlock(const AttentionDims& dims,
   OuterProductBlock(keys + k0 * dims.row_stride, row_stride, 1, qt, rp, dim, st,
                     rp, n_keys, rp / N, /*accumulate=*/false);
   // Causal mask, only on blocks that cross the diagonal of some lane.
-  if (dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos) {
+  const bool crossing =
+      dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos;
+  if (crossing) {
     for (size_t j = 0; j < rp; j += N) {
       // Positions of the lanes (-1 for padding rows, which see no key).
       HWY_ALIGN int32_t pos[hn::MaxLanes(di)];
@@ -486,13 +545,47 @@ HWY_INLINE void WideTileBlock(const AttentionDims& dims,
           work.mask +
           (tile.t0 + static_cast<int64_t>(r) / group) * work.mask_stride + k0;
       for (size_t s = 0; s < n_keys; ++s)
-        st[s * rp + r] += kLog2e * mask_row[s];
+        st[s * rp + r] = MaskedScore(st[s * rp + r], mask_row[s]);
     }
   }
-  WideSoftmaxStep(st, n_keys, rp, ot, dim, state);
+  if (WideScoresInBase2(work)) {
+    WideSoftmaxStep<true>(st, n_keys, rp, ot, dim, state);
+  } else {
+    WideSoftmaxStep<false>(st, n_keys, rp, ot, dim, state);
+  }
   // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
-  OuterProductBlock(values + k0 * dims.row_stride, 1, row_stride, st, rp,
-                    n_keys, ot, rp, dim, rp / N, /*accumulate=*/true);
+  const float* v_block = values + k0 * dims.row_stride;
+  if (!BlockMayHide(dims, work, tile.t0, k0, static_cast<int64_t>(n_keys)) ||
+      RowsFinite(v_block, n_keys, row_stride)) {
+    OuterProductBlock(v_block, 1, row_stride, st, rp, n_keys, ot, rp, dim,
+                      rp / N, /*accumulate=*/true);
+    return;
+  }
+  // A NaN or inf in V where some lane must not see it: the same FMAs key by
+  // key, with V zeroed in the lanes that do not see the key (0 * 0 adds
+  // nothing), so the other lanes get the bits of the path above.
+  for (size_t s = 0; s < n_keys; ++s) {
+    const int64_t key = k0 + static_cast<int64_t>(s);
+    for (size_t j = 0; j < rp; j += N) {
+      HWY_ALIGN int32_t seen[hn::MaxLanes(di)];
+      for (size_t lane = 0; lane < N; ++lane) {
+        const int64_t r = static_cast<int64_t>(j + lane);
+        seen[lane] =
+            r < tile.rows && !KeyHidden(dims, work, tile.t0 + r / group, key)
+                ? -1
+                : 0;
+      }
+      const auto visible =
+          hn::RebindMask(d, hn::Ne(hn::Load(di, seen), hn::Zero(di)));
+      const auto p = hn::Load(d, st + s * rp + j);
+      for (size_t c = 0; c < dim; ++c) {
+        const auto v = hn::IfThenElseZero(
+            visible, hn::Set(d, v_block[s * row_stride + c]));
+        float* o = ot + c * rp + j;
+        hn::Store(hn::MulAdd(v, p, hn::Load(d, o)), d, o);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -589,7 +682,8 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       float* sc_row = sc + r * bkp;
       if (work.mask) {
         const float* mask_row = work.mask + t * work.mask_stride + k0;
-        for (size_t s = 0; s < n_keys; ++s) sc_row[s] += mask_row[s];
+        for (size_t s = 0; s < n_keys; ++s)
+          sc_row[s] = MaskedScore(sc_row[s], mask_row[s]);
       }
       if (dims.causal) {
         const int64_t visible_end = std::max<int64_t>(
@@ -611,9 +705,9 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       const auto vm_use = hn::Set(d, m_use);
       auto vsum = hn::Zero(d);
       for (size_t s = 0; s < bkp; s += N) {
-        const auto score = hn::Load(d, sc_row + s);
-        const auto p = hn::IfThenElse(
-            hn::Eq(score, score), hn::Exp(d, hn::Sub(score, vm_use)), score);
+        // NaN where score - m is NaN (a NaN score, or +inf - +inf).
+        const auto x = hn::Sub(hn::Load(d, sc_row + s), vm_use);
+        const auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
         hn::Store(p, d, sc_row + s);
         vsum = hn::Add(vsum, p);
       }
@@ -631,8 +725,28 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       }
     }
     // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride].
-    NarrowAccumulate(sc, bkp, 1, values + k0 * dims.row_stride, row_stride,
-                     n_keys, o, row_stride, rows, row_stride / N);
+    const float* v_block = values + k0 * dims.row_stride;
+    if (!BlockMayHide(dims, work, tile.t0, k0, static_cast<int64_t>(n_keys)) ||
+        RowsFinite(v_block, n_keys, row_stride)) {
+      NarrowAccumulate(sc, bkp, 1, v_block, row_stride, n_keys, o, row_stride,
+                       rows, row_stride / N);
+      continue;
+    }
+    // A NaN or inf in V where some row must not see it: the same FMAs key by
+    // key, skipping the keys a row does not see (their 0 * V adds nothing).
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+      for (size_t s = 0; s < n_keys; ++s) {
+        if (KeyHidden(dims, work, t, k0 + static_cast<int64_t>(s))) continue;
+        const auto p = hn::Set(d, sc[r * bkp + s]);
+        for (size_t c = 0; c < row_stride; c += N) {
+          float* o_at = o + r * row_stride + c;
+          hn::Store(hn::MulAdd(p, hn::Load(d, v_block + s * row_stride + c),
+                               hn::Load(d, o_at)),
+                    d, o_at);
+        }
+      }
+    }
   }
 }
 
@@ -960,7 +1074,7 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
             } else {
               const int64_t tile_index = kv_head * sp.n_tiles + tile_begin + i;
               SavePartial(dims, tiles[i], o[i], o_rs, o_ps, state[i],
-                          sp.wide ? kLn2 : 1.0f,
+                          sp.wide && WideScoresInBase2(works[w]) ? kLn2 : 1.0f,
                           partial_at(first_partial[w] +
                                      tile_index * sp.n_chunks + chunk));
             }
@@ -1013,6 +1127,7 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
   const size_t kv_len = static_cast<size_t>(work.kv_len);
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  std::vector<int64_t> bad_keys;
   for (int64_t h = 0; h < dims.n_heads; ++h) {
     const int64_t g = h / group;
     const float* keys = work.keys + g * dims.head_stride;
@@ -1030,7 +1145,8 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
               float* row = w + t * w_stride;
               if (work.mask != nullptr) {
                 const float* mask_row = work.mask + t * work.mask_stride;
-                for (int64_t s = 0; s < work.kv_len; ++s) row[s] += mask_row[s];
+                for (int64_t s = 0; s < work.kv_len; ++s)
+                  row[s] = MaskedScore(row[s], mask_row[s]);
               }
               if (dims.causal) {
                 for (int64_t s = work.q_pos0 + t + 1; s < work.kv_len; ++s) {
@@ -1042,10 +1158,39 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     }
     SoftmaxRows(w, static_cast<size_t>(w_stride), w,
                 static_cast<size_t>(w_stride), n_tokens, kv_len, 1.0f);
+    float* out = work.out + h * dims.head_dim;
     MatmulUnpacked(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
-                   row_stride, /*trans_b=*/false, n_tokens, dim, kv_len,
-                   work.out + h * dims.head_dim,
+                   row_stride, /*trans_b=*/false, n_tokens, dim, kv_len, out,
                    static_cast<size_t>(work.out_stride), 1.0f, 0.0f);
+    if (h % group == 0) {
+      // The rows of V_g with a NaN or inf, where some query must not see them.
+      bad_keys.clear();
+      if (BlockMayHide(dims, work, 0, 0, work.kv_len)) {
+        for (int64_t s = 0; s < work.kv_len; ++s) {
+          if (!RowsFinite(values + s * dims.row_stride, 1, row_stride)) {
+            bad_keys.push_back(s);
+          }
+        }
+      }
+    }
+    // A query that does not see one of them: its row again, over the keys it
+    // sees (the GEMM's 0 * NaN would have reached it).
+    for (int64_t t = 0; t < work.n_tokens && !bad_keys.empty(); ++t) {
+      const bool hides_bad =
+          std::any_of(bad_keys.begin(), bad_keys.end(),
+                      [&](int64_t s) { return KeyHidden(dims, work, t, s); });
+      if (!hides_bad) continue;
+      for (size_t p = 0; p < dim; ++p) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < work.kv_len; ++s) {
+          if (KeyHidden(dims, work, t, s)) continue;
+          acc += static_cast<double>(w[t * w_stride + s]) *
+                 values[s * dims.row_stride + static_cast<int64_t>(p)];
+        }
+        out[t * work.out_stride + static_cast<int64_t>(p)] =
+            static_cast<float>(acc);
+      }
+    }
   }
 }
 

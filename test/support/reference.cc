@@ -130,12 +130,18 @@ std::vector<double> AttentionCore(
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += q_row[d] * k_row[d];
         weights[s] = scale * dot;
-        if (mask != nullptr) weights[s] += mask[t * mask_stride + s];
+        // A -inf mask entry hides the key, whatever its score (NaN included).
+        if (mask != nullptr) {
+          const double m = mask[t * mask_stride + s];
+          weights[s] = m == -INFINITY ? m : weights[s] + m;
+        }
       }
       // A row with no key left stays zeros.
       if (!SoftmaxRowInPlace(weights.data(), n_keys)) continue;
       double* out_row = out.data() + t * out_cols + h * head_dim;
       for (int64_t s = 0; s < n_keys; ++s) {
+        // A hidden key adds nothing, not even 0 * NaN.
+        if (mask != nullptr && mask[t * mask_stride + s] == -INFINITY) continue;
         const double* v_row = v + s * v_stride + g * head_dim;
         for (int64_t d = 0; d < head_dim; ++d)
           out_row[d] += weights[s] * v_row[d];

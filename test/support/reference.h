@@ -58,7 +58,9 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
 // Query row t is at absolute position q_pos0 + t, cached row s at position s.
 // Query head h reads KV head g = h / (n_heads / n_kv_heads) (n_heads must be a
 // multiple of n_kv_heads). score[t, s] = scale * q_h[t] . k_g[s] + mask[t, s];
-// with `causal`, keys s > q_pos0 + t are excluded, whatever mask says there.
+// with `causal`, keys s > q_pos0 + t are excluded, whatever mask says there,
+// and so are keys whose mask entry is -inf: an excluded key adds nothing to
+// the row, not even a NaN of its K or V.
 // Softmax over s as in Softmax() above, except that a row with no key left
 // (all excluded or all -inf) gives zeros, never NaN.
 std::vector<double> AttentionCore(
