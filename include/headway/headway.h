@@ -21,8 +21,9 @@
  *
  * Matrices: float32, row-major. A matrix argument is a data pointer plus a row
  * stride in elements (the distance from one row's start to the next, >= the
- * number of columns); a stride of 0 means densely packed (stride == cols).
- * Sizes are int64_t so that a negative size is reported, not wrapped.
+ * number of columns); a stride of 0 means densely packed (stride == cols), the
+ * same rule as C++ (MatrixView's constructor, headway/view.h). Sizes are
+ * int64_t so that a negative size is reported, not wrapped.
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two

@@ -122,14 +122,10 @@ int Null(const char* fn, const char* name) noexcept {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// A row stride as given, or cols for 0.
-int64_t Stride(int64_t stride, int64_t cols) {
-  return stride == 0 ? cols : stride;
-}
-
+// A view of a C matrix. MatrixView's constructor reads a stride of 0 as
+// dense, the rule both APIs share (view.h).
 headway::MatrixView<const float> View(const hw_matrix& m) {
-  return headway::MatrixView<const float>(m.data, m.rows, m.cols,
-                                          Stride(m.stride, m.cols));
+  return headway::MatrixView<const float>(m.data, m.rows, m.cols, m.stride);
 }
 
 int CheckSeq(const char* fn, const char* name, int64_t seq,
@@ -324,12 +320,9 @@ int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq, int64_t n_new,
                   "n_new must be >= 1 (got " + Str(n_new) + ")");
     }
     const int64_t cols = cache->cache.n_kv_heads() * cache->cache.head_dim();
-    return FromStatus(
-        cache->cache.Append(seq,
-                            headway::MatrixView<const float>(
-                                k, n_new, cols, Stride(k_stride, cols)),
-                            headway::MatrixView<const float>(
-                                v, n_new, cols, Stride(v_stride, cols))));
+    return FromStatus(cache->cache.Append(
+        seq, headway::MatrixView<const float>(k, n_new, cols, k_stride),
+        headway::MatrixView<const float>(v, n_new, cols, v_stride)));
   });
 }
 
@@ -538,10 +531,8 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
     const int64_t d_model = layer->layer.config().d_model;
     return FromStatus(layer->layer.Forward(
         &cache->cache, seqs.data(), n_sequences,
-        headway::MatrixView<const float>(x, total, d_model,
-                                         Stride(x_stride, d_model)),
-        headway::MatrixView<float>(y, total, d_model,
-                                   Stride(y_stride, d_model))));
+        headway::MatrixView<const float>(x, total, d_model, x_stride),
+        headway::MatrixView<float>(y, total, d_model, y_stride)));
   });
 }
 
@@ -569,13 +560,11 @@ int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
     const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
     return FromStatus(headway::Matmul(
-        headway::MatrixView<const float>(a, a_rows, a_cols,
-                                         Stride(lda, a_cols)),
+        headway::MatrixView<const float>(a, a_rows, a_cols, lda),
         static_cast<headway::Transpose>(trans_a),
-        headway::MatrixView<const float>(b, b_rows, b_cols,
-                                         Stride(ldb, b_cols)),
+        headway::MatrixView<const float>(b, b_rows, b_cols, ldb),
         static_cast<headway::Transpose>(trans_b),
-        headway::MatrixView<float>(c, m, n, Stride(ldc, n)), alpha, beta));
+        headway::MatrixView<float>(c, m, n, ldc), alpha, beta));
   });
 }
 
@@ -586,9 +575,8 @@ int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
     if (x == nullptr) return Null(kFn, "x");
     if (y == nullptr) return Null(kFn, "y");
     return FromStatus(headway::Softmax(
-        headway::MatrixView<const float>(x, rows, cols, Stride(x_stride, cols)),
-        headway::MatrixView<float>(y, rows, cols, Stride(y_stride, cols)),
-        scale));
+        headway::MatrixView<const float>(x, rows, cols, x_stride),
+        headway::MatrixView<float>(y, rows, cols, y_stride), scale));
   });
 }
 
