@@ -107,6 +107,15 @@ TEST(Threads, CapAndUncap) {
             std::string::npos);
 }
 
+// The C API's numbering (hw_attention_mask): 0, the value a zeroed or
+// value-initialised mask has, is causal, the default.
+TEST(AttentionMask, ZeroIsCausalAsInC) {
+  EXPECT_EQ(static_cast<int>(AttentionMask::kCausal), 0);
+  EXPECT_EQ(static_cast<int>(AttentionMask::kNone), 1);
+  EXPECT_EQ(AttentionMask{}, AttentionMask::kCausal);
+  EXPECT_EQ(AttentionOptions{}.mask, AttentionMask::kCausal);
+}
+
 // A stride of 0 given to MatrixView's constructor means dense, in C++ as in C
 // (view.h): KvCache::Append takes such views.
 TEST(MatrixView, StrideZeroMeansDense) {

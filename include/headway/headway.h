@@ -200,8 +200,8 @@ HEADWAY_C_API int hw_kv_cache_reset_all(hw_kv_cache* cache);
  * See headway/layer.h. */
 typedef struct hw_attention_layer hw_attention_layer;
 
-/* Mask values. HW_MASK_CAUSAL is 0 so that a zeroed config is causal, like
- * the C++ default (the C++ enum numbers them the other way round). */
+/* Mask values, the same as headway::AttentionMask's. HW_MASK_CAUSAL is 0 so
+ * that a zeroed config is causal, the default. */
 typedef enum hw_attention_mask {
   HW_MASK_CAUSAL = 0, /* a token sees its sequence's tokens up to itself */
   HW_MASK_NONE = 1    /* a token sees every cached token of its sequence */

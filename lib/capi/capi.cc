@@ -46,6 +46,13 @@ static_assert(HW_INTERNAL == static_cast<int>(StatusCode::kInternal),
 static_assert(HW_NO_TRANS == static_cast<int>(headway::Transpose::kNo) &&
                   HW_TRANS == static_cast<int>(headway::Transpose::kYes),
               "transpose values");
+// The wrappers pass a mask value through unchanged (static_cast): the C++
+// checks reject any other value.
+static_assert(HW_MASK_CAUSAL ==
+                      static_cast<int>(headway::AttentionMask::kCausal) &&
+                  HW_MASK_NONE ==
+                      static_cast<int>(headway::AttentionMask::kNone),
+              "mask values");
 
 struct hw_kv_cache {
   headway::KvCache cache;
@@ -386,18 +393,7 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
     c.n_heads = config->n_heads;
     c.n_kv_heads = config->n_kv_heads;
     c.head_dim = config->head_dim;
-    switch (config->mask) {
-      case HW_MASK_CAUSAL:
-        c.mask = headway::AttentionMask::kCausal;
-        break;
-      case HW_MASK_NONE:
-        c.mask = headway::AttentionMask::kNone;
-        break;
-      default:
-        return Fail(HW_INVALID_ARGUMENT, kFn,
-                    "config.mask (" + Str(config->mask) +
-                        ") is not HW_MASK_CAUSAL (0) or HW_MASK_NONE (1)");
-    }
+    c.mask = static_cast<headway::AttentionMask>(config->mask);
     c.scale = config->scale;
     c.head_begin = config->head_begin;
     c.head_end = config->head_end;
@@ -434,8 +430,7 @@ int hw_attention_layer_get_config(const hw_attention_layer* layer,
     result.n_heads = c.n_heads;
     result.n_kv_heads = c.n_kv_heads;
     result.head_dim = c.head_dim;
-    result.mask =
-        c.mask == headway::AttentionMask::kNone ? HW_MASK_NONE : HW_MASK_CAUSAL;
+    result.mask = static_cast<int32_t>(c.mask);
     result.scale = c.scale;
     result.head_begin = c.head_begin;
     result.head_end = c.head_end;
