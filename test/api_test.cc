@@ -107,6 +107,15 @@ TEST(Threads, CapAndUncap) {
             std::string::npos);
 }
 
+// A cap, not a request (threads.h): more threads than the arena has give the
+// arena's, as hw_set_max_threads does in C.
+TEST(Threads, CapAboveTheArenaGivesTheArena) {
+  const int uncapped = MaxThreads();
+  ASSERT_TRUE(SetMaxThreads(uncapped + 5).ok());
+  EXPECT_EQ(MaxThreads(), uncapped);
+  ASSERT_TRUE(SetMaxThreads(0).ok());
+}
+
 // The C API's numbering (hw_attention_mask): 0, the value a zeroed or
 // value-initialised mask has, is causal, the default.
 TEST(AttentionMask, ZeroIsCausalAsInC) {

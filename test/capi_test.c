@@ -165,6 +165,20 @@ static void TestTargetsAndThreads(void) {
   CHECK(hw_max_threads() >= 1 && hw_max_threads() <= 2);
   CHECK_OK(hw_set_max_threads(0));
   CHECK(hw_max_threads() >= 1);
+  /* A cap, not a request: more threads than the default arena has (one per
+   * core) give one per core, as in C++ (threads.h). */
+  {
+    const int cores = hw_max_threads();
+    CHECK_OK(hw_set_max_threads(cores + 5));
+    CHECK(hw_max_threads() == cores);
+    CHECK_OK(hw_set_max_threads(1));
+    CHECK(hw_max_threads() == 1);
+    CHECK_ERR(hw_set_max_threads(-3), HW_INVALID_ARGUMENT,
+              "n must be >= 0 (got -3)");
+    CHECK(hw_max_threads() == 1); /* cap kept on error */
+    CHECK_OK(hw_set_max_threads(0));
+    CHECK(hw_max_threads() == cores);
+  }
 }
 
 /* -------------------------------------------------------------- KV cache */

@@ -96,11 +96,17 @@ HEADWAY_C_API int hw_set_max_target(const char* name);
 HEADWAY_C_API void hw_reset_max_target(void);
 
 /* Caps the threads of every oneTBB parallel loop in the process; n == 0
- * removes the cap. Results do not depend on the number of threads.
- * Error: HW_INVALID_ARGUMENT if n < 0. */
+ * removes the cap. A cap, not a request: a call uses at most the threads of
+ * the oneTBB arena it runs in, and a C caller's calls run in the default
+ * arena, one thread per core, so n above the number of cores gives one thread
+ * per core (hw_max_threads() says what a call gets). C++ SetMaxThreads is the
+ * same function; only a C++ host that runs calls in a larger tbb::task_arena
+ * gets more threads than cores. Results do not depend on the number of
+ * threads. Error: HW_INVALID_ARGUMENT if n < 0. */
 HEADWAY_C_API int hw_set_max_threads(int n);
 
-/* The number of threads a call from this thread may use now. */
+/* The number of threads a call from this thread may use now: the default
+ * arena's (one per core), capped by hw_set_max_threads. */
 HEADWAY_C_API int hw_max_threads(void);
 
 /* -------------------------------------------------------------- KV cache */
