@@ -174,7 +174,7 @@ static void TestTargetsAndThreads(void) {
     CHECK_OK(hw_set_max_threads(1));
     CHECK(hw_max_threads() == 1);
     CHECK_ERR(hw_set_max_threads(-3), HW_INVALID_ARGUMENT,
-              "n must be >= 0 (got -3)");
+              "hw_set_max_threads: n must be >= 0 (got -3)");
     CHECK(hw_max_threads() == 1); /* cap kept on error */
     CHECK_OK(hw_set_max_threads(0));
     CHECK(hw_max_threads() == cores);
@@ -279,21 +279,74 @@ static void TestKvCache(void) {
   CHECK_ERR(hw_kv_cache_append(cache, 0, 0, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "n_new");
   CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, kCols - 1, v, 0),
-            HW_INVALID_ARGUMENT, "stride");
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_append: k_stride (9) is shorter than n_kv_heads * "
+            "head_dim (10)");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, 0, v, -1), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_append: v_stride (-1) is shorter");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, kCap + 1, k, 0, v, 0), HW_OUT_OF_RANGE,
+            "hw_kv_cache_append: length (0) + n_new (5) exceeds capacity (4)");
+  /* n_new rows at their stride overflow: RESOURCE_EXHAUSTED (checked before
+   * the capacity), naming n_new. */
+  CHECK_ERR(hw_kv_cache_append(cache, 0, INT64_MAX, k, 0, v, 0),
+            HW_RESOURCE_EXHAUSTED, "hw_kv_cache_append: k: n_new (");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 2, k, INT64_MAX / 2, v, 0),
+            HW_RESOURCE_EXHAUSTED, "hw_kv_cache_append: k: n_new (2)");
   CHECK_ERR(hw_kv_cache_append(cache, 5, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "seq");
   CHECK_ERR(hw_kv_cache_append(NULL, 0, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "cache");
-  CHECK_ERR(hw_kv_cache_keys(cache, 0, 2, (const float**)&k, NULL, NULL),
-            HW_INVALID_ARGUMENT, "kv_head");
+  {
+    const float* data = NULL;
+    int64_t rows = 77, kstride = 77;
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, 2, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_keys: kv_head (2)");
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, -1, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "kv_head (-1)");
+    CHECK_ERR(hw_kv_cache_values(cache, 2, 0, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_values: seq (2)");
+    CHECK_ERR(hw_kv_cache_values(NULL, 0, 0, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "cache is null");
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, 0, NULL, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "data is null");
+    CHECK(data == NULL && rows == 77 && kstride == 77);
+  }
+  CHECK_ERR(hw_kv_cache_shape(NULL, NULL, NULL, NULL, NULL, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_shape: cache is null");
+  CHECK_ERR(hw_kv_cache_bytes(cache, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
+  CHECK_ERR(hw_kv_cache_bytes_per_token(NULL, &bytes), HW_INVALID_ARGUMENT,
+            "cache is null");
+  CHECK_ERR(hw_kv_cache_bytes_per_token(cache, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
   CHECK_ERR(hw_kv_cache_truncate(NULL, 0, 0), HW_INVALID_ARGUMENT, "cache");
-  CHECK_ERR(hw_kv_cache_reset(cache, 9), HW_INVALID_ARGUMENT, "seq");
+  CHECK_ERR(hw_kv_cache_truncate(cache, 2, 0), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_truncate: seq (2)");
+  CHECK_ERR(hw_kv_cache_truncate(cache, 0, 1), HW_OUT_OF_RANGE,
+            "hw_kv_cache_truncate: new_length (1)");
+  CHECK_ERR(hw_kv_cache_copy_sequence(cache, -1, 0), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_copy_sequence: from (-1)");
+  CHECK_ERR(hw_kv_cache_copy_sequence(NULL, 0, 1), HW_INVALID_ARGUMENT,
+            "cache is null");
+  CHECK_ERR(hw_kv_cache_reset(cache, 9), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_reset: seq (9)");
+  CHECK_ERR(hw_kv_cache_reset(NULL, 0), HW_INVALID_ARGUMENT, "cache is null");
   CHECK_ERR(hw_kv_cache_reset_all(NULL), HW_INVALID_ARGUMENT, "cache");
   CHECK(Length(cache, 0) == 0);
 
   hw_kv_cache* other = NULL;
   CHECK_ERR(hw_kv_cache_create(1, 1, 0, 4, &other), HW_INVALID_ARGUMENT,
-            "head_dim");
+            "hw_kv_cache_create: head_dim must be >= 1 (got 0)");
+  CHECK_ERR(hw_kv_cache_create(0, 1, 4, 4, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: n_sequences must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(1, -2, 4, 4, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: n_kv_heads must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(1, 1, 4, 0, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: capacity must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(INT64_MAX / 4, 4, 16, 16, &other),
+            HW_RESOURCE_EXHAUSTED, "n_sequences (2305843009213693951)");
+  CHECK_ERR(hw_kv_cache_create(1, 1, INT64_MAX, 1, &other),
+            HW_RESOURCE_EXHAUSTED, "head_dim (9223372036854775807)");
   CHECK_ERR(hw_kv_cache_create(1, 1, 4, 4, NULL), HW_INVALID_ARGUMENT, "out");
   CHECK(other == NULL);
   hw_kv_cache_destroy(NULL); /* a no-op */
@@ -678,7 +731,48 @@ static void TestLayerErrors(void) {
     bad = config;
     bad.mask = 7;
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
-              HW_INVALID_ARGUMENT, "mask");
+              HW_INVALID_ARGUMENT,
+              "hw_attention_layer_create: config.mask is not an "
+              "hw_attention_mask (got 7)");
+    bad = config;
+    bad.n_heads = 0;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.n_heads must be >= 1");
+    bad = config;
+    bad.head_dim = -1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_dim must be >= 0");
+    bad = config;
+    bad.head_dim = 0;
+    bad.d_model = 18; /* not a multiple of n_heads = 4 */
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_dim is 0");
+    bad = config;
+    bad.head_begin = 1; /* not on a KV-group boundary */
+    bad.head_end = 4;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_begin");
+    bad = config;
+    bad.scale = NAN;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.scale");
+    /* Sizes whose byte count overflows name the field. */
+    bad = config;
+    bad.d_model = INT64_C(1) << 62;
+    CHECK_ERR(
+        hw_attention_layer_create(&bad, &weights, &layer),
+        HW_RESOURCE_EXHAUSTED,
+        "hw_attention_layer_create: config.d_model (4611686018427387904)");
+    bad = config;
+    bad.head_dim = INT64_C(1) << 62;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_RESOURCE_EXHAUSTED, "config.head_dim (4611686018427387904)");
+    bad = config;
+    bad.n_heads = INT64_C(1) << 62;
+    bad.n_kv_heads = 0;
+    bad.head_dim = 1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_RESOURCE_EXHAUSTED, "config.n_heads (4611686018427387904)");
     bad = config;
     bad.d_model = 0;
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
@@ -727,6 +821,26 @@ static void TestLayerErrors(void) {
             HW_INVALID_ARGUMENT, "layer");
   CHECK_ERR(hw_attention_layer_get_config(NULL, &config), HW_INVALID_ARGUMENT,
             "layer");
+  CHECK_ERR(hw_attention_layer_get_config(layer, NULL), HW_INVALID_ARGUMENT,
+            "config is null");
+  CHECK_ERR(hw_attention_layer_n_weights(layer, NULL), HW_INVALID_ARGUMENT,
+            "n is null");
+  CHECK_ERR(hw_attention_layer_packed_bytes(layer, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
+  CHECK_ERR(hw_attention_layer_cache_bytes_per_token(NULL, &bytes),
+            HW_INVALID_ARGUMENT, "layer is null");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, 8, NULL),
+            HW_INVALID_ARGUMENT, "out is null");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 0, 8, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache: n_sequences must be >= 1 (got "
+            "0)");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, -1, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache: capacity must be >= 1 (got -1)");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, INT64_MAX, &other),
+            HW_RESOURCE_EXHAUSTED,
+            "hw_attention_layer_create_cache: 2 x n_sequences (1)");
   CHECK(other == NULL);
   hw_attention_layer_destroy(NULL); /* a no-op */
 
@@ -740,14 +854,51 @@ static void TestLayerErrors(void) {
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
             HW_INVALID_ARGUMENT, "seq");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 15, y, 0),
-            HW_INVALID_ARGUMENT, "x");
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: x_stride (15) is shorter");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, x, 0),
-            HW_INVALID_ARGUMENT, "y");
+            HW_INVALID_ARGUMENT, "y overlaps x");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 15),
-            HW_INVALID_ARGUMENT, "y");
+            HW_INVALID_ARGUMENT, "y_stride (15) is shorter");
+  CHECK_ERR(
+      hw_attention_layer_forward(layer, cache, &s, 1, x, INT64_MAX / 2, y, 0),
+      HW_RESOURCE_EXHAUSTED, "hw_attention_layer_forward: x: rows (2)");
+  bad = Seq(0, -1);
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "sequences[0].n_tokens must be >= 1 (got -1)");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, -5, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "n_sequences must be >= 1 (got -5)");
+  {
+    /* y inside the cache. */
+    const float* keys = NULL;
+    CHECK_OK(hw_kv_cache_keys(cache, 0, 0, &keys, NULL, NULL));
+    CHECK_ERR(
+        hw_attention_layer_forward(layer, cache, &s, 1, x, 0, (float*)keys, 0),
+        HW_INVALID_ARGUMENT, "y overlaps the cache");
+  }
+  {
+    /* A repeated seq; n_tokens whose sum overflows (an error about the
+     * sequences, as the sum of valid ones cannot overflow). */
+    hw_kv_cache* two = NULL;
+    CHECK_OK(hw_attention_layer_create_cache(layer, 2, 8, &two));
+    hw_layer_sequence pair[2];
+    pair[0] = Seq(1, 1);
+    pair[1] = Seq(1, 1);
+    CHECK_ERR(hw_attention_layer_forward(layer, two, pair, 2, x, 0, y, 0),
+              HW_INVALID_ARGUMENT, "sequences[1].seq (1) is listed twice");
+    pair[0] = Seq(0, INT64_MAX / 2 + 1);
+    pair[1] = Seq(1, INT64_MAX / 2 + 1);
+    CHECK_ERR(hw_attention_layer_forward(layer, two, pair, 2, x, 0, y, 0),
+              HW_OUT_OF_RANGE, "sequences[0]: length 0 + ");
+    CHECK(Length(two, 0) == 0 && Length(two, 1) == 0);
+    hw_kv_cache_destroy(two);
+  }
   CHECK_OK(hw_kv_cache_create(1, 2, 8, 8, &other)); /* head_dim 8, not 4 */
   CHECK_ERR(hw_attention_layer_forward(layer, other, &s, 1, x, 0, y, 0),
-            HW_INVALID_ARGUMENT, "head_dim");
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: cache has n_kv_heads 2 and head_dim 8 "
+            "but the layer needs n_kv_heads 2 and head_dim 4 (see "
+            "hw_attention_layer_create_cache)");
   CHECK(Length(other, 0) == 0);
   hw_kv_cache_destroy(other);
   CHECK(Length(cache, 0) == 0);
@@ -850,7 +1001,26 @@ static void TestMatmul(void) {
     CHECK_ERR(hw_matmul(0, 0, 0, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
               HW_INVALID_ARGUMENT, "m");
     CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 2, b, 0, 0.0f, c, 0),
-              HW_INVALID_ARGUMENT, "stride");
+              HW_INVALID_ARGUMENT, "hw_matmul: lda (2) is shorter than k (3)");
+    CHECK_ERR(hw_matmul(1, 0, 2, 2, 3, 1.0f, a, 1, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: lda (1) is shorter than m (2)");
+    CHECK_ERR(hw_matmul(0, 1, 2, 2, 3, 1.0f, a, 0, b, 2, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldb (2) is shorter than k (3)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 1, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldb (1) is shorter than n (2)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 1),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldc (1) is shorter than n (2)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 0, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "n = 0");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, -1, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "k = -1");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 0, INFINITY, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: beta");
+    CHECK_ERR(hw_matmul(0, 0, 1, 2, 3, 1.0f, a, 0, b, 0, 0.0f, b, 0),
+              HW_INVALID_ARGUMENT, "c overlaps b");
+    CHECK_ERR(
+        hw_matmul(0, 0, INT64_MAX / 8, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+        HW_RESOURCE_EXHAUSTED, "hw_matmul: a: rows");
     CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, NAN, a, 0, b, 0, 0.0f, c, 0),
               HW_INVALID_ARGUMENT, "alpha");
     CHECK_ERR(hw_matmul(0, 0, 2, 1, 3, 1.0f, a, 0, a, 1, 0.0f, a, 0),
@@ -892,11 +1062,19 @@ static void TestSoftmax(void) {
   CHECK_ERR(hw_softmax_rows(R, C, x, S, NULL, S, 1.0f), HW_INVALID_ARGUMENT,
             "y is null");
   CHECK_ERR(hw_softmax_rows(R, C, x, 4, y, S, 1.0f), HW_INVALID_ARGUMENT,
-            "stride");
+            "hw_softmax_rows: x_stride (4) is shorter than cols (6)");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, y, 5, 1.0f), HW_INVALID_ARGUMENT,
+            "hw_softmax_rows: y_stride (5) is shorter than cols (6)");
+  CHECK_ERR(hw_softmax_rows(R, 0, x, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
+            "hw_softmax_rows: cols must be >= 1 (got 0)");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, x + 1, S, 1.0f), HW_INVALID_ARGUMENT,
+            "overlaps");
+  CHECK_ERR(hw_softmax_rows(INT64_MAX / 4, C, x, S, y, S, 1.0f),
+            HW_RESOURCE_EXHAUSTED, "hw_softmax_rows: x: rows");
   CHECK_ERR(hw_softmax_rows(R, C, x, S, y, S, INFINITY), HW_INVALID_ARGUMENT,
             "scale");
   CHECK_ERR(hw_softmax_rows(0, C, x, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
-            "rows");
+            "hw_softmax_rows: rows must be >= 1 (got 0)");
 }
 
 int main(void) {

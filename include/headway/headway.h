@@ -11,19 +11,22 @@
  *
  * Errors: every function that can fail returns an int status, one of
  * hw_status_code (HW_OK == 0). The message of the last such call on the
- * calling thread is hw_last_error(): "" after HW_OK, otherwise it names the
- * function and the bad argument, e.g.
+ * calling thread is hw_last_error(): "" after HW_OK, otherwise it begins with
+ * the C function's name and names the bad argument as the caller passed it
+ * (a parameter, or a struct field such as config.d_model), e.g.
  *   "hw_attention_layer_forward: cache is null"
- *   "KvCache::Append: length (8) + n_new (1) exceeds capacity (8)".
+ *   "hw_kv_cache_append: length (8) + n_new (1) exceeds capacity (8) of seq 0".
  * On error nothing has been written: *out pointers, caches, outputs are
- * unchanged. No C++ exception crosses this API: an allocation failure is
+ * unchanged. Where several arguments are bad, which one is reported is not
+ * specified. No C++ exception crosses this API: an allocation failure is
  * HW_RESOURCE_EXHAUSTED, anything unexpected HW_INTERNAL.
  *
  * Matrices: float32, row-major. A matrix argument is a data pointer plus a row
  * stride in elements (the distance from one row's start to the next, >= the
  * number of columns); a stride of 0 means densely packed (stride == cols), the
  * same rule as C++ (MatrixView's constructor, headway/view.h). Sizes are
- * int64_t so that a negative size is reported, not wrapped.
+ * int64_t so that a negative size is reported, not wrapped; a size or stride
+ * whose byte count overflows is HW_RESOURCE_EXHAUSTED.
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
@@ -118,7 +121,8 @@ typedef struct hw_kv_cache hw_kv_cache;
 /* Creates a cache, every sequence empty, into *out. Allocates and zeroes
  * hw_kv_cache_bytes() bytes up front.
  * Errors: HW_INVALID_ARGUMENT for a NULL out or any size < 1;
- * HW_RESOURCE_EXHAUSTED when the byte count overflows or memory runs out. */
+ * HW_RESOURCE_EXHAUSTED when the byte count overflows (the message names the
+ * sizes) or memory runs out. */
 HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t capacity,
                                      hw_kv_cache** out);
@@ -154,8 +158,10 @@ HEADWAY_C_API int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache,
  * head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), row
  * strides k_stride and v_stride (0: dense).
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, k or v, a
- * bad seq, n_new < 1, a stride < n_kv_heads * head_dim; HW_OUT_OF_RANGE if
- * length + n_new > capacity. */
+ * bad seq, n_new < 1, a stride (other than 0) < n_kv_heads * head_dim;
+ * HW_RESOURCE_EXHAUSTED if n_new rows of k or v at their stride overflow the
+ * address space (checked before the capacity: n_new = INT64_MAX is this
+ * error); HW_OUT_OF_RANGE if length + n_new > capacity. */
 HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
                                      int64_t n_new, const float* k,
                                      int64_t k_stride, const float* v,
@@ -271,7 +277,8 @@ typedef struct hw_layer_sequence {
  * d_model not a multiple of n_heads, a bad head range, a scale that is not
  * finite or < 0, a bad mask, a weight matrix that is NULL, has a bad stride or
  * the wrong shape (the message names it: "w_q", ...); HW_RESOURCE_EXHAUSTED for
- * sizes whose byte count overflows or no memory. */
+ * sizes whose byte count overflows (the message names config.d_model,
+ * n_heads, n_kv_heads and head_dim) or no memory. */
 HEADWAY_C_API int hw_attention_layer_create(
     const hw_attention_layer_config* config,
     const hw_attention_layer_weights* weights, hw_attention_layer** out);
@@ -305,7 +312,9 @@ HEADWAY_C_API int hw_attention_layer_cache_bytes_per_token(
 /* Creates a cache for this layer (its local KV heads and head_dim) with
  * n_sequences slots of `capacity` tokens into *out. Free it with
  * hw_kv_cache_destroy.
- * Errors: as hw_kv_cache_create, plus HW_INVALID_ARGUMENT for a NULL layer. */
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or out, n_sequences or
+ * capacity < 1; HW_RESOURCE_EXHAUSTED when the byte count overflows or memory
+ * runs out. */
 HEADWAY_C_API int hw_attention_layer_create_cache(
     const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
     hw_kv_cache** out);
@@ -323,10 +332,13 @@ HEADWAY_C_API int hw_attention_layer_create_cache(
  * Errors (nothing written, cache unchanged): HW_INVALID_ARGUMENT for a NULL
  * layer, cache, sequences, x or y, n_sequences < 1, n_tokens < 1, a bad or
  * repeated seq, a cache whose n_kv_heads or head_dim do not match the layer, a
- * stride < d_model, y overlapping x or the cache; HW_OUT_OF_RANGE when a
- * sequence's length + n_tokens exceeds the capacity; HW_FAILED_PRECONDITION
- * when the active instruction set has another vector width than at create
- * (after hw_set_max_target: create the layer again). */
+ * stride (other than 0) < d_model, y overlapping x or the cache;
+ * HW_OUT_OF_RANGE when a sequence's length + n_tokens exceeds the capacity
+ * (n_tokens that sum past INT64_MAX give one of these errors);
+ * HW_RESOURCE_EXHAUSTED when x or y at its stride overflows the address space,
+ * or no memory; HW_FAILED_PRECONDITION when the active instruction set has
+ * another vector width than at create (after hw_set_max_target: create the
+ * layer again). */
 HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
                                              hw_kv_cache* cache,
                                              const hw_layer_sequence* sequences,
@@ -347,9 +359,9 @@ typedef enum hw_transpose { HW_NO_TRANS = 0, HW_TRANS = 1 } hw_transpose;
  * beta == 0 writes C without reading it; alpha == 0 reads neither a nor b.
  * Results do not depend on the number of threads.
  * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL a, b or c, m, n or
- * k < 1, a stride shorter than its row, a bad trans value, c overlapping a or
- * b, alpha or beta not finite; HW_RESOURCE_EXHAUSTED for sizes whose byte
- * count overflows or no memory. */
+ * k < 1, a stride (other than 0) shorter than its row, a bad trans value, c
+ * overlapping a or b, alpha or beta not finite; HW_RESOURCE_EXHAUSTED for
+ * sizes whose byte count overflows or no memory. */
 HEADWAY_C_API int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n,
                             int64_t k, float alpha, const float* a, int64_t lda,
                             const float* b, int64_t ldb, float beta, float* c,
@@ -360,8 +372,8 @@ HEADWAY_C_API int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n,
  * y may be x itself with the same stride (in place); any other overlap is an
  * error. A row of all -inf gives zeros.
  * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL x or y, rows or
- * cols < 1, a stride < cols, a partial overlap, a scale that is not finite;
- * HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
+ * cols < 1, a stride (other than 0) < cols, a partial overlap, a scale that is
+ * not finite; HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
 HEADWAY_C_API int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
                                   int64_t x_stride, float* y, int64_t y_stride,
                                   float scale);
