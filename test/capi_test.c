@@ -935,6 +935,355 @@ static void TestLayerErrors(void) {
   FreeModel(&m);
 }
 
+/* ------------------------------------------------------- Attention core */
+
+static hw_out_matrix OutMatrix(float* data, int64_t rows, int64_t cols,
+                               int64_t stride) {
+  hw_out_matrix matrix;
+  matrix.data = data;
+  matrix.rows = rows;
+  matrix.cols = cols;
+  matrix.stride = stride;
+  return matrix;
+}
+
+static hw_matrix StridedMatrix(const float* data, int64_t rows, int64_t cols,
+                               int64_t stride) {
+  hw_matrix matrix = Matrix(data, rows, cols);
+  matrix.stride = stride;
+  return matrix;
+}
+
+/* float64 attention of one query (headway.h's formula) over the rows
+ * appended to its sequence: k and v [length, G * hd] dense; q [n, H * hd]
+ * row stride qs; mask [n, length] row stride ms, or NULL. Writes out
+ * [n, H * hd] dense and, if not NULL, weights [H * n, length] dense. */
+static void ReferenceAttention(int64_t H, int64_t G, int64_t hd, int64_t length,
+                               const float* k, const float* v, int64_t n,
+                               int64_t q_pos0, const float* q, int64_t qs,
+                               const float* mask, int64_t ms, int causal,
+                               double scale, double* out, double* weights) {
+  const int64_t group = H / G;
+  double* p = (double*)calloc((size_t)length, sizeof(double));
+  if (p == NULL) exit(2);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h / group;
+    for (int64_t t = 0; t < n; ++t) {
+      double max = -INFINITY, sum = 0.0;
+      for (int64_t s = 0; s < length; ++s) {
+        double z = -INFINITY;
+        if (!causal || s <= q_pos0 + t) {
+          double dot = 0.0;
+          for (int64_t c = 0; c < hd; ++c) {
+            dot += (double)q[t * qs + h * hd + c] * k[s * G * hd + g * hd + c];
+          }
+          z = scale * dot + (mask != NULL ? mask[t * ms + s] : 0.0);
+        }
+        p[s] = z;
+        if (z > max) max = z;
+      }
+      for (int64_t s = 0; s < length; ++s) {
+        p[s] = max == -INFINITY ? 0.0 : exp(p[s] - max);
+        sum += p[s];
+      }
+      for (int64_t s = 0; s < length; ++s) {
+        if (sum > 0.0) p[s] /= sum;
+        if (weights != NULL) weights[(h * n + t) * length + s] = p[s];
+      }
+      for (int64_t c = 0; c < hd; ++c) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < length; ++s) {
+          acc += p[s] * v[s * G * hd + g * hd + c];
+        }
+        out[t * H * hd + h * hd + c] = acc;
+      }
+    }
+  }
+  free(p);
+}
+
+/* max |got - want| / max |want| of a float matrix (stride gs) against a
+ * dense float64 one. */
+static double DiffToReference(const float* got, int64_t gs, const double* want,
+                              int64_t rows, int64_t cols) {
+  float* want_f = FilledArray(rows * cols, 0.0f);
+  for (int64_t i = 0; i < rows * cols; ++i) want_f[i] = (float)want[i];
+  const double diff = NormwiseDiff(got, gs, want_f, cols, rows, cols);
+  free(want_f);
+  return diff;
+}
+
+/* GQA (4 query heads on 2 KV heads, head_dim 5) over a cache of three
+ * sequences; one call with three queries (a prefill chunk with a mask that
+ * has -inf entries and a fully masked row, a decode step without a mask, a
+ * prefill from position 0 with a mask), causal and not, default and given
+ * scale; and the materialised path. Against float64, on the target active
+ * now. */
+static void TestAttentionOnTarget(void) {
+  enum { H = 4, G = 2, D = 5, W = H * D, KW = G * D, kCap = 16, kQ = 3 };
+  const int64_t lengths[kQ] = {10, 7, 3};
+  const int64_t n_tokens[kQ] = {6, 1, 3};
+  const int64_t q_pos0[kQ] = {4, 6, 0};
+  const int has_mask[kQ] = {1, 0, 1};
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(kQ, G, D, kCap, &cache));
+  if (cache == NULL) return;
+  float *k[kQ], *v[kQ], *q[kQ], *out[kQ], *mask[kQ];
+  int64_t qs[kQ], os[kQ], ms[kQ];
+  hw_attention_query queries[kQ];
+  for (int i = 0; i < kQ; ++i) {
+    k[i] = RandomArray(lengths[i] * KW, 4.0f);
+    v[i] = RandomArray(lengths[i] * KW, 2.0f);
+    CHECK_OK(hw_kv_cache_append(cache, i, lengths[i], k[i], 0, v[i], 0));
+    /* Padded strides for the first query, dense (0) for the others. */
+    qs[i] = i == 0 ? W + 3 : W;
+    os[i] = i == 0 ? W + 2 : W;
+    ms[i] = i == 0 ? lengths[i] + 1 : lengths[i];
+    q[i] = RandomArray(n_tokens[i] * qs[i], 4.0f);
+    out[i] = FilledArray(n_tokens[i] * os[i], NAN);
+    mask[i] = RandomArray(n_tokens[i] * ms[i], 2.0f);
+    for (int64_t t = 0; t < n_tokens[i]; ++t) {
+      for (int64_t s = 0; s < lengths[i]; ++s) {
+        if ((t + 2 * s) % 5 == 1) mask[i][t * ms[i] + s] = -INFINITY;
+      }
+    }
+    queries[i].seq = i;
+    queries[i].q_pos0 = q_pos0[i];
+    queries[i].q = StridedMatrix(q[i], n_tokens[i], W, i == 0 ? qs[i] : 0);
+    queries[i].out = OutMatrix(out[i], n_tokens[i], W, i == 0 ? os[i] : 0);
+    queries[i].mask = StridedMatrix(has_mask[i] ? mask[i] : NULL, n_tokens[i],
+                                    lengths[i], i == 0 ? ms[i] : 0);
+  }
+  /* Query 0's row 2 sees nothing: zeros. */
+  for (int64_t s = 0; s < lengths[0]; ++s) mask[0][2 * ms[0] + s] = -INFINITY;
+
+  for (int variant = 0; variant < 3; ++variant) {
+    hw_attention_options options;
+    memset(&options, 0, sizeof(options)); /* zeroed: causal, default scale */
+    if (variant == 1) options.mask = HW_MASK_NONE;
+    if (variant == 2) options.scale = 0.3f;
+    const int causal = options.mask == HW_MASK_CAUSAL;
+    const double scale = variant == 2 ? 0.3f : 1.0 / sqrt((double)D);
+    CHECK_OK(
+        hw_attention(cache, H, queries, kQ, variant == 0 ? NULL : &options));
+    for (int i = 0; i < kQ; ++i) {
+      double* ref = (double*)calloc((size_t)(n_tokens[i] * W), sizeof(double));
+      if (ref == NULL) exit(2);
+      ReferenceAttention(H, G, D, lengths[i], k[i], v[i], n_tokens[i],
+                         q_pos0[i], q[i], qs[i], has_mask[i] ? mask[i] : NULL,
+                         ms[i], causal, scale, ref, NULL);
+      const double diff = DiffToReference(out[i], os[i], ref, n_tokens[i], W);
+      if (!(diff <= kTolerance)) {
+        fprintf(stderr, "  query %d, variant %d: diff %g\n", i, variant, diff);
+      }
+      CHECK(diff <= kTolerance);
+      free(ref);
+    }
+    for (int64_t c = 0; c < W; ++c) CHECK(out[0][2 * os[0] + c] == 0.0f);
+    CHECK(isnan(out[0][W]) && isnan(out[0][5 * os[0] + W + 1])); /* padding */
+
+    /* The materialised path for query 0: its weights and its output. */
+    const int64_t rows = H * n_tokens[0], ws = lengths[0] + 2;
+    float* weights = FilledArray(rows * ws, NAN);
+    float* out2 = FilledArray(n_tokens[0] * os[0], NAN);
+    hw_attention_query one = queries[0];
+    one.out.data = out2;
+    CHECK_OK(hw_attention_with_weights(cache, H, &one,
+                                       OutMatrix(weights, rows, lengths[0], ws),
+                                       variant == 0 ? NULL : &options));
+    double* ref = (double*)calloc((size_t)(n_tokens[0] * W), sizeof(double));
+    double* ref_w =
+        (double*)calloc((size_t)(rows * lengths[0]), sizeof(double));
+    if (ref == NULL || ref_w == NULL) exit(2);
+    ReferenceAttention(H, G, D, lengths[0], k[0], v[0], n_tokens[0], q_pos0[0],
+                       q[0], qs[0], mask[0], ms[0], causal, scale, ref, ref_w);
+    CHECK(DiffToReference(out2, os[0], ref, n_tokens[0], W) <= kTolerance);
+    CHECK(DiffToReference(weights, ws, ref_w, rows, lengths[0]) <= kTolerance);
+    CHECK(isnan(weights[lengths[0]]) && isnan(weights[ws - 1]));
+    free(ref);
+    free(ref_w);
+    free(weights);
+    free(out2);
+  }
+  for (int i = 0; i < kQ; ++i) CHECK(Length(cache, i) == lengths[i]);
+  for (int i = 0; i < kQ; ++i) {
+    free(k[i]);
+    free(v[i]);
+    free(q[i]);
+    free(out[i]);
+    free(mask[i]);
+  }
+  hw_kv_cache_destroy(cache);
+}
+
+static void TestAttention(void) {
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    TestAttentionOnTarget();
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+}
+
+/* Bad calls: an error naming the C argument, nothing written. */
+static void TestAttentionErrors(void) {
+  enum { H = 4, G = 2, D = 4, W = H * D, N = 3, L = 5 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(2, G, D, 8, &cache));
+  if (cache == NULL) return;
+  float* kv = RandomArray(L * G * D, 1.0f);
+  CHECK_OK(hw_kv_cache_append(cache, 0, L, kv, 0, kv, 0));
+  float* q = RandomArray(N * W, 1.0f);
+  float* out = FilledArray(2 * N * W, 7.0f);
+  float* mask = FilledArray(N * L, 0.0f);
+  float* weights = FilledArray(H * N * L, 7.0f);
+  hw_attention_query good;
+  good.seq = 0;
+  good.q_pos0 = 2;
+  good.q = Matrix(q, N, W);
+  good.out = OutMatrix(out, N, W, 0);
+  good.mask = Matrix(NULL, 0, 0);
+  hw_attention_options options;
+  memset(&options, 0, sizeof(options));
+  hw_attention_query bad = good;
+
+  CHECK_ERR(hw_attention(NULL, H, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: cache is null");
+  CHECK_ERR(hw_attention(cache, H, NULL, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: queries is null");
+  CHECK_ERR(hw_attention(cache, H, &good, 0, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_queries must be >= 1 (got 0)");
+  CHECK_ERR(hw_attention(cache, 3, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_heads (3) is not a multiple");
+  CHECK_ERR(hw_attention(cache, 0, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_heads must be >= 1");
+  options.mask = 7;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "hw_attention: options.mask is not an hw_attention_mask (got 7)");
+  options.mask = HW_MASK_CAUSAL;
+  options.scale = -1.0f;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "hw_attention: options.scale");
+  options.scale = NAN;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "options.scale");
+  bad.seq = 2;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: queries[0].seq (2)");
+  bad = good;
+  bad.q_pos0 = -1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q_pos0 must be >= 0");
+  bad.q_pos0 = L - N + 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_OUT_OF_RANGE,
+            "hw_attention: queries[0]: q_pos0 + n_tokens (3 + 3)");
+  bad = good;
+  bad.q.cols = W - 1;
+  bad.out.cols = W - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q.cols (15)");
+  bad = good;
+  bad.out.rows = N - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out is [2, 16]");
+  bad = good;
+  bad.out.stride = W - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out.stride (15) is shorter than queries[0].out.cols");
+  bad = good;
+  bad.q.data = NULL;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q.data is null");
+  bad = good;
+  bad.q.rows = INT64_MAX / 8;
+  bad.out.rows = INT64_MAX / 8;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_RESOURCE_EXHAUSTED,
+            "queries[0].q");
+  bad = good;
+  bad.mask = Matrix(mask, N, L - 1);
+  CHECK_ERR(
+      hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+      "queries[0].mask is [3, 4] but must be [n_tokens, length] = [3, 5]");
+  bad.mask = StridedMatrix(mask, N, L, L - 1);
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].mask.stride (4)");
+  bad = good;
+  bad.out.data = (float*)q; /* writes what it reads */
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out overlaps queries[0].q");
+  {
+    const float* keys = NULL;
+    CHECK_OK(hw_kv_cache_keys(cache, 1, 0, &keys, NULL, NULL));
+    bad.out.data = (float*)keys;
+    CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+              "queries[0].out overlaps the cache's keys");
+  }
+  {
+    hw_attention_query two[2];
+    two[0] = good;
+    two[1] = good;
+    two[1].out.data = out + W; /* overlaps two[0].out */
+    CHECK_ERR(hw_attention(cache, H, two, 2, NULL), HW_INVALID_ARGUMENT,
+              "queries[1].out overlaps queries[0].out");
+    two[1].seq = 1; /* empty: a query must come after its keys */
+    two[1].q_pos0 = 0;
+    two[1].out.data = out + N * W;
+    CHECK_ERR(hw_attention(cache, H, two, 2, NULL), HW_OUT_OF_RANGE,
+              "queries[1]: q_pos0 + n_tokens (0 + 3) exceeds the 0 cached");
+  }
+
+  const hw_out_matrix w = OutMatrix(weights, H * N, L, 0);
+  CHECK_ERR(hw_attention_with_weights(NULL, H, &good, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: cache is null");
+  CHECK_ERR(hw_attention_with_weights(cache, H, NULL, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: query is null");
+  CHECK_ERR(hw_attention_with_weights(
+                cache, H, &good, OutMatrix(weights, H * N, L - 1, 0), NULL),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_weights: weights is [12, 4] but must be");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(NULL, H * N, L, 0), NULL),
+            HW_INVALID_ARGUMENT, "weights.data is null");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(weights, H * N, L, 2), NULL),
+            HW_INVALID_ARGUMENT, "weights.stride (2) is shorter");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(out, H * N, L, 0), NULL),
+            HW_INVALID_ARGUMENT, "weights overlaps query.out");
+  options.scale = INFINITY;
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good, w, &options),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: options.scale");
+  bad = good;
+  bad.seq = -1;
+  CHECK_ERR(hw_attention_with_weights(cache, H, &bad, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: query.seq (-1)");
+
+  /* Nothing was written. */
+  int untouched = 1;
+  for (int64_t i = 0; i < 2 * N * W; ++i) untouched &= out[i] == 7.0f;
+  for (int64_t i = 0; i < H * N * L; ++i) untouched &= weights[i] == 7.0f;
+  CHECK(untouched);
+  CHECK(Length(cache, 0) == L && Length(cache, 1) == 0);
+
+  /* The good call works. */
+  CHECK_OK(hw_attention(cache, H, &good, 1, NULL));
+  CHECK_OK(hw_attention_with_weights(cache, H, &good, w, NULL));
+  CHECK(out[0] != 7.0f && weights[0] != 7.0f);
+
+  free(kv);
+  free(q);
+  free(out);
+  free(mask);
+  free(weights);
+  hw_kv_cache_destroy(cache);
+}
+
 /* --------------------------------------------------- Matmul and softmax */
 
 static void TestMatmul(void) {
@@ -1083,6 +1432,8 @@ int main(void) {
   TestKvCache();
   TestLayerShapes();
   TestLayerErrors();
+  TestAttention();
+  TestAttentionErrors();
   TestMatmul();
   TestSoftmax();
   if (g_failures != 0) {

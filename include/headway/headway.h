@@ -213,7 +213,7 @@ HEADWAY_C_API int hw_kv_cache_reset_all(hw_kv_cache* cache);
 typedef struct hw_attention_layer hw_attention_layer;
 
 /* Mask values, the same as headway::AttentionMask's. HW_MASK_CAUSAL is 0 so
- * that a zeroed config is causal, the default. */
+ * that a zeroed config or hw_attention_options is causal, the default. */
 typedef enum hw_attention_mask {
   HW_MASK_CAUSAL = 0, /* a token sees its sequence's tokens up to itself */
   HW_MASK_NONE = 1    /* a token sees every cached token of its sequence */
@@ -345,6 +345,78 @@ HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
                                              int64_t n_sequences,
                                              const float* x, int64_t x_stride,
                                              float* y, int64_t y_stride);
+
+/* --------------------------------------------------------- Attention core */
+
+/* The attention of new queries against a cache's keys and values, for MHA,
+ * GQA and MQA alike (headway/attention.h): query head h of n_heads reads KV
+ * head g = h / (n_heads / n_kv_heads); for query row t at position
+ * q_pos0 + t,
+ *   out[t, h*d : (h+1)*d] = sum_s softmax_s(scale q_h[t] . K_g[s] + M[t, s])
+ *                           V_g[s]
+ * over the cached rows s < length(seq), M = the causal mask (-inf for
+ * s > q_pos0 + t, HW_MASK_CAUSAL only) plus the optional additive mask. A row
+ * whose every score is masked gives zeros. The queries' keys and values must
+ * be in the cache already (hw_kv_cache_append first). */
+
+/* A float32 matrix a call writes; otherwise as hw_matrix. */
+typedef struct hw_out_matrix {
+  float* data;
+  int64_t rows;
+  int64_t cols;
+  int64_t stride; /* 0: cols */
+} hw_out_matrix;
+
+/* A zeroed struct (or NULL options) is the default: causal, scale
+ * 1 / sqrt(head_dim). */
+typedef struct hw_attention_options {
+  int32_t mask; /* hw_attention_mask */
+  float scale;  /* multiplies q . k; 0 means 1 / sqrt(head_dim) */
+} hw_attention_options;
+
+/* The n_tokens new queries of one sequence. */
+typedef struct hw_attention_query {
+  int64_t seq;    /* slot in the cache */
+  int64_t q_pos0; /* position of q's first row: its row in the cache */
+  /* [n_tokens, n_heads * head_dim], head h in columns [h * head_dim,
+   * (h + 1) * head_dim). */
+  hw_matrix q;
+  hw_out_matrix out; /* [n_tokens, n_heads * head_dim], written */
+  /* Additive [n_tokens, length(seq)] (-inf allowed), or data NULL: none. */
+  hw_matrix mask;
+} hw_attention_query;
+
+/* Fused attention of n_queries sequences' queries in one call (prefill,
+ * chunked prefill, decode of many sequences); nothing n_tokens x length is
+ * materialised. Results are the same for any number of threads.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL cache or queries,
+ * n_queries < 1, n_heads < 1 or not a multiple of the cache's n_kv_heads, a
+ * bad options->mask, an options->scale that is not finite or < 0, a bad
+ * queries[i].seq, q_pos0 < 0, a q or out with NULL data, a q, out or mask
+ * (with data) whose rows or cols < 1 or whose stride (other than 0) < cols, q
+ * or out not [n_tokens, n_heads * head_dim], a mask not [n_tokens,
+ * length(seq)],
+ * an out overlapping any q, mask, other out or the cache; HW_OUT_OF_RANGE if
+ * q_pos0 + n_tokens > length(seq); HW_RESOURCE_EXHAUSTED for a matrix whose
+ * byte count overflows, or no memory. The message names the argument, e.g.
+ * "hw_attention: queries[1].out.stride (3) is shorter than ...". */
+HEADWAY_C_API int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
+                               const hw_attention_query* queries,
+                               int64_t n_queries,
+                               const hw_attention_options* options);
+
+/* The materialised path, for a caller who wants the attention weights, for
+ * one sequence: as hw_attention, and
+ *   weights[h * n_tokens + t, s] = softmax_s(scale q_h[t] . K_g[s] + M[t, s])
+ * written ([n_heads * n_tokens, length(seq)]; masked entries are 0). Memory:
+ * the weights are n_heads * n_tokens * length floats.
+ * Errors (nothing written): as hw_attention for its one query (NULL query
+ * instead of NULL queries), plus weights with NULL data, not [n_heads *
+ * n_tokens, length(seq)], a bad stride, or overlapping query->out or a read
+ * matrix. */
+HEADWAY_C_API int hw_attention_with_weights(
+    const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
+    hw_out_matrix weights, const hw_attention_options* options);
 
 /* ---------------------------------------------------------------- Kernels */
 

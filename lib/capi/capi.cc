@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -169,6 +170,8 @@ int Guard(const char* fn, Body&& body) noexcept {
     return body();
   } catch (const std::bad_alloc&) {
     return Record(HW_RESOURCE_EXHAUSTED, fn, ": out of memory");
+  } catch (const std::length_error&) {  // a std::vector of a huge count
+    return Record(HW_RESOURCE_EXHAUSTED, fn, ": out of memory");
   } catch (const std::exception& e) {
     Record(HW_INTERNAL, fn, ": unexpected exception: ");
     try {
@@ -187,10 +190,34 @@ int Null(const char* fn, const char* name) noexcept {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// A view of a C matrix. MatrixView's constructor reads a stride of 0 as
-// dense, the rule both APIs share (view.h).
+// Views of C matrices. MatrixView's constructor reads a stride of 0 as dense,
+// the rule both APIs share (view.h).
 headway::MatrixView<const float> View(const hw_matrix& m) {
   return headway::MatrixView<const float>(m.data, m.rows, m.cols, m.stride);
+}
+headway::MatrixView<float> View(const hw_out_matrix& m) {
+  return headway::MatrixView<float>(m.data, m.rows, m.cols, m.stride);
+}
+
+// NULL options: the defaults. A mask value is passed on as it is (the values
+// agree, see the static_assert above) and checked by the C++ call.
+headway::AttentionOptions Options(const hw_attention_options* options) {
+  headway::AttentionOptions result;
+  if (options != nullptr) {
+    result.mask = static_cast<headway::AttentionMask>(options->mask);
+    result.scale = options->scale;
+  }
+  return result;
+}
+
+headway::AttentionQuery Query(const hw_attention_query& q) {
+  headway::AttentionQuery result;
+  result.seq = q.seq;
+  result.q_pos0 = q.q_pos0;
+  result.q = View(q.q);
+  result.out = View(q.out);
+  result.mask = View(q.mask);
+  return result;
 }
 
 int CheckSeq(const char* fn, const char* name, int64_t seq,
@@ -596,6 +623,49 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
         {{"x.stride", "x_stride"},
          {"y.stride", "y_stride"},
          {"CacheConfig", "hw_attention_layer_create_cache"}});
+  });
+}
+
+// ----------------------------------------------------------- Attention core
+
+int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
+                 const hw_attention_query* queries, int64_t n_queries,
+                 const hw_attention_options* options) {
+  constexpr const char* kFn = "hw_attention";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    // queries == NULL and n_queries < 1 reach Attention, which reports them.
+    std::vector<headway::AttentionQuery> converted;
+    if (queries != nullptr && n_queries >= 1) {
+      converted.resize(static_cast<size_t>(n_queries));
+      for (int64_t i = 0; i < n_queries; ++i) {
+        converted[static_cast<size_t>(i)] = Query(queries[i]);
+      }
+    }
+    headway::AttentionQuery none;
+    const headway::AttentionQuery* p =
+        queries == nullptr ? nullptr
+                           : (converted.empty() ? &none : converted.data());
+    return FromStatus(kFn,
+                      headway::Attention(cache->cache, n_heads, p, n_queries,
+                                         Options(options)),
+                      {kMaskEnum});
+  });
+}
+
+int hw_attention_with_weights(const hw_kv_cache* cache, int64_t n_heads,
+                              const hw_attention_query* query,
+                              hw_out_matrix weights,
+                              const hw_attention_options* options) {
+  constexpr const char* kFn = "hw_attention_with_weights";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (query == nullptr) return Null(kFn, "query");
+    return FromStatus(
+        kFn,
+        headway::AttentionWithWeights(cache->cache, n_heads, Query(*query),
+                                      View(weights), Options(options)),
+        {kMaskEnum});
   });
 }
 
