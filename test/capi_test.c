@@ -739,6 +739,11 @@ static void TestLayerErrors(void) {
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
               HW_INVALID_ARGUMENT, "config.n_heads must be >= 1");
     bad = config;
+    bad.n_kv_heads = -1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT,
+              "hw_attention_layer_create: config.n_kv_heads must be >= 0");
+    bad = config;
     bad.head_dim = -1;
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
               HW_INVALID_ARGUMENT, "config.head_dim must be >= 0");
