@@ -107,6 +107,51 @@ TEST(Threads, CapAndUncap) {
             std::string::npos);
 }
 
+// A cap, not a request (threads.h): more threads than the arena has give the
+// arena's, as hw_set_max_threads does in C.
+TEST(Threads, CapAboveTheArenaGivesTheArena) {
+  const int uncapped = MaxThreads();
+  ASSERT_TRUE(SetMaxThreads(uncapped + 5).ok());
+  EXPECT_EQ(MaxThreads(), uncapped);
+  ASSERT_TRUE(SetMaxThreads(0).ok());
+}
+
+// The C API's numbering (hw_attention_mask): 0, the value a zeroed or
+// value-initialised mask has, is causal, the default.
+TEST(AttentionMask, ZeroIsCausalAsInC) {
+  EXPECT_EQ(static_cast<int>(AttentionMask::kCausal), 0);
+  EXPECT_EQ(static_cast<int>(AttentionMask::kNone), 1);
+  EXPECT_EQ(AttentionMask{}, AttentionMask::kCausal);
+  EXPECT_EQ(AttentionOptions{}.mask, AttentionMask::kCausal);
+}
+
+// A stride of 0 given to MatrixView's constructor means dense, in C++ as in C
+// (view.h): KvCache::Append takes such views.
+TEST(MatrixView, StrideZeroMeansDense) {
+  const float data[6] = {1, 2, 3, 4, 5, 6};
+  const MatrixView<const float> view(data, 2, 3, 0);
+  EXPECT_EQ(view.stride, 3);
+  EXPECT_EQ(MatrixView<const float>(data, 2, 3, 4).stride, 4);
+  EXPECT_EQ(MatrixView<const float>(data, 2, 3, -1).stride, -1);
+
+  KvCacheConfig config;
+  config.n_kv_heads = 1;
+  config.head_dim = 3;
+  config.capacity = 4;
+  KvCache cache;
+  ASSERT_TRUE(KvCache::Create(config, &cache).ok());
+  const Status status = cache.Append(0, view, view);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_EQ(cache.length(0), 2);
+  EXPECT_EQ(cache.Keys(0, 0).data[cache.row_stride()], 4.0f);
+  // A stride field set to 0 after construction is below cols: an error.
+  MatrixView<const float> zeroed = view;
+  zeroed.stride = 0;
+  EXPECT_EQ(cache.Append(0, zeroed, zeroed).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length(0), 2);
+}
+
 // The pre-packed matmul shown in README.md, as written there, through the
 // shared library.
 TEST(Readme, PackedMatmul) {

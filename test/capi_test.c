@@ -165,6 +165,20 @@ static void TestTargetsAndThreads(void) {
   CHECK(hw_max_threads() >= 1 && hw_max_threads() <= 2);
   CHECK_OK(hw_set_max_threads(0));
   CHECK(hw_max_threads() >= 1);
+  /* A cap, not a request: more threads than the default arena has (one per
+   * core) give one per core, as in C++ (threads.h). */
+  {
+    const int cores = hw_max_threads();
+    CHECK_OK(hw_set_max_threads(cores + 5));
+    CHECK(hw_max_threads() == cores);
+    CHECK_OK(hw_set_max_threads(1));
+    CHECK(hw_max_threads() == 1);
+    CHECK_ERR(hw_set_max_threads(-3), HW_INVALID_ARGUMENT,
+              "hw_set_max_threads: n must be >= 0 (got -3)");
+    CHECK(hw_max_threads() == 1); /* cap kept on error */
+    CHECK_OK(hw_set_max_threads(0));
+    CHECK(hw_max_threads() == cores);
+  }
 }
 
 /* -------------------------------------------------------------- KV cache */
@@ -265,21 +279,74 @@ static void TestKvCache(void) {
   CHECK_ERR(hw_kv_cache_append(cache, 0, 0, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "n_new");
   CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, kCols - 1, v, 0),
-            HW_INVALID_ARGUMENT, "stride");
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_append: k_stride (9) is shorter than n_kv_heads * "
+            "head_dim (10)");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 1, k, 0, v, -1), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_append: v_stride (-1) is shorter");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, kCap + 1, k, 0, v, 0), HW_OUT_OF_RANGE,
+            "hw_kv_cache_append: length (0) + n_new (5) exceeds capacity (4)");
+  /* n_new rows at their stride overflow: RESOURCE_EXHAUSTED (checked before
+   * the capacity), naming n_new. */
+  CHECK_ERR(hw_kv_cache_append(cache, 0, INT64_MAX, k, 0, v, 0),
+            HW_RESOURCE_EXHAUSTED, "hw_kv_cache_append: k: n_new (");
+  CHECK_ERR(hw_kv_cache_append(cache, 0, 2, k, INT64_MAX / 2, v, 0),
+            HW_RESOURCE_EXHAUSTED, "hw_kv_cache_append: k: n_new (2)");
   CHECK_ERR(hw_kv_cache_append(cache, 5, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "seq");
   CHECK_ERR(hw_kv_cache_append(NULL, 0, 1, k, 0, v, 0), HW_INVALID_ARGUMENT,
             "cache");
-  CHECK_ERR(hw_kv_cache_keys(cache, 0, 2, (const float**)&k, NULL, NULL),
-            HW_INVALID_ARGUMENT, "kv_head");
+  {
+    const float* data = NULL;
+    int64_t rows = 77, kstride = 77;
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, 2, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_keys: kv_head (2)");
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, -1, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "kv_head (-1)");
+    CHECK_ERR(hw_kv_cache_values(cache, 2, 0, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_values: seq (2)");
+    CHECK_ERR(hw_kv_cache_values(NULL, 0, 0, &data, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "cache is null");
+    CHECK_ERR(hw_kv_cache_keys(cache, 0, 0, NULL, &rows, &kstride),
+              HW_INVALID_ARGUMENT, "data is null");
+    CHECK(data == NULL && rows == 77 && kstride == 77);
+  }
+  CHECK_ERR(hw_kv_cache_shape(NULL, NULL, NULL, NULL, NULL, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_shape: cache is null");
+  CHECK_ERR(hw_kv_cache_bytes(cache, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
+  CHECK_ERR(hw_kv_cache_bytes_per_token(NULL, &bytes), HW_INVALID_ARGUMENT,
+            "cache is null");
+  CHECK_ERR(hw_kv_cache_bytes_per_token(cache, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
   CHECK_ERR(hw_kv_cache_truncate(NULL, 0, 0), HW_INVALID_ARGUMENT, "cache");
-  CHECK_ERR(hw_kv_cache_reset(cache, 9), HW_INVALID_ARGUMENT, "seq");
+  CHECK_ERR(hw_kv_cache_truncate(cache, 2, 0), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_truncate: seq (2)");
+  CHECK_ERR(hw_kv_cache_truncate(cache, 0, 1), HW_OUT_OF_RANGE,
+            "hw_kv_cache_truncate: new_length (1)");
+  CHECK_ERR(hw_kv_cache_copy_sequence(cache, -1, 0), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_copy_sequence: from (-1)");
+  CHECK_ERR(hw_kv_cache_copy_sequence(NULL, 0, 1), HW_INVALID_ARGUMENT,
+            "cache is null");
+  CHECK_ERR(hw_kv_cache_reset(cache, 9), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_reset: seq (9)");
+  CHECK_ERR(hw_kv_cache_reset(NULL, 0), HW_INVALID_ARGUMENT, "cache is null");
   CHECK_ERR(hw_kv_cache_reset_all(NULL), HW_INVALID_ARGUMENT, "cache");
   CHECK(Length(cache, 0) == 0);
 
   hw_kv_cache* other = NULL;
   CHECK_ERR(hw_kv_cache_create(1, 1, 0, 4, &other), HW_INVALID_ARGUMENT,
-            "head_dim");
+            "hw_kv_cache_create: head_dim must be >= 1 (got 0)");
+  CHECK_ERR(hw_kv_cache_create(0, 1, 4, 4, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: n_sequences must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(1, -2, 4, 4, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: n_kv_heads must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(1, 1, 4, 0, &other), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create: capacity must be >= 1");
+  CHECK_ERR(hw_kv_cache_create(INT64_MAX / 4, 4, 16, 16, &other),
+            HW_RESOURCE_EXHAUSTED, "n_sequences (2305843009213693951)");
+  CHECK_ERR(hw_kv_cache_create(1, 1, INT64_MAX, 1, &other),
+            HW_RESOURCE_EXHAUSTED, "head_dim (9223372036854775807)");
   CHECK_ERR(hw_kv_cache_create(1, 1, 4, 4, NULL), HW_INVALID_ARGUMENT, "out");
   CHECK(other == NULL);
   hw_kv_cache_destroy(NULL); /* a no-op */
@@ -664,7 +731,53 @@ static void TestLayerErrors(void) {
     bad = config;
     bad.mask = 7;
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
-              HW_INVALID_ARGUMENT, "mask");
+              HW_INVALID_ARGUMENT,
+              "hw_attention_layer_create: config.mask is not an "
+              "hw_attention_mask (got 7)");
+    bad = config;
+    bad.n_heads = 0;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.n_heads must be >= 1");
+    bad = config;
+    bad.n_kv_heads = -1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT,
+              "hw_attention_layer_create: config.n_kv_heads must be >= 0");
+    bad = config;
+    bad.head_dim = -1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_dim must be >= 0");
+    bad = config;
+    bad.head_dim = 0;
+    bad.d_model = 18; /* not a multiple of n_heads = 4 */
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_dim is 0");
+    bad = config;
+    bad.head_begin = 1; /* not on a KV-group boundary */
+    bad.head_end = 4;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.head_begin");
+    bad = config;
+    bad.scale = NAN;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_INVALID_ARGUMENT, "config.scale");
+    /* Sizes whose byte count overflows name the field. */
+    bad = config;
+    bad.d_model = INT64_C(1) << 62;
+    CHECK_ERR(
+        hw_attention_layer_create(&bad, &weights, &layer),
+        HW_RESOURCE_EXHAUSTED,
+        "hw_attention_layer_create: config.d_model (4611686018427387904)");
+    bad = config;
+    bad.head_dim = INT64_C(1) << 62;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_RESOURCE_EXHAUSTED, "config.head_dim (4611686018427387904)");
+    bad = config;
+    bad.n_heads = INT64_C(1) << 62;
+    bad.n_kv_heads = 0;
+    bad.head_dim = 1;
+    CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
+              HW_RESOURCE_EXHAUSTED, "config.n_heads (4611686018427387904)");
     bad = config;
     bad.d_model = 0;
     CHECK_ERR(hw_attention_layer_create(&bad, &weights, &layer),
@@ -713,6 +826,26 @@ static void TestLayerErrors(void) {
             HW_INVALID_ARGUMENT, "layer");
   CHECK_ERR(hw_attention_layer_get_config(NULL, &config), HW_INVALID_ARGUMENT,
             "layer");
+  CHECK_ERR(hw_attention_layer_get_config(layer, NULL), HW_INVALID_ARGUMENT,
+            "config is null");
+  CHECK_ERR(hw_attention_layer_n_weights(layer, NULL), HW_INVALID_ARGUMENT,
+            "n is null");
+  CHECK_ERR(hw_attention_layer_packed_bytes(layer, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
+  CHECK_ERR(hw_attention_layer_cache_bytes_per_token(NULL, &bytes),
+            HW_INVALID_ARGUMENT, "layer is null");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, 8, NULL),
+            HW_INVALID_ARGUMENT, "out is null");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 0, 8, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache: n_sequences must be >= 1 (got "
+            "0)");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, -1, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache: capacity must be >= 1 (got -1)");
+  CHECK_ERR(hw_attention_layer_create_cache(layer, 1, INT64_MAX, &other),
+            HW_RESOURCE_EXHAUSTED,
+            "hw_attention_layer_create_cache: 2 x n_sequences (1)");
   CHECK(other == NULL);
   hw_attention_layer_destroy(NULL); /* a no-op */
 
@@ -726,14 +859,51 @@ static void TestLayerErrors(void) {
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
             HW_INVALID_ARGUMENT, "seq");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 15, y, 0),
-            HW_INVALID_ARGUMENT, "x");
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: x_stride (15) is shorter");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, x, 0),
-            HW_INVALID_ARGUMENT, "y");
+            HW_INVALID_ARGUMENT, "y overlaps x");
   CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 15),
-            HW_INVALID_ARGUMENT, "y");
+            HW_INVALID_ARGUMENT, "y_stride (15) is shorter");
+  CHECK_ERR(
+      hw_attention_layer_forward(layer, cache, &s, 1, x, INT64_MAX / 2, y, 0),
+      HW_RESOURCE_EXHAUSTED, "hw_attention_layer_forward: x: rows (2)");
+  bad = Seq(0, -1);
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &bad, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "sequences[0].n_tokens must be >= 1 (got -1)");
+  CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, -5, x, 0, y, 0),
+            HW_INVALID_ARGUMENT, "n_sequences must be >= 1 (got -5)");
+  {
+    /* y inside the cache. */
+    const float* keys = NULL;
+    CHECK_OK(hw_kv_cache_keys(cache, 0, 0, &keys, NULL, NULL));
+    CHECK_ERR(
+        hw_attention_layer_forward(layer, cache, &s, 1, x, 0, (float*)keys, 0),
+        HW_INVALID_ARGUMENT, "y overlaps the cache");
+  }
+  {
+    /* A repeated seq; n_tokens whose sum overflows (an error about the
+     * sequences, as the sum of valid ones cannot overflow). */
+    hw_kv_cache* two = NULL;
+    CHECK_OK(hw_attention_layer_create_cache(layer, 2, 8, &two));
+    hw_layer_sequence pair[2];
+    pair[0] = Seq(1, 1);
+    pair[1] = Seq(1, 1);
+    CHECK_ERR(hw_attention_layer_forward(layer, two, pair, 2, x, 0, y, 0),
+              HW_INVALID_ARGUMENT, "sequences[1].seq (1) is listed twice");
+    pair[0] = Seq(0, INT64_MAX / 2 + 1);
+    pair[1] = Seq(1, INT64_MAX / 2 + 1);
+    CHECK_ERR(hw_attention_layer_forward(layer, two, pair, 2, x, 0, y, 0),
+              HW_OUT_OF_RANGE, "sequences[0]: length 0 + ");
+    CHECK(Length(two, 0) == 0 && Length(two, 1) == 0);
+    hw_kv_cache_destroy(two);
+  }
   CHECK_OK(hw_kv_cache_create(1, 2, 8, 8, &other)); /* head_dim 8, not 4 */
   CHECK_ERR(hw_attention_layer_forward(layer, other, &s, 1, x, 0, y, 0),
-            HW_INVALID_ARGUMENT, "head_dim");
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: cache has n_kv_heads 2 and head_dim 8 "
+            "but the layer needs n_kv_heads 2 and head_dim 4 (see "
+            "hw_attention_layer_create_cache)");
   CHECK(Length(other, 0) == 0);
   hw_kv_cache_destroy(other);
   CHECK(Length(cache, 0) == 0);
@@ -768,6 +938,355 @@ static void TestLayerErrors(void) {
   hw_kv_cache_destroy(cache);
   hw_attention_layer_destroy(layer);
   FreeModel(&m);
+}
+
+/* ------------------------------------------------------- Attention core */
+
+static hw_out_matrix OutMatrix(float* data, int64_t rows, int64_t cols,
+                               int64_t stride) {
+  hw_out_matrix matrix;
+  matrix.data = data;
+  matrix.rows = rows;
+  matrix.cols = cols;
+  matrix.stride = stride;
+  return matrix;
+}
+
+static hw_matrix StridedMatrix(const float* data, int64_t rows, int64_t cols,
+                               int64_t stride) {
+  hw_matrix matrix = Matrix(data, rows, cols);
+  matrix.stride = stride;
+  return matrix;
+}
+
+/* float64 attention of one query (headway.h's formula) over the rows
+ * appended to its sequence: k and v [length, G * hd] dense; q [n, H * hd]
+ * row stride qs; mask [n, length] row stride ms, or NULL. Writes out
+ * [n, H * hd] dense and, if not NULL, weights [H * n, length] dense. */
+static void ReferenceAttention(int64_t H, int64_t G, int64_t hd, int64_t length,
+                               const float* k, const float* v, int64_t n,
+                               int64_t q_pos0, const float* q, int64_t qs,
+                               const float* mask, int64_t ms, int causal,
+                               double scale, double* out, double* weights) {
+  const int64_t group = H / G;
+  double* p = (double*)calloc((size_t)length, sizeof(double));
+  if (p == NULL) exit(2);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h / group;
+    for (int64_t t = 0; t < n; ++t) {
+      double max = -INFINITY, sum = 0.0;
+      for (int64_t s = 0; s < length; ++s) {
+        double z = -INFINITY;
+        if (!causal || s <= q_pos0 + t) {
+          double dot = 0.0;
+          for (int64_t c = 0; c < hd; ++c) {
+            dot += (double)q[t * qs + h * hd + c] * k[s * G * hd + g * hd + c];
+          }
+          z = scale * dot + (mask != NULL ? mask[t * ms + s] : 0.0);
+        }
+        p[s] = z;
+        if (z > max) max = z;
+      }
+      for (int64_t s = 0; s < length; ++s) {
+        p[s] = max == -INFINITY ? 0.0 : exp(p[s] - max);
+        sum += p[s];
+      }
+      for (int64_t s = 0; s < length; ++s) {
+        if (sum > 0.0) p[s] /= sum;
+        if (weights != NULL) weights[(h * n + t) * length + s] = p[s];
+      }
+      for (int64_t c = 0; c < hd; ++c) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < length; ++s) {
+          acc += p[s] * v[s * G * hd + g * hd + c];
+        }
+        out[t * H * hd + h * hd + c] = acc;
+      }
+    }
+  }
+  free(p);
+}
+
+/* max |got - want| / max |want| of a float matrix (stride gs) against a
+ * dense float64 one. */
+static double DiffToReference(const float* got, int64_t gs, const double* want,
+                              int64_t rows, int64_t cols) {
+  float* want_f = FilledArray(rows * cols, 0.0f);
+  for (int64_t i = 0; i < rows * cols; ++i) want_f[i] = (float)want[i];
+  const double diff = NormwiseDiff(got, gs, want_f, cols, rows, cols);
+  free(want_f);
+  return diff;
+}
+
+/* GQA (4 query heads on 2 KV heads, head_dim 5) over a cache of three
+ * sequences; one call with three queries (a prefill chunk with a mask that
+ * has -inf entries and a fully masked row, a decode step without a mask, a
+ * prefill from position 0 with a mask), causal and not, default and given
+ * scale; and the materialised path. Against float64, on the target active
+ * now. */
+static void TestAttentionOnTarget(void) {
+  enum { H = 4, G = 2, D = 5, W = H * D, KW = G * D, kCap = 16, kQ = 3 };
+  const int64_t lengths[kQ] = {10, 7, 3};
+  const int64_t n_tokens[kQ] = {6, 1, 3};
+  const int64_t q_pos0[kQ] = {4, 6, 0};
+  const int has_mask[kQ] = {1, 0, 1};
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(kQ, G, D, kCap, &cache));
+  if (cache == NULL) return;
+  float *k[kQ], *v[kQ], *q[kQ], *out[kQ], *mask[kQ];
+  int64_t qs[kQ], os[kQ], ms[kQ];
+  hw_attention_query queries[kQ];
+  for (int i = 0; i < kQ; ++i) {
+    k[i] = RandomArray(lengths[i] * KW, 4.0f);
+    v[i] = RandomArray(lengths[i] * KW, 2.0f);
+    CHECK_OK(hw_kv_cache_append(cache, i, lengths[i], k[i], 0, v[i], 0));
+    /* Padded strides for the first query, dense (0) for the others. */
+    qs[i] = i == 0 ? W + 3 : W;
+    os[i] = i == 0 ? W + 2 : W;
+    ms[i] = i == 0 ? lengths[i] + 1 : lengths[i];
+    q[i] = RandomArray(n_tokens[i] * qs[i], 4.0f);
+    out[i] = FilledArray(n_tokens[i] * os[i], NAN);
+    mask[i] = RandomArray(n_tokens[i] * ms[i], 2.0f);
+    for (int64_t t = 0; t < n_tokens[i]; ++t) {
+      for (int64_t s = 0; s < lengths[i]; ++s) {
+        if ((t + 2 * s) % 5 == 1) mask[i][t * ms[i] + s] = -INFINITY;
+      }
+    }
+    queries[i].seq = i;
+    queries[i].q_pos0 = q_pos0[i];
+    queries[i].q = StridedMatrix(q[i], n_tokens[i], W, i == 0 ? qs[i] : 0);
+    queries[i].out = OutMatrix(out[i], n_tokens[i], W, i == 0 ? os[i] : 0);
+    queries[i].mask = StridedMatrix(has_mask[i] ? mask[i] : NULL, n_tokens[i],
+                                    lengths[i], i == 0 ? ms[i] : 0);
+  }
+  /* Query 0's row 2 sees nothing: zeros. */
+  for (int64_t s = 0; s < lengths[0]; ++s) mask[0][2 * ms[0] + s] = -INFINITY;
+
+  for (int variant = 0; variant < 3; ++variant) {
+    hw_attention_options options;
+    memset(&options, 0, sizeof(options)); /* zeroed: causal, default scale */
+    if (variant == 1) options.mask = HW_MASK_NONE;
+    if (variant == 2) options.scale = 0.3f;
+    const int causal = options.mask == HW_MASK_CAUSAL;
+    const double scale = variant == 2 ? 0.3f : 1.0 / sqrt((double)D);
+    CHECK_OK(
+        hw_attention(cache, H, queries, kQ, variant == 0 ? NULL : &options));
+    for (int i = 0; i < kQ; ++i) {
+      double* ref = (double*)calloc((size_t)(n_tokens[i] * W), sizeof(double));
+      if (ref == NULL) exit(2);
+      ReferenceAttention(H, G, D, lengths[i], k[i], v[i], n_tokens[i],
+                         q_pos0[i], q[i], qs[i], has_mask[i] ? mask[i] : NULL,
+                         ms[i], causal, scale, ref, NULL);
+      const double diff = DiffToReference(out[i], os[i], ref, n_tokens[i], W);
+      if (!(diff <= kTolerance)) {
+        fprintf(stderr, "  query %d, variant %d: diff %g\n", i, variant, diff);
+      }
+      CHECK(diff <= kTolerance);
+      free(ref);
+    }
+    for (int64_t c = 0; c < W; ++c) CHECK(out[0][2 * os[0] + c] == 0.0f);
+    CHECK(isnan(out[0][W]) && isnan(out[0][5 * os[0] + W + 1])); /* padding */
+
+    /* The materialised path for query 0: its weights and its output. */
+    const int64_t rows = H * n_tokens[0], ws = lengths[0] + 2;
+    float* weights = FilledArray(rows * ws, NAN);
+    float* out2 = FilledArray(n_tokens[0] * os[0], NAN);
+    hw_attention_query one = queries[0];
+    one.out.data = out2;
+    CHECK_OK(hw_attention_with_weights(cache, H, &one,
+                                       OutMatrix(weights, rows, lengths[0], ws),
+                                       variant == 0 ? NULL : &options));
+    double* ref = (double*)calloc((size_t)(n_tokens[0] * W), sizeof(double));
+    double* ref_w =
+        (double*)calloc((size_t)(rows * lengths[0]), sizeof(double));
+    if (ref == NULL || ref_w == NULL) exit(2);
+    ReferenceAttention(H, G, D, lengths[0], k[0], v[0], n_tokens[0], q_pos0[0],
+                       q[0], qs[0], mask[0], ms[0], causal, scale, ref, ref_w);
+    CHECK(DiffToReference(out2, os[0], ref, n_tokens[0], W) <= kTolerance);
+    CHECK(DiffToReference(weights, ws, ref_w, rows, lengths[0]) <= kTolerance);
+    CHECK(isnan(weights[lengths[0]]) && isnan(weights[ws - 1]));
+    free(ref);
+    free(ref_w);
+    free(weights);
+    free(out2);
+  }
+  for (int i = 0; i < kQ; ++i) CHECK(Length(cache, i) == lengths[i]);
+  for (int i = 0; i < kQ; ++i) {
+    free(k[i]);
+    free(v[i]);
+    free(q[i]);
+    free(out[i]);
+    free(mask[i]);
+  }
+  hw_kv_cache_destroy(cache);
+}
+
+static void TestAttention(void) {
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    TestAttentionOnTarget();
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+}
+
+/* Bad calls: an error naming the C argument, nothing written. */
+static void TestAttentionErrors(void) {
+  enum { H = 4, G = 2, D = 4, W = H * D, N = 3, L = 5 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(2, G, D, 8, &cache));
+  if (cache == NULL) return;
+  float* kv = RandomArray(L * G * D, 1.0f);
+  CHECK_OK(hw_kv_cache_append(cache, 0, L, kv, 0, kv, 0));
+  float* q = RandomArray(N * W, 1.0f);
+  float* out = FilledArray(2 * N * W, 7.0f);
+  float* mask = FilledArray(N * L, 0.0f);
+  float* weights = FilledArray(H * N * L, 7.0f);
+  hw_attention_query good;
+  good.seq = 0;
+  good.q_pos0 = 2;
+  good.q = Matrix(q, N, W);
+  good.out = OutMatrix(out, N, W, 0);
+  good.mask = Matrix(NULL, 0, 0);
+  hw_attention_options options;
+  memset(&options, 0, sizeof(options));
+  hw_attention_query bad = good;
+
+  CHECK_ERR(hw_attention(NULL, H, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: cache is null");
+  CHECK_ERR(hw_attention(cache, H, NULL, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: queries is null");
+  CHECK_ERR(hw_attention(cache, H, &good, 0, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_queries must be >= 1 (got 0)");
+  CHECK_ERR(hw_attention(cache, 3, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_heads (3) is not a multiple");
+  CHECK_ERR(hw_attention(cache, 0, &good, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: n_heads must be >= 1");
+  options.mask = 7;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "hw_attention: options.mask is not an hw_attention_mask (got 7)");
+  options.mask = HW_MASK_CAUSAL;
+  options.scale = -1.0f;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "hw_attention: options.scale");
+  options.scale = NAN;
+  CHECK_ERR(hw_attention(cache, H, &good, 1, &options), HW_INVALID_ARGUMENT,
+            "options.scale");
+  bad.seq = 2;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: queries[0].seq (2)");
+  bad = good;
+  bad.q_pos0 = -1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q_pos0 must be >= 0");
+  bad.q_pos0 = L - N + 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_OUT_OF_RANGE,
+            "hw_attention: queries[0]: q_pos0 + n_tokens (3 + 3)");
+  bad = good;
+  bad.q.cols = W - 1;
+  bad.out.cols = W - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q.cols (15)");
+  bad = good;
+  bad.out.rows = N - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out is [2, 16]");
+  bad = good;
+  bad.out.stride = W - 1;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out.stride (15) is shorter than queries[0].out.cols");
+  bad = good;
+  bad.q.data = NULL;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].q.data is null");
+  bad = good;
+  bad.q.rows = INT64_MAX / 8;
+  bad.out.rows = INT64_MAX / 8;
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_RESOURCE_EXHAUSTED,
+            "queries[0].q");
+  bad = good;
+  bad.mask = Matrix(mask, N, L - 1);
+  CHECK_ERR(
+      hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+      "queries[0].mask is [3, 4] but must be [n_tokens, length] = [3, 5]");
+  bad.mask = StridedMatrix(mask, N, L, L - 1);
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].mask.stride (4)");
+  bad = good;
+  bad.out.data = (float*)q; /* writes what it reads */
+  CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+            "queries[0].out overlaps queries[0].q");
+  {
+    const float* keys = NULL;
+    CHECK_OK(hw_kv_cache_keys(cache, 1, 0, &keys, NULL, NULL));
+    bad.out.data = (float*)keys;
+    CHECK_ERR(hw_attention(cache, H, &bad, 1, NULL), HW_INVALID_ARGUMENT,
+              "queries[0].out overlaps the cache's keys");
+  }
+  {
+    hw_attention_query two[2];
+    two[0] = good;
+    two[1] = good;
+    two[1].out.data = out + W; /* overlaps two[0].out */
+    CHECK_ERR(hw_attention(cache, H, two, 2, NULL), HW_INVALID_ARGUMENT,
+              "queries[1].out overlaps queries[0].out");
+    two[1].seq = 1; /* empty: a query must come after its keys */
+    two[1].q_pos0 = 0;
+    two[1].out.data = out + N * W;
+    CHECK_ERR(hw_attention(cache, H, two, 2, NULL), HW_OUT_OF_RANGE,
+              "queries[1]: q_pos0 + n_tokens (0 + 3) exceeds the 0 cached");
+  }
+
+  const hw_out_matrix w = OutMatrix(weights, H * N, L, 0);
+  CHECK_ERR(hw_attention_with_weights(NULL, H, &good, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: cache is null");
+  CHECK_ERR(hw_attention_with_weights(cache, H, NULL, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: query is null");
+  CHECK_ERR(hw_attention_with_weights(
+                cache, H, &good, OutMatrix(weights, H * N, L - 1, 0), NULL),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_weights: weights is [12, 4] but must be");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(NULL, H * N, L, 0), NULL),
+            HW_INVALID_ARGUMENT, "weights.data is null");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(weights, H * N, L, 2), NULL),
+            HW_INVALID_ARGUMENT, "weights.stride (2) is shorter");
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good,
+                                      OutMatrix(out, H * N, L, 0), NULL),
+            HW_INVALID_ARGUMENT, "weights overlaps query.out");
+  options.scale = INFINITY;
+  CHECK_ERR(hw_attention_with_weights(cache, H, &good, w, &options),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: options.scale");
+  bad = good;
+  bad.seq = -1;
+  CHECK_ERR(hw_attention_with_weights(cache, H, &bad, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: query.seq (-1)");
+
+  /* Nothing was written. */
+  int untouched = 1;
+  for (int64_t i = 0; i < 2 * N * W; ++i) untouched &= out[i] == 7.0f;
+  for (int64_t i = 0; i < H * N * L; ++i) untouched &= weights[i] == 7.0f;
+  CHECK(untouched);
+  CHECK(Length(cache, 0) == L && Length(cache, 1) == 0);
+
+  /* The good call works. */
+  CHECK_OK(hw_attention(cache, H, &good, 1, NULL));
+  CHECK_OK(hw_attention_with_weights(cache, H, &good, w, NULL));
+  CHECK(out[0] != 7.0f && weights[0] != 7.0f);
+
+  free(kv);
+  free(q);
+  free(out);
+  free(mask);
+  free(weights);
+  hw_kv_cache_destroy(cache);
 }
 
 /* --------------------------------------------------- Matmul and softmax */
@@ -836,7 +1355,26 @@ static void TestMatmul(void) {
     CHECK_ERR(hw_matmul(0, 0, 0, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
               HW_INVALID_ARGUMENT, "m");
     CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 2, b, 0, 0.0f, c, 0),
-              HW_INVALID_ARGUMENT, "stride");
+              HW_INVALID_ARGUMENT, "hw_matmul: lda (2) is shorter than k (3)");
+    CHECK_ERR(hw_matmul(1, 0, 2, 2, 3, 1.0f, a, 1, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: lda (1) is shorter than m (2)");
+    CHECK_ERR(hw_matmul(0, 1, 2, 2, 3, 1.0f, a, 0, b, 2, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldb (2) is shorter than k (3)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 1, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldb (1) is shorter than n (2)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 1),
+              HW_INVALID_ARGUMENT, "hw_matmul: ldc (1) is shorter than n (2)");
+    CHECK_ERR(hw_matmul(0, 0, 2, 0, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "n = 0");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, -1, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+              HW_INVALID_ARGUMENT, "k = -1");
+    CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, 1.0f, a, 0, b, 0, INFINITY, c, 0),
+              HW_INVALID_ARGUMENT, "hw_matmul: beta");
+    CHECK_ERR(hw_matmul(0, 0, 1, 2, 3, 1.0f, a, 0, b, 0, 0.0f, b, 0),
+              HW_INVALID_ARGUMENT, "c overlaps b");
+    CHECK_ERR(
+        hw_matmul(0, 0, INT64_MAX / 8, 2, 3, 1.0f, a, 0, b, 0, 0.0f, c, 0),
+        HW_RESOURCE_EXHAUSTED, "hw_matmul: a: rows");
     CHECK_ERR(hw_matmul(0, 0, 2, 2, 3, NAN, a, 0, b, 0, 0.0f, c, 0),
               HW_INVALID_ARGUMENT, "alpha");
     CHECK_ERR(hw_matmul(0, 0, 2, 1, 3, 1.0f, a, 0, a, 1, 0.0f, a, 0),
@@ -878,11 +1416,19 @@ static void TestSoftmax(void) {
   CHECK_ERR(hw_softmax_rows(R, C, x, S, NULL, S, 1.0f), HW_INVALID_ARGUMENT,
             "y is null");
   CHECK_ERR(hw_softmax_rows(R, C, x, 4, y, S, 1.0f), HW_INVALID_ARGUMENT,
-            "stride");
+            "hw_softmax_rows: x_stride (4) is shorter than cols (6)");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, y, 5, 1.0f), HW_INVALID_ARGUMENT,
+            "hw_softmax_rows: y_stride (5) is shorter than cols (6)");
+  CHECK_ERR(hw_softmax_rows(R, 0, x, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
+            "hw_softmax_rows: cols must be >= 1 (got 0)");
+  CHECK_ERR(hw_softmax_rows(R, C, x, S, x + 1, S, 1.0f), HW_INVALID_ARGUMENT,
+            "overlaps");
+  CHECK_ERR(hw_softmax_rows(INT64_MAX / 4, C, x, S, y, S, 1.0f),
+            HW_RESOURCE_EXHAUSTED, "hw_softmax_rows: x: rows");
   CHECK_ERR(hw_softmax_rows(R, C, x, S, y, S, INFINITY), HW_INVALID_ARGUMENT,
             "scale");
   CHECK_ERR(hw_softmax_rows(0, C, x, S, y, S, 1.0f), HW_INVALID_ARGUMENT,
-            "rows");
+            "hw_softmax_rows: rows must be >= 1 (got 0)");
 }
 
 int main(void) {
@@ -891,6 +1437,8 @@ int main(void) {
   TestKvCache();
   TestLayerShapes();
   TestLayerErrors();
+  TestAttention();
+  TestAttentionErrors();
   TestMatmul();
   TestSoftmax();
   if (g_failures != 0) {

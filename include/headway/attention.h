@@ -37,10 +37,10 @@
 
 namespace headway {
 
+// The same values as the C API's hw_attention_mask: 0, the default, is causal.
 enum class AttentionMask : int {
-  kNone =
-      0,  // every query sees every cached row (plus the additive mask, if any)
-  kCausal = 1,  // a query at position p sees cached positions <= p
+  kCausal = 0,  // a query at position p sees cached positions <= p
+  kNone = 1,    // every query sees every cached row (and the additive mask)
 };
 
 struct AttentionOptions {

@@ -11,18 +11,22 @@
  *
  * Errors: every function that can fail returns an int status, one of
  * hw_status_code (HW_OK == 0). The message of the last such call on the
- * calling thread is hw_last_error(): "" after HW_OK, otherwise it names the
- * function and the bad argument, e.g.
+ * calling thread is hw_last_error(): "" after HW_OK, otherwise it begins with
+ * the C function's name and names the bad argument as the caller passed it
+ * (a parameter, or a struct field such as config.d_model), e.g.
  *   "hw_attention_layer_forward: cache is null"
- *   "KvCache::Append: length (8) + n_new (1) exceeds capacity (8)".
+ *   "hw_kv_cache_append: length (8) + n_new (1) exceeds capacity (8) of seq 0".
  * On error nothing has been written: *out pointers, caches, outputs are
- * unchanged. No C++ exception crosses this API: an allocation failure is
+ * unchanged. Where several arguments are bad, which one is reported is not
+ * specified. No C++ exception crosses this API: an allocation failure is
  * HW_RESOURCE_EXHAUSTED, anything unexpected HW_INTERNAL.
  *
  * Matrices: float32, row-major. A matrix argument is a data pointer plus a row
  * stride in elements (the distance from one row's start to the next, >= the
- * number of columns); a stride of 0 means densely packed (stride == cols).
- * Sizes are int64_t so that a negative size is reported, not wrapped.
+ * number of columns); a stride of 0 means densely packed (stride == cols), the
+ * same rule as C++ (MatrixView's constructor, headway/view.h). Sizes are
+ * int64_t so that a negative size is reported, not wrapped; a size or stride
+ * whose byte count overflows is HW_RESOURCE_EXHAUSTED.
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
@@ -95,11 +99,17 @@ HEADWAY_C_API int hw_set_max_target(const char* name);
 HEADWAY_C_API void hw_reset_max_target(void);
 
 /* Caps the threads of every oneTBB parallel loop in the process; n == 0
- * removes the cap. Results do not depend on the number of threads.
- * Error: HW_INVALID_ARGUMENT if n < 0. */
+ * removes the cap. A cap, not a request: a call uses at most the threads of
+ * the oneTBB arena it runs in, and a C caller's calls run in the default
+ * arena, one thread per core, so n above the number of cores gives one thread
+ * per core (hw_max_threads() says what a call gets). C++ SetMaxThreads is the
+ * same function; only a C++ host that runs calls in a larger tbb::task_arena
+ * gets more threads than cores. Results do not depend on the number of
+ * threads. Error: HW_INVALID_ARGUMENT if n < 0. */
 HEADWAY_C_API int hw_set_max_threads(int n);
 
-/* The number of threads a call from this thread may use now. */
+/* The number of threads a call from this thread may use now: the default
+ * arena's (one per core), capped by hw_set_max_threads. */
 HEADWAY_C_API int hw_max_threads(void);
 
 /* -------------------------------------------------------------- KV cache */
@@ -111,7 +121,8 @@ typedef struct hw_kv_cache hw_kv_cache;
 /* Creates a cache, every sequence empty, into *out. Allocates and zeroes
  * hw_kv_cache_bytes() bytes up front.
  * Errors: HW_INVALID_ARGUMENT for a NULL out or any size < 1;
- * HW_RESOURCE_EXHAUSTED when the byte count overflows or memory runs out. */
+ * HW_RESOURCE_EXHAUSTED when the byte count overflows (the message names the
+ * sizes) or memory runs out. */
 HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t capacity,
                                      hw_kv_cache** out);
@@ -147,8 +158,10 @@ HEADWAY_C_API int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache,
  * head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), row
  * strides k_stride and v_stride (0: dense).
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, k or v, a
- * bad seq, n_new < 1, a stride < n_kv_heads * head_dim; HW_OUT_OF_RANGE if
- * length + n_new > capacity. */
+ * bad seq, n_new < 1, a stride (other than 0) < n_kv_heads * head_dim;
+ * HW_RESOURCE_EXHAUSTED if n_new rows of k or v at their stride overflow the
+ * address space (checked before the capacity: n_new = INT64_MAX is this
+ * error); HW_OUT_OF_RANGE if length + n_new > capacity. */
 HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
                                      int64_t n_new, const float* k,
                                      int64_t k_stride, const float* v,
@@ -199,8 +212,8 @@ HEADWAY_C_API int hw_kv_cache_reset_all(hw_kv_cache* cache);
  * See headway/layer.h. */
 typedef struct hw_attention_layer hw_attention_layer;
 
-/* Mask values. HW_MASK_CAUSAL is 0 so that a zeroed config is causal, like
- * the C++ default (the C++ enum numbers them the other way round). */
+/* Mask values, the same as headway::AttentionMask's. HW_MASK_CAUSAL is 0 so
+ * that a zeroed config or hw_attention_options is causal, the default. */
 typedef enum hw_attention_mask {
   HW_MASK_CAUSAL = 0, /* a token sees its sequence's tokens up to itself */
   HW_MASK_NONE = 1    /* a token sees every cached token of its sequence */
@@ -264,7 +277,8 @@ typedef struct hw_layer_sequence {
  * d_model not a multiple of n_heads, a bad head range, a scale that is not
  * finite or < 0, a bad mask, a weight matrix that is NULL, has a bad stride or
  * the wrong shape (the message names it: "w_q", ...); HW_RESOURCE_EXHAUSTED for
- * sizes whose byte count overflows or no memory. */
+ * sizes whose byte count overflows (the message names config.d_model,
+ * n_heads, n_kv_heads and head_dim) or no memory. */
 HEADWAY_C_API int hw_attention_layer_create(
     const hw_attention_layer_config* config,
     const hw_attention_layer_weights* weights, hw_attention_layer** out);
@@ -298,7 +312,9 @@ HEADWAY_C_API int hw_attention_layer_cache_bytes_per_token(
 /* Creates a cache for this layer (its local KV heads and head_dim) with
  * n_sequences slots of `capacity` tokens into *out. Free it with
  * hw_kv_cache_destroy.
- * Errors: as hw_kv_cache_create, plus HW_INVALID_ARGUMENT for a NULL layer. */
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or out, n_sequences or
+ * capacity < 1; HW_RESOURCE_EXHAUSTED when the byte count overflows or memory
+ * runs out. */
 HEADWAY_C_API int hw_attention_layer_create_cache(
     const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
     hw_kv_cache** out);
@@ -316,16 +332,91 @@ HEADWAY_C_API int hw_attention_layer_create_cache(
  * Errors (nothing written, cache unchanged): HW_INVALID_ARGUMENT for a NULL
  * layer, cache, sequences, x or y, n_sequences < 1, n_tokens < 1, a bad or
  * repeated seq, a cache whose n_kv_heads or head_dim do not match the layer, a
- * stride < d_model, y overlapping x or the cache; HW_OUT_OF_RANGE when a
- * sequence's length + n_tokens exceeds the capacity; HW_FAILED_PRECONDITION
- * when the active instruction set has another vector width than at create
- * (after hw_set_max_target: create the layer again). */
+ * stride (other than 0) < d_model, y overlapping x or the cache;
+ * HW_OUT_OF_RANGE when a sequence's length + n_tokens exceeds the capacity
+ * (n_tokens that sum past INT64_MAX give one of these errors);
+ * HW_RESOURCE_EXHAUSTED when x or y at its stride overflows the address space,
+ * or no memory; HW_FAILED_PRECONDITION when the active instruction set has
+ * another vector width than at create (after hw_set_max_target: create the
+ * layer again). */
 HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
                                              hw_kv_cache* cache,
                                              const hw_layer_sequence* sequences,
                                              int64_t n_sequences,
                                              const float* x, int64_t x_stride,
                                              float* y, int64_t y_stride);
+
+/* --------------------------------------------------------- Attention core */
+
+/* The attention of new queries against a cache's keys and values, for MHA,
+ * GQA and MQA alike (headway/attention.h): query head h of n_heads reads KV
+ * head g = h / (n_heads / n_kv_heads); for query row t at position
+ * q_pos0 + t,
+ *   out[t, h*d : (h+1)*d] = sum_s softmax_s(scale q_h[t] . K_g[s] + M[t, s])
+ *                           V_g[s]
+ * over the cached rows s < length(seq), M = the causal mask (-inf for
+ * s > q_pos0 + t, HW_MASK_CAUSAL only) plus the optional additive mask. A row
+ * whose every score is masked gives zeros. The queries' keys and values must
+ * be in the cache already (hw_kv_cache_append first). */
+
+/* A float32 matrix a call writes; otherwise as hw_matrix. */
+typedef struct hw_out_matrix {
+  float* data;
+  int64_t rows;
+  int64_t cols;
+  int64_t stride; /* 0: cols */
+} hw_out_matrix;
+
+/* A zeroed struct (or NULL options) is the default: causal, scale
+ * 1 / sqrt(head_dim). */
+typedef struct hw_attention_options {
+  int32_t mask; /* hw_attention_mask */
+  float scale;  /* multiplies q . k; 0 means 1 / sqrt(head_dim) */
+} hw_attention_options;
+
+/* The n_tokens new queries of one sequence. */
+typedef struct hw_attention_query {
+  int64_t seq;    /* slot in the cache */
+  int64_t q_pos0; /* position of q's first row: its row in the cache */
+  /* [n_tokens, n_heads * head_dim], head h in columns [h * head_dim,
+   * (h + 1) * head_dim). */
+  hw_matrix q;
+  hw_out_matrix out; /* [n_tokens, n_heads * head_dim], written */
+  /* Additive [n_tokens, length(seq)] (-inf allowed), or data NULL: none. */
+  hw_matrix mask;
+} hw_attention_query;
+
+/* Fused attention of n_queries sequences' queries in one call (prefill,
+ * chunked prefill, decode of many sequences); nothing n_tokens x length is
+ * materialised. Results are the same for any number of threads.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL cache or queries,
+ * n_queries < 1, n_heads < 1 or not a multiple of the cache's n_kv_heads, a
+ * bad options->mask, an options->scale that is not finite or < 0, a bad
+ * queries[i].seq, q_pos0 < 0, a q or out with NULL data, a q, out or mask
+ * (with data) whose rows or cols < 1 or whose stride (other than 0) < cols, q
+ * or out not [n_tokens, n_heads * head_dim], a mask not [n_tokens,
+ * length(seq)],
+ * an out overlapping any q, mask, other out or the cache; HW_OUT_OF_RANGE if
+ * q_pos0 + n_tokens > length(seq); HW_RESOURCE_EXHAUSTED for a matrix whose
+ * byte count overflows, or no memory. The message names the argument, e.g.
+ * "hw_attention: queries[1].out.stride (3) is shorter than ...". */
+HEADWAY_C_API int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
+                               const hw_attention_query* queries,
+                               int64_t n_queries,
+                               const hw_attention_options* options);
+
+/* The materialised path, for a caller who wants the attention weights, for
+ * one sequence: as hw_attention, and
+ *   weights[h * n_tokens + t, s] = softmax_s(scale q_h[t] . K_g[s] + M[t, s])
+ * written ([n_heads * n_tokens, length(seq)]; masked entries are 0). Memory:
+ * the weights are n_heads * n_tokens * length floats.
+ * Errors (nothing written): as hw_attention for its one query (NULL query
+ * instead of NULL queries), plus weights with NULL data, not [n_heads *
+ * n_tokens, length(seq)], a bad stride, or overlapping query->out or a read
+ * matrix. */
+HEADWAY_C_API int hw_attention_with_weights(
+    const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
+    hw_out_matrix weights, const hw_attention_options* options);
 
 /* ---------------------------------------------------------------- Kernels */
 
@@ -340,9 +431,9 @@ typedef enum hw_transpose { HW_NO_TRANS = 0, HW_TRANS = 1 } hw_transpose;
  * beta == 0 writes C without reading it; alpha == 0 reads neither a nor b.
  * Results do not depend on the number of threads.
  * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL a, b or c, m, n or
- * k < 1, a stride shorter than its row, a bad trans value, c overlapping a or
- * b, alpha or beta not finite; HW_RESOURCE_EXHAUSTED for sizes whose byte
- * count overflows or no memory. */
+ * k < 1, a stride (other than 0) shorter than its row, a bad trans value, c
+ * overlapping a or b, alpha or beta not finite; HW_RESOURCE_EXHAUSTED for
+ * sizes whose byte count overflows or no memory. */
 HEADWAY_C_API int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n,
                             int64_t k, float alpha, const float* a, int64_t lda,
                             const float* b, int64_t ldb, float beta, float* c,
@@ -353,8 +444,8 @@ HEADWAY_C_API int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n,
  * y may be x itself with the same stride (in place); any other overlap is an
  * error. A row of all -inf gives zeros.
  * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL x or y, rows or
- * cols < 1, a stride < cols, a partial overlap, a scale that is not finite;
- * HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
+ * cols < 1, a stride (other than 0) < cols, a partial overlap, a scale that is
+ * not finite; HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
 HEADWAY_C_API int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
                                   int64_t x_stride, float* y, int64_t y_stride,
                                   float scale);

@@ -86,7 +86,8 @@ class HEADWAY_API KvCache {
   // head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), any
   // stride >= cols. Only columns [0, head_dim) of the cache rows are written.
   // k and v may point into this cache (Keys/Values of another sequence, say),
-  // but not into the rows being written.
+  // but not into the rows being written. (A view constructed with stride 0 is
+  // dense: view.h.)
   // Errors (cache unchanged): kInvalidArgument for a bad seq, a bad view (null
   // data, rows or cols < 1, stride < cols), k and v of different shapes,
   // cols != n_kv_heads * head_dim; kOutOfRange if length + n_new > capacity;

@@ -17,7 +17,12 @@ namespace headway {
 
 // Caps the threads of every oneTBB parallel loop in this process
 // (tbb::global_control, so it also caps the host's own TBB work). n = 0 removes
-// the cap. Error: kInvalidArgument if n < 0.
+// the cap. A cap, not a request: a call uses at most the threads of the arena
+// it runs in, so n above the arena's concurrency (one thread per core for the
+// default arena, the only one a C caller has) changes nothing; running the
+// call in a larger tbb::task_arena is the way to more threads than cores
+// (MaxThreads() says what a call gets). hw_set_max_threads is this function.
+// Error: kInvalidArgument if n < 0.
 HEADWAY_API Status SetMaxThreads(int n);
 
 // The number of threads a Headway call made now from this thread may use: the

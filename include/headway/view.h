@@ -1,6 +1,10 @@
 // MatrixView: a non-owning, row-major, strided view of a 2-D array.
 //
 // Element (r, c) is data[r * stride + c], for 0 <= r < rows and 0 <= c < cols.
+// A stride of 0 given to the constructor means dense (cols): the one rule for
+// strides in both APIs (the C API builds its views with this constructor). A
+// view whose stride field is set below cols afterwards, 0 included, is an
+// error.
 // A column block of a wider matrix (one attention head of a [tokens, heads *
 // head_dim] projection, say) is a view with data offset to the block and stride
 // equal to the wide matrix's row length. Sizes are signed so that a negative
@@ -16,9 +20,12 @@ namespace headway {
 template <typename T>
 struct MatrixView {
   MatrixView() = default;
-  // [rows, cols], rows `stride` elements apart.
+  // [rows, cols], rows `stride` elements apart; stride 0 means cols (dense).
   MatrixView(T* data, int64_t rows, int64_t cols, int64_t stride)
-      : data(data), rows(rows), cols(cols), stride(stride) {}
+      : data(data),
+        rows(rows),
+        cols(cols),
+        stride(stride == 0 ? cols : stride) {}
   // [rows, cols], densely packed (stride == cols).
   MatrixView(T* data, int64_t rows, int64_t cols)
       : MatrixView(data, rows, cols, cols) {}

@@ -1,17 +1,22 @@
 // The C API (include/headway/headway.h): thin wrappers over the C++ API.
 //
-// Every function that returns a status runs its body in Guard, which turns a
-// Status into its code and the thread's last-error message and catches every
-// exception (none may cross into a C caller). Null handles and pointers that
-// only exist in C (handles, out pointers, raw data pointers) are checked here,
-// with messages naming the C argument; everything else is checked, and
-// reported, by the C++ function the wrapper calls.
+// Every function that returns a status runs its body in Guard, which catches
+// every exception (none may cross into a C caller). Null handles and pointers
+// that only exist in C (handles, out pointers, raw data pointers) are checked
+// here, with messages naming the C argument; everything else is checked by the
+// C++ function the wrapper calls, whose Status FromStatus turns into the code
+// and the thread's last-error message, in the C caller's words: the C++
+// function's name becomes the C function's, and the C++ names of arguments
+// that have other names in C become those (the wrapper's Renames).
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -46,6 +51,13 @@ static_assert(HW_INTERNAL == static_cast<int>(StatusCode::kInternal),
 static_assert(HW_NO_TRANS == static_cast<int>(headway::Transpose::kNo) &&
                   HW_TRANS == static_cast<int>(headway::Transpose::kYes),
               "transpose values");
+// The wrappers pass a mask value through unchanged (static_cast): the C++
+// checks reject any other value.
+static_assert(HW_MASK_CAUSAL ==
+                      static_cast<int>(headway::AttentionMask::kCausal) &&
+                  HW_MASK_NONE ==
+                      static_cast<int>(headway::AttentionMask::kNone),
+              "mask values");
 
 struct hw_kv_cache {
   headway::KvCache cache;
@@ -92,10 +104,64 @@ int Fail(int code, const char* fn, const std::string& detail) noexcept {
   }
 }
 
-int FromStatus(const headway::Status& status) noexcept {
-  if (status.ok()) return Succeed();
-  return Record(static_cast<int>(status.code()), "", status.message().c_str());
+// A C++ name in a C++ message and what the C caller knows it as.
+struct Rename {
+  const char* cxx;  // e.g. "k.stride"
+  const char* c;    // e.g. "k_stride"
+};
+using Renames = std::initializer_list<Rename>;
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '_';
 }
+
+// A C++ message ("KvCache::Append: k.stride (3) is ...") in the C caller's
+// words: the prefix up to the first ": " becomes fn, and every whole
+// occurrence of a renames[i].cxx (not part of a longer name such as
+// "queries[0].q.stride") becomes renames[i].c.
+std::string CMessage(const char* fn, const std::string& message,
+                     Renames renames) {
+  const size_t colon = message.find(": ");
+  std::string out(fn);
+  out += colon == std::string::npos ? ": " + message : message.substr(colon);
+  for (const Rename& rename : renames) {
+    const size_t n = std::strlen(rename.cxx);
+    size_t pos = std::strlen(fn);
+    while ((pos = out.find(rename.cxx, pos)) != std::string::npos) {
+      const char before = out[pos - 1];
+      const char after = pos + n < out.size() ? out[pos + n] : ' ';
+      if (IsNameChar(before) || before == '.' || before == ']' ||
+          IsNameChar(after)) {
+        ++pos;
+        continue;
+      }
+      out.replace(pos, n, rename.c);
+      pos += std::strlen(rename.c);
+    }
+  }
+  return out;
+}
+
+// The code of a C++ Status; its message, in the C caller's words (CMessage),
+// becomes the thread's last error.
+int FromStatus(const char* fn, const headway::Status& status,
+               Renames renames = {}) noexcept {
+  if (status.ok()) return Succeed();
+  const int code = static_cast<int>(status.code());
+  try {
+    return Record(code, "", CMessage(fn, status.message(), renames).c_str());
+  } catch (...) {
+    return Record(code, "", status.message().c_str());
+  }
+}
+
+// C++ names that several C functions show differently.
+constexpr Rename kMaskEnum = {"AttentionMask", "hw_attention_mask"};
+constexpr Renames kCacheConfig = {{"config.n_sequences", "n_sequences"},
+                                  {"config.n_kv_heads", "n_kv_heads"},
+                                  {"config.head_dim", "head_dim"},
+                                  {"config.capacity", "capacity"}};
 
 // Runs body (returning an int status) with every exception caught.
 template <typename Body>
@@ -103,6 +169,8 @@ int Guard(const char* fn, Body&& body) noexcept {
   try {
     return body();
   } catch (const std::bad_alloc&) {
+    return Record(HW_RESOURCE_EXHAUSTED, fn, ": out of memory");
+  } catch (const std::length_error&) {  // a std::vector of a huge count
     return Record(HW_RESOURCE_EXHAUSTED, fn, ": out of memory");
   } catch (const std::exception& e) {
     Record(HW_INTERNAL, fn, ": unexpected exception: ");
@@ -122,14 +190,34 @@ int Null(const char* fn, const char* name) noexcept {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// A row stride as given, or cols for 0.
-int64_t Stride(int64_t stride, int64_t cols) {
-  return stride == 0 ? cols : stride;
+// Views of C matrices. MatrixView's constructor reads a stride of 0 as dense,
+// the rule both APIs share (view.h).
+headway::MatrixView<const float> View(const hw_matrix& m) {
+  return headway::MatrixView<const float>(m.data, m.rows, m.cols, m.stride);
+}
+headway::MatrixView<float> View(const hw_out_matrix& m) {
+  return headway::MatrixView<float>(m.data, m.rows, m.cols, m.stride);
 }
 
-headway::MatrixView<const float> View(const hw_matrix& m) {
-  return headway::MatrixView<const float>(m.data, m.rows, m.cols,
-                                          Stride(m.stride, m.cols));
+// NULL options: the defaults. A mask value is passed on as it is (the values
+// agree, see the static_assert above) and checked by the C++ call.
+headway::AttentionOptions Options(const hw_attention_options* options) {
+  headway::AttentionOptions result;
+  if (options != nullptr) {
+    result.mask = static_cast<headway::AttentionMask>(options->mask);
+    result.scale = options->scale;
+  }
+  return result;
+}
+
+headway::AttentionQuery Query(const hw_attention_query& q) {
+  headway::AttentionQuery result;
+  result.seq = q.seq;
+  result.q_pos0 = q.q_pos0;
+  result.q = View(q.q);
+  result.out = View(q.out);
+  result.mask = View(q.mask);
+  return result;
 }
 
 int CheckSeq(const char* fn, const char* name, int64_t seq,
@@ -216,7 +304,7 @@ int hw_set_max_target(const char* name) {
   constexpr const char* kFn = "hw_set_max_target";
   return Guard(kFn, [&]() -> int {
     if (name == nullptr) return Null(kFn, "name");
-    return FromStatus(headway::SetMaxTarget(name));
+    return FromStatus(kFn, headway::SetMaxTarget(name));
   });
 }
 
@@ -228,8 +316,9 @@ void hw_reset_max_target(void) {
 }
 
 int hw_set_max_threads(int n) {
-  return Guard("hw_set_max_threads",
-               [&]() -> int { return FromStatus(headway::SetMaxThreads(n)); });
+  constexpr const char* kFn = "hw_set_max_threads";
+  return Guard(
+      kFn, [&]() -> int { return FromStatus(kFn, headway::SetMaxThreads(n)); });
 }
 
 int hw_max_threads(void) {
@@ -253,8 +342,8 @@ int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
     config.head_dim = head_dim;
     config.capacity = capacity;
     auto handle = std::make_unique<hw_kv_cache>();
-    const int code =
-        FromStatus(headway::KvCache::Create(config, &handle->cache));
+    const int code = FromStatus(
+        kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
     if (code == HW_OK) *out = handle.release();
     return code;
   });
@@ -325,11 +414,17 @@ int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq, int64_t n_new,
     }
     const int64_t cols = cache->cache.n_kv_heads() * cache->cache.head_dim();
     return FromStatus(
-        cache->cache.Append(seq,
-                            headway::MatrixView<const float>(
-                                k, n_new, cols, Stride(k_stride, cols)),
-                            headway::MatrixView<const float>(
-                                v, n_new, cols, Stride(v_stride, cols))));
+        kFn,
+        cache->cache.Append(
+            seq, headway::MatrixView<const float>(k, n_new, cols, k_stride),
+            headway::MatrixView<const float>(v, n_new, cols, v_stride)),
+        {{"k.rows", "n_new"},
+         {"k.stride", "k_stride"},
+         {"v.stride", "v_stride"},
+         {"k.cols", "n_kv_heads * head_dim"},
+         {"v.cols", "n_kv_heads * head_dim"},
+         {"k: rows", "k: n_new"},
+         {"v: rows", "v: n_new"}});
   });
 }
 
@@ -349,7 +444,7 @@ int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq, int64_t new_length) {
   constexpr const char* kFn = "hw_kv_cache_truncate";
   return Guard(kFn, [&]() -> int {
     if (cache == nullptr) return Null(kFn, "cache");
-    return FromStatus(cache->cache.Truncate(seq, new_length));
+    return FromStatus(kFn, cache->cache.Truncate(seq, new_length));
   });
 }
 
@@ -357,7 +452,7 @@ int hw_kv_cache_copy_sequence(hw_kv_cache* cache, int64_t from, int64_t to) {
   constexpr const char* kFn = "hw_kv_cache_copy_sequence";
   return Guard(kFn, [&]() -> int {
     if (cache == nullptr) return Null(kFn, "cache");
-    return FromStatus(cache->cache.CopySequence(from, to));
+    return FromStatus(kFn, cache->cache.CopySequence(from, to));
   });
 }
 
@@ -365,7 +460,7 @@ int hw_kv_cache_reset(hw_kv_cache* cache, int64_t seq) {
   constexpr const char* kFn = "hw_kv_cache_reset";
   return Guard(kFn, [&]() -> int {
     if (cache == nullptr) return Null(kFn, "cache");
-    return FromStatus(cache->cache.Reset(seq));
+    return FromStatus(kFn, cache->cache.Reset(seq));
   });
 }
 
@@ -393,18 +488,7 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
     c.n_heads = config->n_heads;
     c.n_kv_heads = config->n_kv_heads;
     c.head_dim = config->head_dim;
-    switch (config->mask) {
-      case HW_MASK_CAUSAL:
-        c.mask = headway::AttentionMask::kCausal;
-        break;
-      case HW_MASK_NONE:
-        c.mask = headway::AttentionMask::kNone;
-        break;
-      default:
-        return Fail(HW_INVALID_ARGUMENT, kFn,
-                    "config.mask (" + Str(config->mask) +
-                        ") is not HW_MASK_CAUSAL (0) or HW_MASK_NONE (1)");
-    }
+    c.mask = static_cast<headway::AttentionMask>(config->mask);
     c.scale = config->scale;
     c.head_begin = config->head_begin;
     c.head_end = config->head_end;
@@ -421,7 +505,8 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
 
     auto handle = std::make_unique<hw_attention_layer>();
     const int code =
-        FromStatus(headway::AttentionLayer::Create(c, w, &handle->layer));
+        FromStatus(kFn, headway::AttentionLayer::Create(c, w, &handle->layer),
+                   {kMaskEnum});
     if (code == HW_OK) *out = handle.release();
     return code;
   });
@@ -441,8 +526,7 @@ int hw_attention_layer_get_config(const hw_attention_layer* layer,
     result.n_heads = c.n_heads;
     result.n_kv_heads = c.n_kv_heads;
     result.head_dim = c.head_dim;
-    result.mask =
-        c.mask == headway::AttentionMask::kNone ? HW_MASK_NONE : HW_MASK_CAUSAL;
+    result.mask = static_cast<int32_t>(c.mask);
     result.scale = c.scale;
     result.head_begin = c.head_begin;
     result.head_end = c.head_end;
@@ -491,8 +575,11 @@ int hw_attention_layer_create_cache(const hw_attention_layer* layer,
     if (layer == nullptr) return Null(kFn, "layer");
     if (out == nullptr) return Null(kFn, "out");
     auto handle = std::make_unique<hw_kv_cache>();
-    const int code = FromStatus(headway::KvCache::Create(
-        layer->layer.CacheConfig(n_sequences, capacity), &handle->cache));
+    const int code = FromStatus(
+        kFn,
+        headway::KvCache::Create(
+            layer->layer.CacheConfig(n_sequences, capacity), &handle->cache),
+        kCacheConfig);
     if (code == HW_OK) *out = handle.release();
     return code;
   });
@@ -509,39 +596,76 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
     if (sequences == nullptr) return Null(kFn, "sequences");
     if (x == nullptr) return Null(kFn, "x");
     if (y == nullptr) return Null(kFn, "y");
-    if (n_sequences < 1) {
-      return Fail(HW_INVALID_ARGUMENT, kFn,
-                  "n_sequences must be >= 1 (got " + Str(n_sequences) + ")");
-    }
-    // The rows of x and y: the sum of n_tokens, each checked here because
-    // the sum needs them valid.
+    // The rows of x and y: the sum of n_tokens, saturated. Forward checks
+    // the sequences (n_sequences, each seq and n_tokens, the capacity) before
+    // x and y, and a sum that does not fit is always one of those errors
+    // (distinct sequences within the capacity sum to at most the cache's
+    // size), so only a valid sum reaches the views.
+    std::vector<headway::LayerSequence>& seqs = layer->sequences;
+    seqs.resize(static_cast<size_t>(n_sequences < 1 ? 1 : n_sequences));
     int64_t total = 0;
     for (int64_t i = 0; i < n_sequences; ++i) {
       const int64_t n = sequences[i].n_tokens;
-      if (n < 1) {
-        return Fail(HW_INVALID_ARGUMENT, kFn,
-                    "sequences[" + Str(i) + "].n_tokens must be >= 1 (got " +
-                        Str(n) + ")");
-      }
-      if (n > std::numeric_limits<int64_t>::max() - total) {
-        return Fail(HW_RESOURCE_EXHAUSTED, kFn,
-                    "the sum of sequences[].n_tokens overflows int64_t");
-      }
-      total += n;
-    }
-    std::vector<headway::LayerSequence>& seqs = layer->sequences;
-    seqs.resize(static_cast<size_t>(n_sequences));
-    for (int64_t i = 0; i < n_sequences; ++i) {
       seqs[static_cast<size_t>(i)].seq = sequences[i].seq;
-      seqs[static_cast<size_t>(i)].n_tokens = sequences[i].n_tokens;
+      seqs[static_cast<size_t>(i)].n_tokens = n;
+      if (__builtin_add_overflow(total, n, &total)) {
+        total = n > 0 ? std::numeric_limits<int64_t>::max()
+                      : std::numeric_limits<int64_t>::min();
+      }
     }
     const int64_t d_model = layer->layer.config().d_model;
-    return FromStatus(layer->layer.Forward(
-        &cache->cache, seqs.data(), n_sequences,
-        headway::MatrixView<const float>(x, total, d_model,
-                                         Stride(x_stride, d_model)),
-        headway::MatrixView<float>(y, total, d_model,
-                                   Stride(y_stride, d_model))));
+    return FromStatus(
+        kFn,
+        layer->layer.Forward(
+            &cache->cache, seqs.data(), n_sequences,
+            headway::MatrixView<const float>(x, total, d_model, x_stride),
+            headway::MatrixView<float>(y, total, d_model, y_stride)),
+        {{"x.stride", "x_stride"},
+         {"y.stride", "y_stride"},
+         {"CacheConfig", "hw_attention_layer_create_cache"}});
+  });
+}
+
+// ----------------------------------------------------------- Attention core
+
+int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
+                 const hw_attention_query* queries, int64_t n_queries,
+                 const hw_attention_options* options) {
+  constexpr const char* kFn = "hw_attention";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    // queries == NULL and n_queries < 1 reach Attention, which reports them.
+    std::vector<headway::AttentionQuery> converted;
+    if (queries != nullptr && n_queries >= 1) {
+      converted.resize(static_cast<size_t>(n_queries));
+      for (int64_t i = 0; i < n_queries; ++i) {
+        converted[static_cast<size_t>(i)] = Query(queries[i]);
+      }
+    }
+    headway::AttentionQuery none;
+    const headway::AttentionQuery* p =
+        queries == nullptr ? nullptr
+                           : (converted.empty() ? &none : converted.data());
+    return FromStatus(kFn,
+                      headway::Attention(cache->cache, n_heads, p, n_queries,
+                                         Options(options)),
+                      {kMaskEnum});
+  });
+}
+
+int hw_attention_with_weights(const hw_kv_cache* cache, int64_t n_heads,
+                              const hw_attention_query* query,
+                              hw_out_matrix weights,
+                              const hw_attention_options* options) {
+  constexpr const char* kFn = "hw_attention_with_weights";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (query == nullptr) return Null(kFn, "query");
+    return FromStatus(
+        kFn,
+        headway::AttentionWithWeights(cache->cache, n_heads, Query(*query),
+                                      View(weights), Options(options)),
+        {kMaskEnum});
   });
 }
 
@@ -568,14 +692,20 @@ int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
     const bool tb = trans_b == HW_TRANS;
     const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-    return FromStatus(headway::Matmul(
-        headway::MatrixView<const float>(a, a_rows, a_cols,
-                                         Stride(lda, a_cols)),
-        static_cast<headway::Transpose>(trans_a),
-        headway::MatrixView<const float>(b, b_rows, b_cols,
-                                         Stride(ldb, b_cols)),
-        static_cast<headway::Transpose>(trans_b),
-        headway::MatrixView<float>(c, m, n, Stride(ldc, n)), alpha, beta));
+    return FromStatus(
+        kFn,
+        headway::Matmul(
+            headway::MatrixView<const float>(a, a_rows, a_cols, lda),
+            static_cast<headway::Transpose>(trans_a),
+            headway::MatrixView<const float>(b, b_rows, b_cols, ldb),
+            static_cast<headway::Transpose>(trans_b),
+            headway::MatrixView<float>(c, m, n, ldc), alpha, beta),
+        {{"a.stride", "lda"},
+         {"b.stride", "ldb"},
+         {"c.stride", "ldc"},
+         {"a.cols", ta ? "m" : "k"},
+         {"b.cols", tb ? "k" : "n"},
+         {"c.cols", "n"}});
   });
 }
 
@@ -585,10 +715,17 @@ int hw_softmax_rows(int64_t rows, int64_t cols, const float* x,
   return Guard(kFn, [&]() -> int {
     if (x == nullptr) return Null(kFn, "x");
     if (y == nullptr) return Null(kFn, "y");
-    return FromStatus(headway::Softmax(
-        headway::MatrixView<const float>(x, rows, cols, Stride(x_stride, cols)),
-        headway::MatrixView<float>(y, rows, cols, Stride(y_stride, cols)),
-        scale));
+    return FromStatus(
+        kFn,
+        headway::Softmax(
+            headway::MatrixView<const float>(x, rows, cols, x_stride),
+            headway::MatrixView<float>(y, rows, cols, y_stride), scale),
+        {{"x.rows", "rows"},
+         {"x.cols", "cols"},
+         {"y.rows", "rows"},
+         {"y.cols", "cols"},
+         {"x.stride", "x_stride"},
+         {"y.stride", "y_stride"}});
   });
 }
 

@@ -248,8 +248,12 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
       __builtin_add_overflow(qkv_cols, q_cols, &qkv_cols) ||
       __builtin_mul_overflow(c.d_model, qkv_cols, &elems) ||
       __builtin_mul_overflow(elems, int64_t{64}, &elems)) {
-    return Status::ResourceExhausted(std::string(kFn) + ": " +
-                                     "the weights' byte count overflows");
+    return Status::ResourceExhausted(
+        std::string(kFn) + ": config.d_model (" + Str(c.d_model) +
+        ") x (config.n_heads (" + Str(c.n_heads) +
+        ") + 2 x config.n_kv_heads (" + Str(c.n_kv_heads) +
+        ")) x config.head_dim (" + Str(c.head_dim) +
+        "): the weights' byte count overflows");
   }
   Status status = CheckWeight(kFn, "w_q", weights.w_q, c.d_model, q_cols);
   if (status.ok()) {
