@@ -247,8 +247,10 @@ TEST_P(SoftmaxTest, GuardPages) {
 // The split into blocks depends on the shape only: bit-identical for any thread
 // count.
 TEST_P(SoftmaxTest, SameBitsForAnyThreadCount) {
-  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{
            {1, 300001}, {64, 1000}, {5, 40000}}) {
+    // Named copies: C++17 lambdas cannot capture structured bindings (clang).
+    const int64_t rows = shape.first, cols = shape.second;
     std::vector<float> x(rows * cols);
     test::FillRandom(x.data(), x.size(), 11, -8.0f, 8.0f);
     std::vector<float> first;
