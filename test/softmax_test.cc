@@ -273,6 +273,23 @@ TEST_P(SoftmaxTest, SameBitsForAnyThreadCount) {
   }
 }
 
+// All -inf rows in place and strided, on every tail and across blocks: zeros
+// (EMU128's MaxOfLanes once made their maximum -FLT_MAX, and the rows NaN).
+TEST_P(SoftmaxTest, AllNegInfRowsInPlaceAndStridedAreZeros) {
+  for (const int64_t cols : {1, 2, 3, 4, 8, 9, 4096 + 3}) {
+    const int64_t stride = cols + 2;
+    std::vector<float> x(3 * stride, -kInf);
+    ASSERT_TRUE(
+        SoftmaxInPlace(MatrixView<float>(x.data(), 3, cols, stride)).ok());
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(x[r * stride + c], 0.0f)
+            << cols << " cols, " << r << ", " << c;
+      }
+    }
+  }
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(SoftmaxTest);
 
 // Bad arguments: a clear error naming the argument, and y untouched.

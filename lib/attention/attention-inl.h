@@ -606,14 +606,15 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       for (size_t s = 0; s < bkp; s += N)
         vmax = hn::Max(vmax, hn::Load(d, sc_row + s));
       const float m_old = state.max[r];
-      const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+      const float m_new = std::max(m_old, MaxLane(d, vmax));
       const float m_use = m_new == neg_inf ? 0.0f : m_new;
       const auto vm_use = hn::Set(d, m_use);
       auto vsum = hn::Zero(d);
       for (size_t s = 0; s < bkp; s += N) {
         const auto score = hn::Load(d, sc_row + s);
-        const auto p = hn::IfThenElse(
-            hn::Eq(score, score), hn::Exp(d, hn::Sub(score, vm_use)), score);
+        const auto p =
+            hn::IfThenElse(hn::Eq(score, score),
+                           ExpNaNToZero(d, hn::Sub(score, vm_use)), score);
         hn::Store(p, d, sc_row + s);
         vsum = hn::Add(vsum, p);
       }
