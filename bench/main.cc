@@ -37,17 +37,18 @@ char kDefaultMinTime[] = "--benchmark_min_time=0.1";
 
 void PrintHelp() {
   benchmark::PrintDefaultHelp();
-  fprintf(stdout,
-          "          [%s=<ms>]  (time per ceiling measurement; default %.0f)\n"
-          "          [%s=<TARGET>,...|best]  (default: every supported one)\n"
-          "          [%s=<n>,...]  (default: 1 and all)\n"
-          "          [%s]  (every shape on every target; default: a "
-          "benchmark's later\n"
-          "                          shapes on the best target and AVX2 "
-          "only)\n"
-          "          (--benchmark_min_time defaults to 0.1 here)\n",
-          kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag,
-          kFullFlag);
+  fprintf(
+      stdout,
+      "          [%s=<ms>]  (time per ceiling measurement; default %.0f)\n"
+      "          [%s=<TARGET>,...|best|fallback]  (default: every supported "
+      "one)\n"
+      "          [%s=<n>,...]  (default: 1 and all)\n"
+      "          [%s]  (every shape on every target; default: a "
+      "benchmark's later\n"
+      "                          shapes on the best target and AVX2 "
+      "only)\n"
+      "          (--benchmark_min_time defaults to 0.1 here)\n",
+      kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag, kFullFlag);
 }
 
 [[noreturn]] void Fail(const char* flag, const std::string& message) {

@@ -4,8 +4,8 @@
 #   bench/smoke_test.sh <headway_bench> <tools/report.py> <output folder>
 #
 # Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and
-# SCALAR, and one small row of each kernel family and of its peers (the prefills, seconds long on
-# SCALAR, on the best target only). Checks that the progress line and the summary table appear
+# the fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers (the prefills, seconds long on
+# the fallback, on the best target only). Checks that the progress line and the summary table appear
 # and that the JSON has rows with both GFLOP/s and GB/s. The charts are drawn only where
 # matplotlib is installed; the test passes without it.
 set -eu
@@ -16,8 +16,8 @@ mkdir -p "$out"
 rm -f "$out/bench.json" "$out/roofline.svg" "$out/roofline.png" "$out/speedup.svg" \
   "$out/speedup.png"
 
-# Targets other than SCALAR: ([^S]|S[^C])[^/]*
-not_scalar='([^S]|S[^C])[^/]*'
+# Targets other than the fallback (SCALAR or EMU128): ([^SE]|S[^C]|E[^M])[^/]*
+not_scalar='([^SE]|S[^C]|E[^M])[^/]*'
 filter="^(softmax/[^/]+/rows:32/cols:2048/"
 filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:0/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
@@ -27,7 +27,7 @@ filter="$filter|attention_prefill/$not_scalar/kv_heads:1/"
 filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"
 filter="$filter|layer_prefill/$not_scalar/kv_heads:1/)"
 
-"$bench" --headway_ceiling_ms=1 --benchmark_min_time=0.001 --headway_targets=best,SCALAR \
+"$bench" --headway_ceiling_ms=1 --benchmark_min_time=0.001 --headway_targets=best,fallback \
   --headway_threads=1 "--benchmark_filter=$filter" \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json >"$out/stdout.txt" \
   2>"$out/stderr.txt" || { cat "$out/stdout.txt" "$out/stderr.txt"; exit 1; }

@@ -727,6 +727,39 @@ TEST_P(AttentionTest, LargeLogitsWithinTheBound) {
   std::printf("  equal scores near 960: worst error / bound %.3f\n", worst);
 }
 
+// Decode (one query row: the narrow-tile path) with a NaN in q, in a visible K
+// row or in a visible V row: the NaN reaches the heads that read it and no
+// other, and no NaN is converted to an integer on the way (EMU128's Exp did;
+// the clang build's -fsanitize=undefined reports it).
+TEST_P(AttentionTest, DecodeWithNaNInQKOrV) {
+  const int64_t d = 16, n_heads = 4, kv_len = 70;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int where : {0, 1, 2}) {  // q, K, V
+    KvCache cache = MakeCache(/*n_kv_heads=*/2, d, {kv_len}, 201);
+    if (where > 0) {
+      // Key 5 of KV head 0 (query heads 0 and 1).
+      const MatrixView<const float> rows =
+          where == 1 ? cache.Keys(0, 0) : cache.Values(0, 0);
+      const_cast<float*>(rows.data)[5 * rows.stride + 3] = nan;
+    }
+    std::vector<float> q(n_heads * d), out(q.size());
+    test::FillRandom(q.data(), q.size(), 202);
+    if (where == 0) q[3] = nan;  // head 0
+    AttentionQuery query;
+    query.q_pos0 = kv_len - 1;
+    query.q = MatrixView<const float>(q.data(), 1, n_heads * d);
+    query.out = MatrixView<float>(out.data(), 1, n_heads * d);
+    ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+    EXPECT_TRUE(std::isnan(out[where == 2 ? 3 : 0])) << where;
+    if (where > 0) {
+      EXPECT_TRUE(std::isnan(out[d + (where == 2 ? 3 : 0)]));
+    }
+    for (int64_t i = 2 * d; i < n_heads * d; ++i) {
+      ASSERT_FALSE(std::isnan(out[i])) << where << ", " << i;
+    }
+  }
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionTest);
 
 // The decode step shown in README.md, as written there.

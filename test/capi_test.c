@@ -138,7 +138,9 @@ static void TestTargetsAndThreads(void) {
   CHECK(n >= 1 && n <= 16);
   CHECK(hw_supported_targets(NULL, 0) == n);
   if (n < 1 || n > 16) return;
-  CHECK(strcmp(names[n - 1], "SCALAR") == 0);
+  /* The fallback: SCALAR with g++ < 12.3, EMU128 with clang. */
+  const char* fallback = names[n - 1];
+  CHECK(strcmp(fallback, "SCALAR") == 0 || strcmp(fallback, "EMU128") == 0);
   CHECK(strcmp(hw_active_target(), names[0]) == 0);
 
   for (int64_t i = 0; i < n; ++i) {
@@ -154,10 +156,10 @@ static void TestTargetsAndThreads(void) {
   hw_reset_max_target();
   CHECK(strcmp(hw_active_target(), names[0]) == 0);
 
-  CHECK_OK(hw_set_max_target("SCALAR"));
+  CHECK_OK(hw_set_max_target(fallback));
   CHECK_ERR(hw_set_max_target("AVX9"), HW_INVALID_ARGUMENT, "AVX9");
   CHECK_ERR(hw_set_max_target(NULL), HW_INVALID_ARGUMENT, "name");
-  CHECK(strcmp(hw_active_target(), "SCALAR") == 0); /* cap kept on error */
+  CHECK(strcmp(hw_active_target(), fallback) == 0); /* cap kept on error */
   hw_reset_max_target();
   CHECK(strcmp(hw_active_target(), names[0]) == 0);
 
@@ -921,8 +923,12 @@ static void TestLayerErrors(void) {
    * cap is removed. */
   const char* targets[16];
   const int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 1) {
-    CHECK_OK(hw_set_max_target("SCALAR"));
+  /* The fallback's width differs from the best target's unless both are
+   * 128-bit (EMU128 on an SSE4 CPU). */
+  const char* fallback = targets[n_targets - 1];
+  if (n_targets > 1 &&
+      (strcmp(fallback, "SCALAR") == 0 || strncmp(targets[0], "AVX", 3) == 0)) {
+    CHECK_OK(hw_set_max_target(fallback));
     CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 0),
               HW_FAILED_PRECONDITION, "");
     CHECK(Length(cache, 0) == 0);

@@ -255,8 +255,10 @@ TEST_P(SoftmaxTest, GuardPages) {
 // The split into blocks depends on the shape only: bit-identical for any thread
 // count.
 TEST_P(SoftmaxTest, SameBitsForAnyThreadCount) {
-  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{
            {1, 300001}, {64, 1000}, {5, 40000}}) {
+    // Named copies: C++17 lambdas cannot capture structured bindings (clang).
+    const int64_t rows = shape.first, cols = shape.second;
     std::vector<float> x(rows * cols);
     test::FillRandom(x.data(), x.size(), 11, -8.0f, 8.0f);
     std::vector<float> first;
@@ -343,6 +345,23 @@ TEST_P(SoftmaxTest, ErrorBoundAtItsEdge) {
     EXPECT_GE(worst, 0.2) << "offset " << row.offset;
     std::printf("  offset %g, scale %g: worst error / bound %.3f\n", row.offset,
                 row.scale, worst);
+  }
+}
+
+// All -inf rows in place and strided, on every tail and across blocks: zeros
+// (EMU128's MaxOfLanes once made their maximum -FLT_MAX, and the rows NaN).
+TEST_P(SoftmaxTest, AllNegInfRowsInPlaceAndStridedAreZeros) {
+  for (const int64_t cols : {1, 2, 3, 4, 8, 9, 4096 + 3}) {
+    const int64_t stride = cols + 2;
+    std::vector<float> x(3 * stride, -kInf);
+    ASSERT_TRUE(
+        SoftmaxInPlace(MatrixView<float>(x.data(), 3, cols, stride)).ok());
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(x[r * stride + c], 0.0f)
+            << cols << " cols, " << r << ", " << c;
+      }
+    }
   }
 }
 

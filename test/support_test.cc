@@ -595,7 +595,7 @@ TEST(GuardedBufferDeathTest, ReadPastEndFaults) {
 size_t KnownFloatLanes(const std::string& name) {
   if (name == "AVX3_DL" || name == "AVX3") return 16;
   if (name == "AVX2") return 8;
-  if (name == "SSE4" || name == "SSSE3") return 4;
+  if (name == "SSE4" || name == "SSSE3" || name == "EMU128") return 4;
   if (name == "SCALAR") return 1;
   return 0;
 }

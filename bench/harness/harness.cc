@@ -169,7 +169,7 @@ std::string SetOptions(const Options& given) {
   }
   const std::vector<Target> supported = SupportedTargets();
   for (const std::string& name : options.targets) {
-    bool found = name == "BEST";
+    bool found = name == "BEST" || name == "FALLBACK";
     for (const Target& target : supported) found |= name == target.name;
     if (!found) {
       std::string names;
@@ -177,7 +177,7 @@ std::string SetOptions(const Options& given) {
         names += std::string(names.empty() ? "" : ",") + target.name;
       }
       return "target \"" + name + "\" is not one this CPU supports (" + names +
-             ", or best)";
+             ", best or fallback)";
     }
   }
   const int all = std::max(1, tbb::info::default_concurrency());
@@ -200,7 +200,8 @@ std::vector<Target> SelectedTargets() {
   std::vector<Target> selected;
   for (const Target& target : supported) {
     for (const std::string& name : names) {
-      if (name == target.name || (name == "BEST" && target == supported[0])) {
+      if (name == target.name || (name == "BEST" && target == supported[0]) ||
+          (name == "FALLBACK" && target == supported.back())) {
         selected.push_back(target);
         break;
       }

@@ -201,8 +201,9 @@ bool IsPeerFamily(const std::string& family);
 
 // What to run, from main()'s --headway_* flags; set before RegisterAll().
 struct Options {
-  // --headway_targets: target names (and "best"), case-insensitive; empty:
-  // every supported target, the later shapes on KeyTargets() only.
+  // --headway_targets: target names (and "best", "fallback": SCALAR or EMU128),
+  // case-insensitive; empty: every supported target, the later shapes on
+  // KeyTargets() only.
   std::vector<std::string> targets;
   std::vector<int> threads;  // --headway_threads; empty: 1 and all
   bool full = false;         // --headway_full: every shape on every target

@@ -2,10 +2,11 @@
 // to cap it.
 //
 // Every kernel is compiled once per instruction set ("target": AVX3_DL, AVX3,
-// AVX2, SSE4, SSSE3 and SCALAR on x86-64) and each public call dispatches once
-// to the best target that this CPU supports and that is not above the cap. The
-// cap starts from the environment variable HEADWAY_MAX_TARGET (e.g.
-// HEADWAY_MAX_TARGET=AVX2), read once, at the first Headway call.
+// AVX2, SSE4, SSSE3 and SCALAR on x86-64, EMU128 instead of SCALAR when built
+// with clang) and each public call dispatches once to the best target that
+// this CPU supports and that is not above the cap. The cap starts from the
+// environment variable HEADWAY_MAX_TARGET (e.g. HEADWAY_MAX_TARGET=AVX2), read
+// once, at the first Headway call.
 //
 // The cap is process-wide (it is Highway's). Change it from one thread while no
 // Headway call is running: it is meant for start-up, benchmarks and tests, not
@@ -23,9 +24,8 @@
 namespace headway {
 
 struct Target {
-  int64_t bits = 0;  // Highway's HWY_* bit: compare, never persist
-  const char* name =
-      nullptr;  // "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"
+  int64_t bits = 0;            // Highway's HWY_* bit: compare, never persist
+  const char* name = nullptr;  // "AVX3_DL", ..., "SSSE3", "SCALAR" or "EMU128"
 };
 
 inline bool operator==(const Target& a, const Target& b) {

@@ -700,14 +700,14 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       for (size_t s = 0; s < bkp; s += N)
         vmax = hn::Max(vmax, hn::Load(d, sc_row + s));
       const float m_old = state.max[r];
-      const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+      const float m_new = std::max(m_old, MaxLane(d, vmax));
       const float m_use = m_new == neg_inf ? 0.0f : m_new;
       const auto vm_use = hn::Set(d, m_use);
       auto vsum = hn::Zero(d);
       for (size_t s = 0; s < bkp; s += N) {
         // NaN where score - m is NaN (a NaN score, or +inf - +inf).
         const auto x = hn::Sub(hn::Load(d, sc_row + s), vm_use);
-        const auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+        const auto p = hn::IfThenElse(hn::IsNaN(x), x, ExpNaNToZero(d, x));
         hn::Store(p, d, sc_row + s);
         vsum = hn::Add(vsum, p);
       }

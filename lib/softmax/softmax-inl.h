@@ -86,6 +86,27 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The largest lane of v (-inf if all are). Highway 1.0.3's EMU128 MaxOfLanes
+// starts from the lowest finite float, which an all -inf vector would return.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE float MaxLane(D d, V v) {
+#if HWY_TARGET == HWY_EMU128
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  hn::Store(v, d, lanes);
+  return *std::max_element(lanes, lanes + hn::Lanes(d));
+#else
+  return hn::GetLane(hn::MaxOfLanes(d, v));
+#endif
+}
+
+// hn::Exp(x) with 0 for NaN lanes (as hn::Exp gives on x86) on every target:
+// EMU128 and SCALAR would convert the NaN to an integer (undefined behaviour).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ExpNaNToZero(D d, V x) {
+  const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  return hn::Exp(d, hn::IfThenElse(hn::Eq(x, x), x, neg_inf));
+}
+
 // Max of scale * x[0, n), n >= 1. *special is set if any scaled value is NaN or
 // +inf.
 HWY_INLINE float SoftmaxBlockMax(const float* HWY_RESTRICT x, size_t n,
@@ -120,7 +141,7 @@ HWY_INLINE float SoftmaxBlockMax(const float* HWY_RESTRICT x, size_t n,
     bad = hn::Or(bad, hn::Not(hn::Lt(z, vinf)));
   }
   max0 = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
-  float result = hn::GetLane(hn::MaxOfLanes(d, max0));
+  float result = MaxLane(d, max0);
   bool any_bad = !hn::AllFalse(d, bad);
   // Tail: one element at a time with the same scaling (no masked loads: they
   // are full-width aligned loads on SSE4 and would read past the row).

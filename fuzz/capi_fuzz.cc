@@ -1,0 +1,843 @@
+// libFuzzer target over the C API (headway.h): the input bytes become a
+// sequence of calls on small shapes and strides, each checked against a shadow
+// model that predicts its status code, the cache lengths and contents it
+// leaves, and (for small outputs) a float64 reference. Any mismatch aborts.
+//
+//   meson setup build-fuzz -Dfuzz=enabled -Db_sanitize=address,undefined
+//   ninja -C build-fuzz fuzz/capi_fuzz
+//   build-fuzz/fuzz/capi_fuzz -max_total_time=60 -max_len=4096 -len_control=0 \
+//       new/ fuzz/corpus
+//
+// Without -max_len libFuzzer caps inputs at the longest seed; with
+// -len_control=0 they may reach -max_len at once.
+//
+// One op is one function below (Op...), chosen by a byte of the input; add an
+// op by writing its function and its line in kOps.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "headway/headway.h"
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr double kU = 1.0 / (1 << 24);  // float32 unit roundoff
+
+[[noreturn]] void Fail(const char* what, double a = 0, double b = 0) {
+  std::fprintf(stderr, "capi_fuzz: %s (%g, %g) on %s; last error: \"%s\"\n",
+               what, a, b, hw_active_target(), hw_last_error());
+  std::abort();
+}
+
+void Check(bool ok, const char* what, double a = 0, double b = 0) {
+  if (!ok) Fail(what, a, b);
+}
+
+// `also`: a second status the contract allows (headway.h does not order the
+// checks of a call with two errors); -1 if none.
+void ExpectStatus(int got, int want, const char* fn, int also = -1) {
+  if (got != want && got != also) {
+    std::fprintf(stderr, "capi_fuzz: %s returned %s, the model says %s\n", fn,
+                 hw_status_name(got), hw_status_name(want));
+    Fail("status mismatch");
+  }
+  // The message is "" exactly after HW_OK.
+  Check((got == HW_OK) == (hw_last_error()[0] == '\0'), "hw_last_error");
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() ||
+          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// ---------------------------------------------------------------- Inputs
+
+// A float of one of a few kinds: mostly moderate values, sometimes the
+// specials. `specials` false keeps it finite and within [-mag, mag].
+float ConsumeFloat(FuzzedDataProvider& in, bool specials, float mag = 4.0f) {
+  switch (in.ConsumeIntegralInRange(0, specials ? 11 : 5)) {
+    case 0:
+      return 0.0f;
+    case 1:
+      return static_cast<float>(in.ConsumeIntegralInRange(-4, 4));
+    case 6:
+      return kNaN;
+    case 7:
+      return kInf;
+    case 8:
+    case 9:
+      return -kInf;
+    case 10:
+      return -std::numeric_limits<float>::max();  // Hugging Face mask value
+    case 11: {
+      const uint32_t bits = in.ConsumeIntegral<uint32_t>();
+      float f;
+      std::memcpy(&f, &bits, sizeof(f));
+      return f;
+    }
+    default:
+      return mag * (2.0f * in.ConsumeProbability<float>() - 1.0f);
+  }
+}
+
+// A row stride for rows of `cols`: 0 (dense), cols plus a little, or one short
+// (invalid).
+int64_t ConsumeStride(FuzzedDataProvider& in, int64_t cols) {
+  switch (in.ConsumeIntegralInRange(0, 7)) {
+    case 7:
+      return cols - 1;
+    case 5:
+    case 6:
+      return cols + in.ConsumeIntegralInRange(1, 5);
+    default:
+      return 0;
+  }
+}
+
+bool StrideOk(int64_t stride, int64_t cols) {
+  return stride == 0 || stride >= cols;
+}
+int64_t Dense(int64_t stride, int64_t cols) {
+  return stride == 0 ? cols : stride;
+}
+
+// A buffer holding [rows, cols] at row stride `stride` (0: dense), exactly as
+// long as the last row needs, so that ASan sees any read past it. Padding is
+// NaN so that a kernel reading it shows.
+std::vector<float> MakeMatrix(FuzzedDataProvider& in, int64_t rows,
+                              int64_t cols, int64_t stride, bool specials,
+                              float mag = 4.0f) {
+  const int64_t s = std::max<int64_t>(Dense(stride, cols), 1);
+  std::vector<float> m(static_cast<size_t>((rows - 1) * s + cols), kNaN);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      m[r * s + c] = ConsumeFloat(in, specials, mag);
+  return m;
+}
+
+// ---------------------------------------------------------- Shadow model
+
+// The state the model predicts: one cache (or none), one layer (or none).
+struct Shadow {
+  hw_kv_cache* cache = nullptr;
+  int64_t n_sequences = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
+  std::vector<int64_t> length;
+  // Per sequence: [capacity, n_kv_heads * head_dim] keys and values.
+  std::vector<std::vector<float>> k, v;
+
+  hw_attention_layer* layer = nullptr;
+  hw_attention_layer_config config{};                         // resolved
+  std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;  // dense
+
+  int64_t Width() const { return n_kv_heads * head_dim; }
+
+  void DestroyCache() {
+    hw_kv_cache_destroy(cache);
+    cache = nullptr;
+  }
+  void AdoptCache(hw_kv_cache* c, int64_t seqs, int64_t heads, int64_t dim,
+                  int64_t cap) {
+    DestroyCache();
+    cache = c;
+    n_sequences = seqs;
+    n_kv_heads = heads;
+    head_dim = dim;
+    capacity = cap;
+    length.assign(seqs, 0);
+    k.assign(seqs, std::vector<float>(cap * Width()));
+    v = k;
+  }
+  ~Shadow() {
+    DestroyCache();
+    hw_attention_layer_destroy(layer);
+  }
+};
+
+// The cache agrees with the model: shape, lengths and every cached row.
+void CheckCache(const Shadow& s) {
+  if (s.cache == nullptr) return;
+  int64_t seqs, heads, dim, cap, row_stride;
+  ExpectStatus(
+      hw_kv_cache_shape(s.cache, &seqs, &heads, &dim, &cap, &row_stride), HW_OK,
+      "hw_kv_cache_shape");
+  Check(seqs == s.n_sequences && heads == s.n_kv_heads && dim == s.head_dim &&
+            cap == s.capacity,
+        "cache shape");
+  Check(row_stride >= dim && row_stride % 16 == 0, "row stride", row_stride);
+  for (int64_t seq = 0; seq < seqs; ++seq) {
+    int64_t length = -1;
+    ExpectStatus(hw_kv_cache_length(s.cache, seq, &length), HW_OK,
+                 "hw_kv_cache_length");
+    Check(length == s.length[seq], "cache length", length, s.length[seq]);
+    for (int64_t g = 0; g < heads; ++g) {
+      for (int which = 0; which < 2; ++which) {
+        const float* data = nullptr;
+        int64_t rows = -1, stride = -1;
+        const int status =
+            which == 0
+                ? hw_kv_cache_keys(s.cache, seq, g, &data, &rows, &stride)
+                : hw_kv_cache_values(s.cache, seq, g, &data, &rows, &stride);
+        ExpectStatus(status, HW_OK, "hw_kv_cache_keys/values");
+        Check(rows == length && stride == row_stride, "cache view");
+        const std::vector<float>& want = which == 0 ? s.k[seq] : s.v[seq];
+        for (int64_t r = 0; r < rows; ++r) {
+          Check(std::memcmp(data + r * stride, &want[r * s.Width() + g * dim],
+                            dim * sizeof(float)) == 0,
+                "cached row differs from the model", r, g);
+        }
+      }
+    }
+  }
+}
+
+// A sequence index: mostly valid, sometimes one past either end.
+int64_t ConsumeSeq(FuzzedDataProvider& in, const Shadow& s) {
+  return in.ConsumeIntegralInRange<int64_t>(
+      -1, std::max<int64_t>(s.n_sequences, 1));
+}
+bool SeqOk(const Shadow& s, int64_t seq) {
+  return seq >= 0 && seq < s.n_sequences;
+}
+
+// ----------------------------------------------------------- Cache ops
+
+void OpCacheCreate(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seqs = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t heads = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t dim = in.ConsumeIntegralInRange<int64_t>(0, 20);
+  const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 9);
+  hw_kv_cache* cache = nullptr;
+  const int want =
+      seqs < 1 || heads < 1 || dim < 1 || cap < 1 ? HW_INVALID_ARGUMENT : HW_OK;
+  ExpectStatus(hw_kv_cache_create(seqs, heads, dim, cap, &cache), want,
+               "hw_kv_cache_create");
+  if (want != HW_OK) {
+    Check(cache == nullptr, "*out written on error");
+    return;
+  }
+  s.AdoptCache(cache, seqs, heads, dim, cap);
+}
+
+void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seq = ConsumeSeq(in, s);
+  const int64_t width = s.Width();
+  const int64_t room = SeqOk(s, seq) ? s.capacity - s.length[seq] : 0;
+  int64_t n_new = in.ConsumeIntegralInRange<int64_t>(-1, room + 2);
+  if (in.ConsumeIntegralInRange(0, 15) == 15) n_new = INT64_MAX;
+  const int64_t k_stride = ConsumeStride(in, width);
+  const int64_t v_stride = ConsumeStride(in, width);
+  // Rows for every valid n_new (capacity <= 9), but not for INT64_MAX: a call
+  // the model rejects must not read them (ASan would see it).
+  const int64_t rows = std::clamp<int64_t>(n_new, 1, 16);
+  const std::vector<float> k = MakeMatrix(in, rows, width, k_stride, true);
+  const std::vector<float> v = MakeMatrix(in, rows, width, v_stride, true);
+  const bool null_k = in.ConsumeIntegralInRange(0, 31) == 31;
+  int want = HW_OK, also = -1;
+  if (s.cache == nullptr || !SeqOk(s, seq) || n_new < 1 || null_k ||
+      !StrideOk(k_stride, width) || !StrideOk(v_stride, width)) {
+    want = HW_INVALID_ARGUMENT;
+    if (s.cache != nullptr && SeqOk(s, seq) && n_new > room)
+      also = HW_OUT_OF_RANGE;
+  } else if (n_new > room) {
+    want = HW_OUT_OF_RANGE;
+  }
+  ExpectStatus(
+      hw_kv_cache_append(s.cache, seq, n_new, null_k ? nullptr : k.data(),
+                         k_stride, v.data(), v_stride),
+      want, "hw_kv_cache_append", also);
+  if (want != HW_OK) return;
+  for (int64_t r = 0; r < n_new; ++r) {
+    const int64_t at = (s.length[seq] + r) * width;
+    std::memcpy(&s.k[seq][at], &k[r * Dense(k_stride, width)],
+                width * sizeof(float));
+    std::memcpy(&s.v[seq][at], &v[r * Dense(v_stride, width)],
+                width * sizeof(float));
+  }
+  s.length[seq] += n_new;
+}
+
+void OpCacheTruncate(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seq = ConsumeSeq(in, s);
+  const int64_t length = SeqOk(s, seq) ? s.length[seq] : 0;
+  const int64_t new_length = in.ConsumeIntegralInRange<int64_t>(-1, length + 1);
+  int want = HW_OK;
+  if (s.cache == nullptr || !SeqOk(s, seq)) {
+    want = HW_INVALID_ARGUMENT;
+  } else if (new_length < 0 || new_length > length) {
+    want = HW_OUT_OF_RANGE;
+  }
+  ExpectStatus(hw_kv_cache_truncate(s.cache, seq, new_length), want,
+               "hw_kv_cache_truncate");
+  if (want == HW_OK) s.length[seq] = new_length;
+}
+
+void OpCacheCopy(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t from = ConsumeSeq(in, s), to = ConsumeSeq(in, s);
+  const int want = s.cache == nullptr || !SeqOk(s, from) || !SeqOk(s, to)
+                       ? HW_INVALID_ARGUMENT
+                       : HW_OK;
+  ExpectStatus(hw_kv_cache_copy_sequence(s.cache, from, to), want,
+               "hw_kv_cache_copy_sequence");
+  if (want != HW_OK || from == to) return;
+  // Rows past the length are not part of the contract: copy only the length.
+  const int64_t n = s.length[from] * s.Width();
+  std::copy(s.k[from].begin(), s.k[from].begin() + n, s.k[to].begin());
+  std::copy(s.v[from].begin(), s.v[from].begin() + n, s.v[to].begin());
+  s.length[to] = s.length[from];
+}
+
+void OpCacheReset(FuzzedDataProvider& in, Shadow& s) {
+  if (in.ConsumeBool()) {
+    const int want = s.cache == nullptr ? HW_INVALID_ARGUMENT : HW_OK;
+    ExpectStatus(hw_kv_cache_reset_all(s.cache), want, "hw_kv_cache_reset_all");
+    if (want == HW_OK) std::fill(s.length.begin(), s.length.end(), 0);
+    return;
+  }
+  const int64_t seq = ConsumeSeq(in, s);
+  const int want =
+      s.cache == nullptr || !SeqOk(s, seq) ? HW_INVALID_ARGUMENT : HW_OK;
+  ExpectStatus(hw_kv_cache_reset(s.cache, seq), want, "hw_kv_cache_reset");
+  if (want == HW_OK) s.length[seq] = 0;
+}
+
+void OpCacheCheck(FuzzedDataProvider&, Shadow& s) { CheckCache(s); }
+
+// ------------------------------------------------------------- Kernels
+
+// Softmax rows against float64, with NaN and +-inf inputs (the contract says
+// what they give).
+void OpSoftmax(FuzzedDataProvider& in, Shadow&) {
+  const int64_t rows = in.ConsumeIntegralInRange<int64_t>(0, 4);
+  // Mostly short rows (tails on every target); sometimes rows of several
+  // 2048-element blocks.
+  const int64_t cols = in.ConsumeIntegralInRange(0, 15) == 15
+                           ? in.ConsumeIntegralInRange<int64_t>(2040, 4200)
+                           : in.ConsumeIntegralInRange<int64_t>(0, 40);
+  const int64_t x_stride = ConsumeStride(in, cols);
+  // 0: separate y; 1: in place; 2: y one element after x (a partial overlap).
+  int placement = in.ConsumeIntegralInRange(0, 5) % 3;
+  // With rows of one element, y = x + 1 may interleave with x or meet it:
+  // keep that case out of the model.
+  if (placement == 2 && cols < 2) placement = 1;
+  const int64_t y_stride = placement == 0 ? ConsumeStride(in, cols) : x_stride;
+  float scale = in.ConsumeBool() ? 1.0f : ConsumeFloat(in, false, 3.0f);
+  if (in.ConsumeIntegralInRange(0, 31) == 31)
+    scale = in.ConsumeBool() ? kNaN : kInf;
+  const float mag = in.PickValueInArray({1.0f, 30.0f, 1e30f});
+  const int64_t r_alloc = std::max<int64_t>(rows, 1);
+  const int64_t c_alloc = std::max<int64_t>(cols, 1);
+  std::vector<float> x = MakeMatrix(in, r_alloc, c_alloc, x_stride, true, mag);
+  std::vector<float> y;
+  if (placement == 0) y = MakeMatrix(in, r_alloc, c_alloc, y_stride, false);
+  if (placement == 2) x.push_back(kNaN);  // room for y = x + 1
+  const std::vector<float> x_before = x, y_before = y;
+  float* yp = placement == 0 ? y.data() : x.data() + (placement == 2 ? 1 : 0);
+
+  bool invalid = rows < 1 || cols < 1 || !StrideOk(x_stride, cols) ||
+                 !StrideOk(y_stride, cols) || !std::isfinite(scale);
+  // y = x + 1 with rows of two or more elements shares elements with x.
+  if (placement == 2) invalid = true;
+  const int want = invalid ? HW_INVALID_ARGUMENT : HW_OK;
+  ExpectStatus(
+      hw_softmax_rows(rows, cols, x.data(), x_stride, yp, y_stride, scale),
+      want, "hw_softmax_rows");
+  if (want != HW_OK || placement == 2) {
+    if (want != HW_OK)
+      Check(SameBits(x, x_before) && SameBits(y, y_before),
+            "hw_softmax_rows wrote on error");
+    return;
+  }
+  const int64_t xs = Dense(x_stride, cols), ys = Dense(y_stride, cols);
+  std::vector<double> z(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    // z rounded to float, as the contract defines it; the reference is then
+    // exact in double.
+    bool poison = false;
+    double m = -INFINITY;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float zf = scale * x_before[r * xs + c];
+      z[c] = zf;
+      poison |= !(zf < kInf);
+      m = std::max(m, z[c]);
+    }
+    double sum = 0.0;
+    if (!poison && m != -INFINITY)
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(z[c] - m);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float got = yp[r * ys + c];
+      if (poison) {
+        Check(std::isnan(got), "softmax: a NaN/+inf row must be NaN", r, c);
+      } else if (m == -INFINITY) {
+        Check(got == 0.0f, "softmax: an all -inf row must be zeros", r, got);
+      } else {
+        const double want_y = std::exp(z[c] - m) / sum;
+        // softmax.h's bound for a z already rounded to float: (6 + |z - m|) u
+        // relative; 2 more u for the exp of a z - m that itself rounds (|z -
+        // m| u is in the bound), and 2^-126 absolute for outputs below the
+        // normal range, where float32 has only absolute precision and
+        // Highway's Exp flushes below e^-104.
+        const double tol =
+            (want_y > 0.0 ? (8.0 + std::fabs(z[c] - m)) * kU * want_y : 0.0) +
+            0x1p-126;
+        if (!(std::fabs(got - want_y) <= tol)) {
+          std::fprintf(stderr, "row %lld col %lld of %lld, z %g, max %g\n",
+                       static_cast<long long>(r), static_cast<long long>(c),
+                       static_cast<long long>(cols), z[c], m);
+          Fail("softmax differs from float64", got, want_y);
+        }
+      }
+    }
+    // Padding between rows is not the kernel's.
+    if (r + 1 < rows && placement == 0) {
+      for (int64_t c = cols; c < ys; ++c)
+        Check(SameBits({y[r * ys + c]}, {y_before[r * ys + c]}),
+              "softmax wrote into y's padding");
+    }
+  }
+}
+
+// C = alpha op(A) op(B) + beta C against float64 within matmul.h's bound.
+void OpMatmul(FuzzedDataProvider& in, Shadow&) {
+  const int64_t big = in.ConsumeIntegralInRange(0, 7) == 7 ? 70 : 9;
+  const int64_t m = in.ConsumeIntegralInRange<int64_t>(0, big);
+  const int64_t n = in.ConsumeIntegralInRange<int64_t>(0, big);
+  const int64_t k = in.ConsumeIntegralInRange<int64_t>(0, big);
+  const int ta = in.ConsumeIntegralInRange(0, 31) == 31 ? 2 : in.ConsumeBool();
+  const int tb = in.ConsumeBool();
+  // Stored shapes: a is [m, k] or [k, m]; b is [k, n] or [n, k].
+  const int64_t ar = ta == 1 ? k : m, ac = ta == 1 ? m : k;
+  const int64_t br = tb ? n : k, bc = tb ? k : n;
+  const int64_t lda = ConsumeStride(in, ac), ldb = ConsumeStride(in, bc);
+  const int64_t ldc = ConsumeStride(in, n);
+  const float alpha = in.ConsumeBool() ? 1.0f : ConsumeFloat(in, false, 2.0f);
+  float beta = in.ConsumeBool() ? 0.0f : ConsumeFloat(in, false, 2.0f);
+  if (in.ConsumeIntegralInRange(0, 31) == 31) beta = kInf;
+  auto alloc = [](int64_t v) { return std::max<int64_t>(v, 1); };
+  const std::vector<float> a =
+      MakeMatrix(in, alloc(ar), alloc(ac), lda, false, 2.0f);
+  const std::vector<float> b =
+      MakeMatrix(in, alloc(br), alloc(bc), ldb, false, 2.0f);
+  std::vector<float> c = MakeMatrix(in, alloc(m), alloc(n), ldc, false, 2.0f);
+  // beta == 0 must not read C: a NaN there does not survive.
+  if (beta == 0.0f && !c.empty()) c[0] = kNaN;
+  const std::vector<float> c_before = c;
+  // c overlapping a is an error; point c into a's buffer sometimes.
+  const bool overlap = in.ConsumeIntegralInRange(0, 31) == 31;
+  const int want = m < 1 || n < 1 || k < 1 || ta > 1 || !StrideOk(lda, ac) ||
+                           !StrideOk(ldb, bc) || !StrideOk(ldc, n) ||
+                           !std::isfinite(alpha) || !std::isfinite(beta) ||
+                           overlap
+                       ? HW_INVALID_ARGUMENT
+                       : HW_OK;
+  float* cp = overlap ? const_cast<float*>(a.data()) : c.data();
+  const std::vector<float> a_before = a;
+  ExpectStatus(hw_matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb,
+                         beta, cp, ldc),
+               want, "hw_matmul");
+  if (want != HW_OK) {
+    Check(SameBits(c, c_before) && SameBits(a, a_before),
+          "hw_matmul wrote on error");
+    return;
+  }
+  const int64_t sa = Dense(lda, ac), sb = Dense(ldb, bc), sc = Dense(ldc, n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[p * sa + i] : a[i * sa + p];
+        const double bv = tb ? b[j * sb + p] : b[p * sb + j];
+        dot += av * bv;
+        mag += std::fabs(av * bv);
+      }
+      const double c_old = beta == 0.0f ? 0.0 : c_before[i * sc + j];
+      const double want_c = alpha * dot + beta * c_old;
+      // matmul.h's bound: (K + K / 512 + 3) u (|alpha| sum |a||b| + |beta|
+      // |c_old|), plus the smallest normal for products that underflow.
+      const double tol =
+          (k + k / 512 + 3) * kU *
+              (std::fabs(alpha) * mag + std::fabs(beta) * std::fabs(c_old)) +
+          0x1p-126;
+      Check(std::fabs(c[i * sc + j] - want_c) <= tol,
+            "hw_matmul differs from float64", c[i * sc + j], want_c);
+    }
+    for (int64_t j = n; i + 1 < m && j < sc; ++j)
+      Check(SameBits({c[i * sc + j]}, {c_before[i * sc + j]}),
+            "hw_matmul wrote into c's padding");
+  }
+}
+
+// ---------------------------------------------------- Attention layer ops
+
+// Creates a layer of small random shape; one field is sometimes made invalid.
+void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
+  hw_attention_layer_config cfg{};
+  cfg.n_heads = in.ConsumeIntegralInRange<int64_t>(1, 4);
+  const int64_t group_choice = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  cfg.n_kv_heads = group_choice == 0 ? 0
+                   : group_choice == 1
+                       ? 1
+                       : (cfg.n_heads % 2 == 0 ? cfg.n_heads / 2 : cfg.n_heads);
+  cfg.head_dim = in.ConsumeIntegralInRange<int64_t>(0, 9);
+  cfg.d_model = cfg.head_dim == 0
+                    ? cfg.n_heads * in.ConsumeIntegralInRange<int64_t>(1, 3)
+                    : in.ConsumeIntegralInRange<int64_t>(1, 12);
+  cfg.mask = in.ConsumeBool() ? HW_MASK_CAUSAL : HW_MASK_NONE;
+  cfg.scale = in.ConsumeBool() ? 0.0f : in.ConsumeProbability<float>() * 2.0f;
+  const int64_t kvh = cfg.n_kv_heads == 0 ? cfg.n_heads : cfg.n_kv_heads;
+  const int64_t group = cfg.n_heads / kvh;
+  if (kvh > 1 && in.ConsumeBool()) {  // a shard on group boundaries
+    const int64_t g0 = in.ConsumeIntegralInRange<int64_t>(0, kvh - 1);
+    const int64_t g1 = in.ConsumeIntegralInRange<int64_t>(g0 + 1, kvh);
+    cfg.head_begin = g0 * group;
+    cfg.head_end = g1 * group;
+  }
+  bool invalid = false;
+  switch (in.ConsumeIntegralInRange(0, 24)) {
+    case 17:
+      cfg.d_model = 0;
+      invalid = true;
+      break;
+    case 18:
+      cfg.n_heads = -1;
+      invalid = true;
+      break;
+    case 19:
+      cfg.n_kv_heads = cfg.n_heads + 1;
+      invalid = true;
+      break;
+    case 20:
+      cfg.head_dim = -1;
+      invalid = true;
+      break;
+    case 21:
+      cfg.scale = -1.0f;
+      invalid = true;
+      break;
+    case 22:
+      cfg.scale = kInf;
+      invalid = true;
+      break;
+    case 23:
+      cfg.mask = 2;
+      invalid = true;
+      break;
+    case 24:
+      cfg.head_begin = 0;
+      cfg.head_end = cfg.n_heads + 1;
+      invalid = true;
+      break;
+    default:
+      break;
+  }
+  const int64_t hd = cfg.head_dim > 0 ? cfg.head_dim
+                                      : std::max<int64_t>(cfg.d_model, 1) /
+                                            std::max<int64_t>(cfg.n_heads, 1);
+  const int64_t d = std::max<int64_t>(cfg.d_model, 1);
+  const int64_t hq = std::max<int64_t>(cfg.n_heads, 1) * hd;
+  const int64_t hkv = std::max<int64_t>(kvh, 1) * hd;
+  // Weights in [-1, 1]; the invalid cases do not depend on them.
+  hw_attention_layer_weights w{};
+  std::vector<float> wq = MakeMatrix(in, d, std::max<int64_t>(hq, 1), 0, false,
+                                     1.0f),
+                     wk = MakeMatrix(in, d, std::max<int64_t>(hkv, 1), 0, false,
+                                     1.0f),
+                     wv = MakeMatrix(in, d, std::max<int64_t>(hkv, 1), 0, false,
+                                     1.0f),
+                     wo = MakeMatrix(in, std::max<int64_t>(hq, 1), d, 0, false,
+                                     1.0f);
+  w.w_q = {wq.data(), d, hq, 0};
+  w.w_k = {wk.data(), d, hkv, 0};
+  w.w_v = {wv.data(), d, hkv, 0};
+  w.w_o = {wo.data(), hq, d, 0};
+  const bool bias = in.ConsumeBool();
+  std::vector<float> bq = MakeMatrix(in, 1, std::max<int64_t>(hq, 1), 0, false,
+                                     1.0f),
+                     bk = MakeMatrix(in, 1, std::max<int64_t>(hkv, 1), 0, false,
+                                     1.0f),
+                     bv = MakeMatrix(in, 1, std::max<int64_t>(hkv, 1), 0, false,
+                                     1.0f),
+                     bo = MakeMatrix(in, 1, d, 0, false, 1.0f);
+  if (bias) {
+    w.b_q = bq.data();
+    w.b_k = bk.data();
+    w.b_v = bv.data();
+    w.b_o = bo.data();
+  }
+  if (!invalid && in.ConsumeIntegralInRange(0, 15) == 15) {
+    w.w_k.cols += 1;  // the wrong shape
+    invalid = true;
+  }
+  hw_attention_layer* layer = nullptr;
+  ExpectStatus(hw_attention_layer_create(&cfg, &w, &layer),
+               invalid ? HW_INVALID_ARGUMENT : HW_OK,
+               "hw_attention_layer_create");
+  if (invalid) {
+    Check(layer == nullptr, "*out written on error");
+    return;
+  }
+  hw_attention_layer_destroy(s.layer);
+  s.layer = layer;
+  ExpectStatus(hw_attention_layer_get_config(layer, &s.config), HW_OK,
+               "hw_attention_layer_get_config");
+  const hw_attention_layer_config& r = s.config;
+  Check(r.n_kv_heads == kvh && r.head_dim == hd && r.d_model == cfg.d_model,
+        "resolved config");
+  Check(cfg.scale != 0.0f ? r.scale == cfg.scale
+                          : std::fabs(r.scale - 1.0 / std::sqrt(hd)) < 1e-6,
+        "resolved scale", r.scale);
+  Check(cfg.head_end != 0
+            ? r.head_begin == cfg.head_begin && r.head_end == cfg.head_end
+            : r.head_begin == 0 && r.head_end == cfg.n_heads,
+        "resolved head range");
+  s.w_q = wq;
+  s.w_k = wk;
+  s.w_v = wv;
+  s.w_o = wo;
+  s.b_q = bias ? bq : std::vector<float>(hq, 0.0f);
+  s.b_k = bias ? bk : std::vector<float>(hkv, 0.0f);
+  s.b_v = bias ? bv : std::vector<float>(hkv, 0.0f);
+  s.b_o = bias ? bo : std::vector<float>(d, 0.0f);
+}
+
+void OpLayerCreateCache(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seqs = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 8);
+  hw_kv_cache* cache = nullptr;
+  const int want =
+      s.layer == nullptr || seqs < 1 || cap < 1 ? HW_INVALID_ARGUMENT : HW_OK;
+  ExpectStatus(hw_attention_layer_create_cache(s.layer, seqs, cap, &cache),
+               want, "hw_attention_layer_create_cache");
+  if (want != HW_OK) return;
+  const hw_attention_layer_config& c = s.config;
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  s.AdoptCache(cache, seqs, (c.head_end - c.head_begin) / group, c.head_dim,
+               cap);
+}
+
+// One forward call: predicted status and lengths; on success the appended K
+// and V rows and y against float64.
+void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
+  const hw_attention_layer_config& c = s.config;
+  const int64_t n_seq = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  std::vector<hw_layer_sequence> seqs(std::max<int64_t>(n_seq, 1));
+  bool invalid = s.layer == nullptr || s.cache == nullptr || n_seq < 1;
+  bool out_of_range = false;
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_seq; ++i) {
+    seqs[i].seq = ConsumeSeq(in, s);
+    seqs[i].n_tokens = in.ConsumeIntegralInRange<int64_t>(0, 3);
+    invalid |= !SeqOk(s, seqs[i].seq) || seqs[i].n_tokens < 1;
+    for (int64_t j = 0; j < i; ++j) invalid |= seqs[j].seq == seqs[i].seq;
+    if (SeqOk(s, seqs[i].seq))
+      out_of_range |= s.length[seqs[i].seq] + seqs[i].n_tokens > s.capacity;
+    total += std::max<int64_t>(seqs[i].n_tokens, 0);
+  }
+  const int64_t d = s.layer ? c.d_model : 1;
+  if (s.layer && s.cache) {
+    const int64_t group = c.n_heads / c.n_kv_heads;
+    invalid |= s.n_kv_heads != (c.head_end - c.head_begin) / group ||
+               s.head_dim != c.head_dim;
+  }
+  const int64_t x_stride = ConsumeStride(in, d),
+                y_stride = ConsumeStride(in, d);
+  invalid |= !StrideOk(x_stride, d) || !StrideOk(y_stride, d);
+  const int64_t t_alloc = std::max<int64_t>(total, 1);
+  const std::vector<float> x =
+      MakeMatrix(in, t_alloc, d, x_stride, false, 1.0f);
+  std::vector<float> y = MakeMatrix(in, t_alloc, d, y_stride, false);
+  const std::vector<float> y_before = y;
+  const std::vector<int64_t> length_before = s.length;
+  const int want = invalid        ? HW_INVALID_ARGUMENT
+                   : out_of_range ? HW_OUT_OF_RANGE
+                                  : HW_OK;
+  ExpectStatus(
+      hw_attention_layer_forward(s.layer, s.cache, seqs.data(), n_seq, x.data(),
+                                 x_stride, y.data(), y_stride),
+      want, "hw_attention_layer_forward",
+      invalid && out_of_range ? HW_OUT_OF_RANGE : -1);
+  if (want != HW_OK) {
+    Check(SameBits(y, y_before), "hw_attention_layer_forward wrote on error");
+    CheckCache(s);  // lengths and rows unchanged
+    return;
+  }
+  const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  const int64_t h0 = c.head_begin, n_local = c.head_end - c.head_begin;
+  const int64_t g0 = h0 / group, kv_local = n_local / group;
+  const int64_t hq = c.n_heads * hd, hkv = c.n_kv_heads * hd;
+  const int64_t width = s.Width(), xs = Dense(x_stride, d);
+  const int64_t ys = Dense(y_stride, d);
+  // x W + b for output column `col` of W [d, cols], and the bound of a float32
+  // dot product of length d (+1 for the bias).
+  auto project = [&](const std::vector<float>& w, const std::vector<float>& b,
+                     int64_t cols, int64_t t, int64_t col, double* bound) {
+    double sum = b[col], mag = std::fabs(b[col]);
+    for (int64_t p = 0; p < d; ++p) {
+      sum += static_cast<double>(x[t * xs + p]) * w[p * cols + col];
+      mag += std::fabs(static_cast<double>(x[t * xs + p]) * w[p * cols + col]);
+    }
+    *bound = (d + 4) * kU * mag;
+    return sum;
+  };
+  int64_t t = 0;
+  for (int64_t i = 0; i < n_seq; ++i) {
+    const int64_t seq = seqs[i].seq, len0 = length_before[seq];
+    for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
+      // The new K and V rows, read back from the cache into the model.
+      for (int64_t g = 0; g < kv_local; ++g) {
+        const float *kd, *vd;
+        int64_t rows, stride;
+        ExpectStatus(hw_kv_cache_keys(s.cache, seq, g, &kd, &rows, &stride),
+                     HW_OK, "hw_kv_cache_keys");
+        ExpectStatus(hw_kv_cache_values(s.cache, seq, g, &vd, &rows, &stride),
+                     HW_OK, "hw_kv_cache_values");
+        Check(rows == len0 + seqs[i].n_tokens, "length after forward", rows);
+        for (int64_t p = 0; p < hd; ++p) {
+          const int64_t col = (g0 + g) * hd + p;
+          double bound;
+          const double kw = project(s.w_k, s.b_k, hkv, t, col, &bound);
+          const float kg = kd[(len0 + j) * stride + p];
+          Check(std::fabs(kg - kw) <= bound + 0x1p-126, "forward: K row", kg,
+                kw);
+          const double vw = project(s.w_v, s.b_v, hkv, t, col, &bound);
+          const float vg = vd[(len0 + j) * stride + p];
+          Check(std::fabs(vg - vw) <= bound + 0x1p-126, "forward: V row", vg,
+                vw);
+          s.k[seq][(len0 + j) * width + g * hd + p] = kg;
+          s.v[seq][(len0 + j) * width + g * hd + p] = vg;
+        }
+      }
+    }
+    s.length[seq] = len0 + seqs[i].n_tokens;
+  }
+  // y = concat_h(softmax(scale q k^T) V) W_O (+ b_o on the first shard), from
+  // the cached K and V (checked above) and q in float64. Rows appended through
+  // hw_kv_cache_append may hold NaN, inf or huge values, for which headway.h
+  // states no result: such a sequence's y is not checked.
+  t = 0;
+  for (int64_t i = 0; i < n_seq; ++i) {
+    const int64_t seq = seqs[i].seq, len0 = length_before[seq];
+    bool tame = true;
+    for (int64_t e = 0; e < s.length[seq] * width; ++e)
+      tame &= std::fabs(s.k[seq][e]) <= 1e3f && std::fabs(s.v[seq][e]) <= 1e3f;
+    if (!tame) {
+      t += seqs[i].n_tokens;
+      continue;
+    }
+    for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
+      const int64_t seen =
+          c.mask == HW_MASK_CAUSAL ? len0 + j + 1 : s.length[seq];
+      std::vector<double> o(hq, 0.0), o_abs(hq, 0.0);
+      for (int64_t h = h0; h < c.head_end; ++h) {
+        const int64_t g = h / group - g0;
+        std::vector<double> q(hd), sc(seen);
+        double bound;
+        for (int64_t p = 0; p < hd; ++p)
+          q[p] = project(s.w_q, s.b_q, hq, t, h * hd + p, &bound);
+        double m = -INFINITY, sum = 0.0;
+        for (int64_t r = 0; r < seen; ++r) {
+          double dot = 0.0;
+          for (int64_t p = 0; p < hd; ++p)
+            dot += q[p] * s.k[seq][r * width + g * hd + p];
+          sc[r] = c.scale * dot;
+          m = std::max(m, sc[r]);
+        }
+        for (int64_t r = 0; r < seen; ++r) sum += std::exp(sc[r] - m);
+        for (int64_t r = 0; r < seen; ++r) {
+          const double pr = std::exp(sc[r] - m) / sum;
+          for (int64_t p = 0; p < hd; ++p) {
+            const double vv = s.v[seq][r * width + g * hd + p];
+            o[h * hd + p] += pr * vv;
+            o_abs[h * hd + p] += pr * std::fabs(vv);
+          }
+        }
+      }
+      for (int64_t col = 0; col < d; ++col) {
+        double want_y = h0 == 0 ? s.b_o[col] : 0.0;
+        double mag = std::fabs(want_y);
+        for (int64_t e = h0 * hd; e < c.head_end * hd; ++e) {
+          want_y += o[e] * s.w_o[e * d + col];
+          mag += o_abs[e] * std::fabs(s.w_o[e * d + col]);
+        }
+        // attention.h states no bound yet: 1e-4 of the magnitudes involved is
+        // ~100x the float32 roundings of these tiny shapes (weights and x in
+        // [-1, 1]), while a wrong key, mask, head or row gives errors of the
+        // order of the values themselves.
+        const float got = y[t * ys + col];
+        Check(std::fabs(got - want_y) <= 1e-4 * (mag + 1.0),
+              "hw_attention_layer_forward: y differs from float64", got,
+              want_y);
+      }
+    }
+  }
+}
+
+void OpLayerDestroy(FuzzedDataProvider&, Shadow& s) {
+  hw_attention_layer_destroy(s.layer);
+  s.layer = nullptr;
+}
+
+void OpThreads(FuzzedDataProvider& in, Shadow&) {
+  const int n = in.ConsumeIntegralInRange(-1, 3);
+  ExpectStatus(hw_set_max_threads(n), n < 0 ? HW_INVALID_ARGUMENT : HW_OK,
+               "hw_set_max_threads");
+}
+
+// Null handles: every entry answers HW_INVALID_ARGUMENT, never crashes.
+void OpNullHandles(FuzzedDataProvider&, Shadow&) {
+  int64_t i64 = 0;
+  size_t bytes = 0;
+  ExpectStatus(hw_kv_cache_length(nullptr, 0, &i64), HW_INVALID_ARGUMENT,
+               "hw_kv_cache_length");
+  ExpectStatus(hw_kv_cache_bytes(nullptr, &bytes), HW_INVALID_ARGUMENT,
+               "hw_kv_cache_bytes");
+  ExpectStatus(hw_attention_layer_n_weights(nullptr, &i64), HW_INVALID_ARGUMENT,
+               "hw_attention_layer_n_weights");
+  ExpectStatus(hw_kv_cache_create(1, 1, 1, 1, nullptr), HW_INVALID_ARGUMENT,
+               "hw_kv_cache_create");
+}
+
+// The ops, chosen by one byte each. Attention core ops (hw_attention,
+// hw_attention_with_weights) go here: queries over s.cache, checked like
+// OpLayerForward's attention part.
+using Op = void (*)(FuzzedDataProvider&, Shadow&);
+constexpr Op kOps[] = {
+    OpCacheCreate,  OpCacheAppend,  OpCacheAppend,  OpCacheTruncate,
+    OpCacheCopy,    OpCacheReset,   OpCacheCheck,   OpSoftmax,
+    OpSoftmax,      OpMatmul,       OpMatmul,       OpLayerCreate,
+    OpLayerForward, OpLayerForward, OpLayerDestroy, OpLayerCreateCache,
+    OpThreads,      OpNullHandles,
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  // One target per input (weights are packed for the target at create).
+  const char* names[16];
+  const int64_t n_targets = hw_supported_targets(names, 16);
+  Check(n_targets >= 1 && n_targets <= 16, "hw_supported_targets", n_targets);
+  const int64_t pick = in.ConsumeIntegralInRange<int64_t>(0, n_targets - 1);
+  ExpectStatus(hw_set_max_target(names[pick]), HW_OK, "hw_set_max_target");
+  {
+    Shadow s;
+    for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
+      const size_t op = in.ConsumeIntegralInRange<size_t>(
+          0, sizeof(kOps) / sizeof(kOps[0]) - 1);
+      kOps[op](in, s);
+    }
+    CheckCache(s);
+  }
+  hw_reset_max_target();
+  hw_set_max_threads(0);
+  return 0;
+}
