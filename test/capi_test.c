@@ -885,6 +885,34 @@ static void TestSoftmax(void) {
             "rows");
 }
 
+/* --------------------------------------------------------- Thread scratch */
+
+/* A thread that called hw_matmul with a large B keeps scratch memory until
+ * hw_release_thread_scratch frees it; the next call gives the same result. */
+static void TestReleaseThreadScratch(void) {
+  enum { M = 200, K = 1100, N = 1100 }; /* B packed: over 4 MiB */
+  float* a = RandomArray(M * K, 1.0f);
+  float* b = RandomArray(K * N, 1.0f);
+  float* c1 = FilledArray(M * N, 0.0f);
+  float* c2 = FilledArray(M * N, 0.0f);
+  CHECK_OK(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, M, N, K, 1.0f, a, 0, b, 0, 0.0f,
+                     c1, 0));
+  const int64_t released = hw_release_thread_scratch();
+  CHECK(released > 0);
+  /* On 2 or more threads the two row blocks share a copy of B packed into
+   * this thread's buffer. */
+  if (hw_max_threads() > 1) CHECK(released >= (int64_t)K * N * 4);
+  CHECK(hw_release_thread_scratch() == 0);
+  CHECK_OK(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, M, N, K, 1.0f, a, 0, b, 0, 0.0f,
+                     c2, 0));
+  CHECK(memcmp(c1, c2, sizeof(float) * M * N) == 0);
+  CHECK(hw_release_thread_scratch() > 0);
+  free(a);
+  free(b);
+  free(c1);
+  free(c2);
+}
+
 int main(void) {
   TestStatusAndVersion();
   TestTargetsAndThreads();
@@ -893,6 +921,7 @@ int main(void) {
   TestLayerErrors();
   TestMatmul();
   TestSoftmax();
+  TestReleaseThreadScratch();
   if (g_failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", g_failures);
     return g_failures < 100 ? g_failures : 100;
