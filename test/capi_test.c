@@ -885,7 +885,7 @@ static void TestSoftmax(void) {
             "rows");
 }
 
-/* --------------------------------------------------------- Thread scratch */
+/* ---------------------------- Thread scratch and allocation failure */
 
 /* A thread that called hw_matmul with a large B keeps scratch memory until
  * hw_release_thread_scratch frees it; the next call gives the same result. */
@@ -913,6 +913,22 @@ static void TestReleaseThreadScratch(void) {
   free(c2);
 }
 
+/* Under AddressSanitizer a failed malloc returns NULL only with
+ * allocator_may_return_null=1 (by default ASan ends the process); ASAN_OPTIONS
+ * from the environment still apply on top of this. Unused without ASan. */
+const char* __asan_default_options(void);
+const char* __asan_default_options(void) {
+  return "allocator_may_return_null=1";
+}
+
+/* A cache of 2^50 bytes (no overflow) is more than memory. */
+static void TestAllocationFailure(void) {
+  hw_kv_cache* cache = NULL;
+  CHECK_ERR(hw_kv_cache_create(1, 1, 16, (int64_t)1 << 43, &cache),
+            HW_RESOURCE_EXHAUSTED, "out of memory");
+  CHECK(cache == NULL);
+}
+
 int main(void) {
   TestStatusAndVersion();
   TestTargetsAndThreads();
@@ -922,6 +938,7 @@ int main(void) {
   TestMatmul();
   TestSoftmax();
   TestReleaseThreadScratch();
+  TestAllocationFailure();
   if (g_failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", g_failures);
     return g_failures < 100 ? g_failures : 100;

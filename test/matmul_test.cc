@@ -646,6 +646,13 @@ TEST(MatmulErrors, PackedB) {
                     Transpose::kNo, &empty),
       StatusCode::kResourceExhausted, "overflows");
   EXPECT_EQ(empty.bytes(), 0u);
+  // K * N * 4 = 2^50 bytes fits int64_t but not memory; b (a view that claims
+  // as much) is read only after the allocation.
+  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), int64_t{1} << 24,
+                                                    int64_t{1} << 24),
+                            Transpose::kNo, &empty),
+              StatusCode::kResourceExhausted, "no memory");
+  EXPECT_EQ(empty.bytes(), 0u);
 
   const MatrixView<const float> parts[2] = {b44, b44};
   ExpectError(PackedB::PackColumns(parts, 2, nullptr),
