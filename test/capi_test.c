@@ -1437,6 +1437,50 @@ static void TestSoftmax(void) {
             "hw_softmax_rows: rows must be >= 1 (got 0)");
 }
 
+/* ---------------------------- Thread scratch and allocation failure */
+
+/* A thread that called hw_matmul with a large B keeps scratch memory until
+ * hw_release_thread_scratch frees it; the next call gives the same result. */
+static void TestReleaseThreadScratch(void) {
+  enum { M = 200, K = 1100, N = 1100 }; /* B packed: over 4 MiB */
+  float* a = RandomArray(M * K, 1.0f);
+  float* b = RandomArray(K * N, 1.0f);
+  float* c1 = FilledArray(M * N, 0.0f);
+  float* c2 = FilledArray(M * N, 0.0f);
+  CHECK_OK(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, M, N, K, 1.0f, a, 0, b, 0, 0.0f,
+                     c1, 0));
+  const int64_t released = hw_release_thread_scratch();
+  CHECK(released > 0);
+  /* On 2 or more threads the two row blocks share a copy of B packed into
+   * this thread's buffer. */
+  if (hw_max_threads() > 1) CHECK(released >= (int64_t)K * N * 4);
+  CHECK(hw_release_thread_scratch() == 0);
+  CHECK_OK(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, M, N, K, 1.0f, a, 0, b, 0, 0.0f,
+                     c2, 0));
+  CHECK(memcmp(c1, c2, sizeof(float) * M * N) == 0);
+  CHECK(hw_release_thread_scratch() > 0);
+  free(a);
+  free(b);
+  free(c1);
+  free(c2);
+}
+
+/* Under AddressSanitizer a failed malloc returns NULL only with
+ * allocator_may_return_null=1 (by default ASan ends the process); ASAN_OPTIONS
+ * from the environment still apply on top of this. Unused without ASan. */
+const char* __asan_default_options(void);
+const char* __asan_default_options(void) {
+  return "allocator_may_return_null=1";
+}
+
+/* A cache of 2^50 bytes (no overflow) is more than memory. */
+static void TestAllocationFailure(void) {
+  hw_kv_cache* cache = NULL;
+  CHECK_ERR(hw_kv_cache_create(1, 1, 16, (int64_t)1 << 43, &cache),
+            HW_RESOURCE_EXHAUSTED, "out of memory");
+  CHECK(cache == NULL);
+}
+
 int main(void) {
   TestStatusAndVersion();
   TestTargetsAndThreads();
@@ -1447,6 +1491,8 @@ int main(void) {
   TestAttentionErrors();
   TestMatmul();
   TestSoftmax();
+  TestReleaseThreadScratch();
+  TestAllocationFailure();
   if (g_failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", g_failures);
     return g_failures < 100 ? g_failures : 100;

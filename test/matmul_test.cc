@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "headway/status.h"
 #include "headway/targets.h"
+#include "headway/threads.h"
 #include "tbb/parallel_for.h"
 #include "tbb/task_arena.h"
 #include "test/support/guard_page.h"
@@ -513,6 +514,54 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
 
 HEADWAY_INSTANTIATE_TARGET_TEST(MatmulTest);
 
+// The calling thread of an unpacked call with a B of over 4 MiB packed and
+// several row blocks keeps that packed copy (include/headway/threads.h), one
+// per instruction set; ReleaseThreadScratch frees it and the thread's other
+// scratch, and the next calls give the same results, which equal pre-packed
+// B's.
+TEST(MatmulScratch, ReleaseThreadScratch) {
+  const int64_t m = 200, n = 1100, k = 1100;  // 2 row blocks on 2 threads
+  const Operand a(m, k, Transpose::kNo, 0, 0, 61);
+  const Operand b(k, n, Transpose::kNo, 0, 0, 62);
+  const std::vector<Target> supported = SupportedTargets();
+  std::vector<Target> targets = {supported.front()};
+  if (supported.size() > 1) targets.push_back(supported[supported.size() / 2]);
+  tbb::task_arena arena(2);
+  arena.execute([&] {
+    ReleaseThreadScratch();  // what earlier tests left
+    ASSERT_EQ(ThreadScratchBytes(), 0);
+    std::vector<std::vector<float>> first;
+    int64_t packed_bytes = 0;
+    for (const Target& target : targets) {
+      ASSERT_TRUE(SetMaxTarget(target.name).ok());
+      first.push_back(
+          RunMatmul(a, Transpose::kNo, b, Transpose::kNo, m, n, nullptr, 0.5f));
+      PackedB packed;
+      ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed).ok());
+      packed_bytes += static_cast<int64_t>(packed.bytes());
+      EXPECT_TRUE(BitIdentical(
+          first.back(),
+          RunMatmul(a, Transpose::kNo, b, Transpose::kNo, m, n, &packed, 0.5f)))
+          << target.name;
+    }
+    const int64_t held = ThreadScratchBytes();
+    EXPECT_GE(held, packed_bytes);
+    EXPECT_EQ(ReleaseThreadScratch(), held);
+    EXPECT_EQ(ThreadScratchBytes(), 0);
+    EXPECT_EQ(ReleaseThreadScratch(), 0);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      ASSERT_TRUE(SetMaxTarget(targets[i].name).ok());
+      EXPECT_TRUE(BitIdentical(
+          first[i],
+          RunMatmul(a, Transpose::kNo, b, Transpose::kNo, m, n, nullptr, 0.5f)))
+          << targets[i].name;
+    }
+    EXPECT_GE(ThreadScratchBytes(), packed_bytes);
+    ReleaseThreadScratch();
+  });
+  ResetMaxTarget();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors (target-independent: checked before dispatch).
 
@@ -596,6 +645,13 @@ TEST(MatmulErrors, PackedB) {
                                             int64_t{1} << 31, int64_t{1} << 31),
                     Transpose::kNo, &empty),
       StatusCode::kResourceExhausted, "overflows");
+  EXPECT_EQ(empty.bytes(), 0u);
+  // K * N * 4 = 2^50 bytes fits int64_t but not memory; b (a view that claims
+  // as much) is read only after the allocation.
+  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), int64_t{1} << 24,
+                                                    int64_t{1} << 24),
+                            Transpose::kNo, &empty),
+              StatusCode::kResourceExhausted, "no memory");
   EXPECT_EQ(empty.bytes(), 0u);
 
   const MatrixView<const float> parts[2] = {b44, b44};

@@ -112,6 +112,14 @@ HEADWAY_C_API int hw_set_max_threads(int n);
  * arena's (one per core), capped by hw_set_max_threads. */
 HEADWAY_C_API int hw_max_threads(void);
 
+/* Frees the scratch memory the calling thread keeps between calls and returns
+ * its bytes (0 if none); the next call allocates again and gives the same
+ * results. A thread that called hw_matmul with a B larger than 4 MiB keeps a
+ * packed copy of it, up to 64 MiB, until it exits or calls this. Frees only
+ * this thread's buffers, not those of oneTBB's worker threads, handles' memory
+ * or hw_last_error(): see headway::ReleaseThreadScratch in threads.h. */
+HEADWAY_C_API int64_t hw_release_thread_scratch(void);
+
 /* -------------------------------------------------------------- KV cache */
 
 /* The keys and values of one attention layer for n_sequences sequences (slots

@@ -117,7 +117,7 @@ struct AttentionPlan {
 
 // The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
 inline ScratchBuffer& ThreadAttentionScratch() {
-  thread_local ScratchBuffer scratch;
+  thread_local ThreadScratchBuffer scratch;
   return scratch;
 }
 

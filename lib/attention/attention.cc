@@ -20,14 +20,29 @@ HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 
+// The calling thread's AttentionPlan, freed by ReleaseThreadScratch.
+struct ThreadAttentionPlan final : ThreadScratch {
+  size_t Bytes() const override {
+    return plan.splits.capacity() * sizeof(AttentionSplit) +
+           (plan.first_item.capacity() + plan.first_partial.capacity() +
+            plan.merge_first.capacity()) *
+               sizeof(int64_t) +
+           plan.partials.capacity * sizeof(float);
+  }
+  void Release() override { plan = AttentionPlan(); }
+
+  AttentionPlan plan;
+};
+
 void FusedAttentionT(const AttentionWork* works, size_t n_works,
                      const AttentionDims& dims) {
   // Reused across calls. isolate(): while this thread waits in the parallel
   // loops it must not pick up another task of the host that calls Attention
   // and reuses the same plan.
-  thread_local AttentionPlan plan;
+  thread_local ThreadAttentionPlan thread_plan;
+  AttentionPlan* plan = &thread_plan.plan;
   tbb::this_task_arena::isolate(
-      [&]() HWY_ATTR { FusedAttention(works, n_works, dims, &plan); });
+      [&]() HWY_ATTR { FusedAttention(works, n_works, dims, plan); });
 }
 
 void MaterializedAttentionT(const AttentionWork& work,

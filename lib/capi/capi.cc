@@ -329,6 +329,10 @@ int hw_max_threads(void) {
   }
 }
 
+int64_t hw_release_thread_scratch(void) {
+  return headway::ReleaseThreadScratch();
+}
+
 // ---------------------------------------------------------------- KV cache
 
 int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,

@@ -1,5 +1,6 @@
 // Small pieces shared by the kernels' planning code (no SIMD): rounding,
-// cutting a length into equal blocks, and a grow-only scratch buffer.
+// cutting a length into equal blocks, a grow-only scratch buffer, and the
+// registry of each thread's scratch (ReleaseThreadScratch, threads.h).
 #ifndef HEADWAY_LIB_CORE_BLOCKS_H_
 #define HEADWAY_LIB_CORE_BLOCKS_H_
 
@@ -62,6 +63,34 @@ struct ScratchBuffer {
 
   hwy::AlignedFreeUniquePtr<float[]> buffer;
   size_t capacity = 0;
+};
+
+// Base of every thread_local scratch object of the library: while it lives it
+// is listed in its thread's registry (lib/core/threads.cc), through which
+// ReleaseThreadScratch and ThreadScratchBytes (threads.h) reach all of them.
+// Construct and destroy it on the thread that owns it (a thread_local is).
+class ThreadScratch {
+ public:
+  ThreadScratch();
+  virtual ~ThreadScratch();
+  ThreadScratch(const ThreadScratch&) = delete;
+  ThreadScratch& operator=(const ThreadScratch&) = delete;
+
+  // Bytes of memory held now.
+  virtual size_t Bytes() const = 0;
+  // Frees that memory; the next use allocates again.
+  virtual void Release() = 0;
+
+ private:
+  friend class ThreadScratchRegistry;
+  ThreadScratch* prev_ = nullptr;
+  ThreadScratch* next_ = nullptr;
+};
+
+// A ScratchBuffer that is a thread_local.
+struct ThreadScratchBuffer final : ScratchBuffer, ThreadScratch {
+  size_t Bytes() const override { return capacity * sizeof(float); }
+  void Release() override { Trim(0); }
 };
 
 }  // namespace headway

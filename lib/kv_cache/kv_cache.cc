@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "hwy/aligned_allocator.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -72,17 +73,20 @@ bool BufferBytes(const KvCacheConfig& config, int64_t* row_stride,
              static_cast<uint64_t>(std::numeric_limits<ptrdiff_t>::max());
 }
 
-// `bytes` zeroed bytes, kAlignment-aligned; throws std::bad_alloc.
+// `bytes` (> 0) zeroed bytes, kAlignment-aligned; null when out of memory.
+// Highway's allocator calls malloc, which returns null (under ASan only with
+// allocator_may_return_null=1), where aligned operator new under ASan aborts.
 float* AllocateZeroed(size_t bytes) {
-  void* data = ::operator new (bytes, std::align_val_t{kAlignment});
-  std::memset(data, 0, bytes);
+  static_assert(HWY_ALIGNMENT % kAlignment == 0, "alignment");
+  void* data = hwy::AllocateAlignedBytes(bytes, nullptr, nullptr);
+  if (data != nullptr) std::memset(data, 0, bytes);
   return static_cast<float*>(data);
 }
 
 }  // namespace
 
 void KvCache::AlignedFree::operator()(float* data) const {
-  ::operator delete (data, std::align_val_t{kAlignment});
+  hwy::FreeAlignedBytes(data, nullptr, nullptr);
 }
 
 KvCache::KvCache() = default;
@@ -146,11 +150,19 @@ Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
   }
 
   KvCache cache;
+  bool allocated = false;
   try {
     cache.keys_.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    cache.values_.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    cache.lengths_.assign(static_cast<size_t>(config.n_sequences), 0);
+    if (cache.keys_ != nullptr) {
+      cache.values_.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
+    }
+    if (cache.values_ != nullptr) {
+      cache.lengths_.assign(static_cast<size_t>(config.n_sequences), 0);
+      allocated = true;
+    }
   } catch (const std::bad_alloc&) {
+  }
+  if (!allocated) {
     return Status::ResourceExhausted(std::string(kFn) +
                                      ": out of memory for 2 x " +
                                      Str(buffer_bytes) + " bytes");

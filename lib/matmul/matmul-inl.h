@@ -971,7 +971,17 @@ class MatmulOwnB {
   }
 
  private:
-  struct State {
+  struct State final : ThreadScratch {
+    size_t Bytes() const override {
+      return buffer.capacity * sizeof(float) + ready.capacity();
+    }
+    void Release() override {
+      call = 0;
+      buffer.Trim(0);
+      packed = nullptr;
+      std::vector<uint8_t>().swap(ready);
+    }
+
     uint64_t call = 0;  // whose B `packed` holds
     ScratchBuffer buffer;
     float* packed = nullptr;
@@ -1090,7 +1100,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   tbb::parallel_for(
       tbb::blocked_range<size_t>(0, tasks, 1),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        thread_local ScratchBuffer scratch, window_scratch;
+        thread_local ThreadScratchBuffer scratch, window_scratch;
         float* a_buf = scratch.Get(a_strips * strip_floats);
         // B for this task: the thread's own copy, its window, or the shared
         // copy.
@@ -1244,7 +1254,7 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
   // Reused across calls. isolate(): while this thread waits for the parallel
   // loops below it must not pick up another task of the host that calls Matmul
   // and reuses the same buffer.
-  thread_local ScratchBuffer b_scratch;
+  thread_local ThreadScratchBuffer b_scratch;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
     const MatmulPackedLayout layout(k, n);
     const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
