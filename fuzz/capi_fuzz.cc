@@ -242,12 +242,17 @@ void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
   const std::vector<float> k = MakeMatrix(in, rows, width, k_stride, true);
   const std::vector<float> v = MakeMatrix(in, rows, width, v_stride, true);
   const bool null_k = in.ConsumeIntegralInRange(0, 31) == 31;
+  // headway.h: n_new rows at their stride that overflow the address space
+  // (n_new = INT64_MAX) are RESOURCE_EXHAUSTED, checked before the capacity.
+  const bool huge = n_new == INT64_MAX;
   int want = HW_OK, also = -1;
   if (s.cache == nullptr || !SeqOk(s, seq) || n_new < 1 || null_k ||
       !StrideOk(k_stride, width) || !StrideOk(v_stride, width)) {
     want = HW_INVALID_ARGUMENT;
     if (s.cache != nullptr && SeqOk(s, seq) && n_new > room)
-      also = HW_OUT_OF_RANGE;
+      also = huge ? HW_RESOURCE_EXHAUSTED : HW_OUT_OF_RANGE;
+  } else if (huge) {
+    want = HW_RESOURCE_EXHAUSTED;
   } else if (n_new > room) {
     want = HW_OUT_OF_RANGE;
   }
