@@ -1303,6 +1303,22 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
     b.weights.w_o = MatrixView<const float>(b.weights.w_o.data, huge, 1);
     b.weights.b_q = b.weights.b_k = b.weights.b_v = b.weights.b_o = nullptr;
   });
+  // Near INT64_MAX: products that overflow by far, (n_heads + 2 n_kv_heads)
+  // * head_dim * d_model * 64 overflowing by a little, then just fitting (the
+  // weights' shapes are then wrong), and a huge head range.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const AttentionLayerConfig& config :
+       {Config(kMax, kMax), Config(int64_t{1} << 62, int64_t{1} << 62, 1, 1),
+        Config(1, 1, 1, kMax / 192 + 1), Config(kMax, 1, 1, 1)}) {
+    add({"overflows"}, StatusCode::kResourceExhausted,
+        [&](Bad& b) { b.config = config; });
+  }
+  add({"w_q", "[32, 32]", "[1, " + std::to_string(kMax / 192) + "]"}, kInvalid,
+      [](Bad& b) { b.config = Config(1, 1, 1, kMax / 192); });
+  add({"head_begin, head_end"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = kMax - 1;
+    b.config.head_end = kMax;
+  });
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);
@@ -1413,6 +1429,18 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
   add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
     b.sequences = {{0, 2}, {1, 2}};
   });
+  // Near INT64_MAX: token counts (their sum would overflow), views.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
+    b.sequences = {{0, 2}, {2, kMax}};
+  });
+  add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
+    b.sequences = {{0, kMax}, {2, kMax}};
+  });
+  add({"x: rows (" + std::to_string(kMax)}, StatusCode::kResourceExhausted,
+      [](Bad& b) { b.x.rows = kMax; });
+  add({"y: rows (4) x stride (" + std::to_string(kMax)},
+      StatusCode::kResourceExhausted, [](Bad& b) { b.y.stride = kMax; });
 
   for (const Bad& bad : cases) {
     const CacheSnapshot before = Snapshot(&cache);

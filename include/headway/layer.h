@@ -138,7 +138,9 @@ class HEADWAY_API AttentionLayer {
   // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
   // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
-  // sequence's length + n_tokens exceeds the cache capacity.
+  // sequence's length + n_tokens exceeds the cache capacity;
+  // kResourceExhausted: x or y whose byte span overflows, or no memory for
+  // scratch.
   Status Forward(KvCache* cache, const LayerSequence* sequences,
                  int64_t n_sequences, MatrixView<const float> x,
                  MatrixView<float> y);

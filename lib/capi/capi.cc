@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -26,6 +25,7 @@
 #include "headway/threads.h"
 #include "headway/version.h"
 #include "headway/view.h"
+#include "lib/core/validate.h"
 
 using headway::StatusCode;
 
@@ -523,11 +523,12 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
                     "sequences[" + Str(i) + "].n_tokens must be >= 1 (got " +
                         Str(n) + ")");
       }
-      if (n > std::numeric_limits<int64_t>::max() - total) {
-        return Fail(HW_RESOURCE_EXHAUSTED, kFn,
-                    "the sum of sequences[].n_tokens overflows int64_t");
+      if (!headway::internal::CheckedAdd(total, n, &total)) {
+        // Distinct sequences that fit sum to at most n_sequences * capacity.
+        return Fail(HW_OUT_OF_RANGE, kFn,
+                    "the sum of sequences[].n_tokens overflows int64_t: more "
+                    "tokens than the cache can hold");
       }
-      total += n;
     }
     std::vector<headway::LayerSequence>& seqs = layer->sequences;
     seqs.resize(static_cast<size_t>(n_sequences));

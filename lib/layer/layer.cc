@@ -242,14 +242,16 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
   }
   // Sizes: every weight matrix's element count must fit easily.
   int64_t q_cols = 0, kv_cols = 0, qkv_cols = 0, elems = 0;
-  if (__builtin_mul_overflow(c.n_heads, c.head_dim, &q_cols) ||
-      __builtin_mul_overflow(c.n_kv_heads, c.head_dim, &kv_cols) ||
-      __builtin_mul_overflow(kv_cols, int64_t{2}, &qkv_cols) ||
-      __builtin_add_overflow(qkv_cols, q_cols, &qkv_cols) ||
-      __builtin_mul_overflow(c.d_model, qkv_cols, &elems) ||
-      __builtin_mul_overflow(elems, int64_t{64}, &elems)) {
-    return Status::ResourceExhausted(std::string(kFn) + ": " +
-                                     "the weights' byte count overflows");
+  if (!internal::CheckedMul(c.n_heads, c.head_dim, &q_cols) ||
+      !internal::CheckedMul(c.n_kv_heads, c.head_dim, &kv_cols) ||
+      !internal::CheckedMul(kv_cols, 2, &qkv_cols) ||
+      !internal::CheckedAdd(qkv_cols, q_cols, &qkv_cols) ||
+      !internal::CheckedProduct({c.d_model, qkv_cols, 64}, &elems)) {
+    return Status::ResourceExhausted(
+        std::string(kFn) + ": " + "config.d_model (" + Str(c.d_model) +
+        ") x (n_heads (" + Str(c.n_heads) + ") + 2 x n_kv_heads (" +
+        Str(c.n_kv_heads) + ")) x head_dim (" + Str(c.head_dim) +
+        "): the weights' byte count overflows");
   }
   Status status = CheckWeight(kFn, "w_q", weights.w_q, c.d_model, q_cols);
   if (status.ok()) {
