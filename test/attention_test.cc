@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -732,6 +733,49 @@ TEST(AttentionErrors, HugeSizesAreRejectedWithoutOverflow) {
     EXPECT_NE(status.message().find("weights"), std::string::npos)
         << status.message();
     EXPECT_EQ(out, out_before) << status.ToString();
+  }
+}
+
+// Attention reads only the sequences of its queries: one thread appends to
+// sequence 0 while another attends over sequence 1 (kv_cache.h allows it). The
+// second thread's outputs equal the single-threaded result, bit for bit; under
+// ThreadSanitizer this is the race check.
+TEST(AttentionThreads, ReadsOnlyTheSequencesOfItsQueries) {
+  const int64_t d = 32, n_heads = 4, n_kv_heads = 2, n_steps = 64;
+  KvCache cache = MakeCache(n_kv_heads, d, {0, 20}, 21, n_steps);
+  const int64_t width = n_heads * d, kv_width = n_kv_heads * d;
+  const std::vector<float> q = test::RandomVector(width, 22);
+  const std::vector<float> kv = test::RandomVector(n_steps * kv_width, 23);
+  AttentionQuery query;
+  query.seq = 1;
+  query.q_pos0 = 19;
+  query.q = MatrixView<const float>(q.data(), 1, width);
+  std::vector<float> want(width);
+  query.out = MatrixView<float>(want.data(), 1, width);
+  ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+  std::vector<std::vector<float>> got(n_steps, std::vector<float>(width));
+  Status append_status, attention_status;
+  std::thread appender([&] {
+    for (int64_t t = 0; t < n_steps && append_status.ok(); ++t) {
+      const MatrixView<const float> row(kv.data() + t * kv_width, 1, kv_width);
+      append_status = cache.Append(0, row, row);
+    }
+  });
+  std::thread reader([&] {
+    for (int64_t t = 0; t < n_steps && attention_status.ok(); ++t) {
+      AttentionQuery mine = query;
+      mine.out = MatrixView<float>(got[t].data(), 1, width);
+      attention_status = Attention(cache, n_heads, &mine, 1);
+    }
+  });
+  appender.join();
+  reader.join();
+  ASSERT_TRUE(append_status.ok()) << append_status.ToString();
+  ASSERT_TRUE(attention_status.ok()) << attention_status.ToString();
+  EXPECT_EQ(cache.length(0), n_steps);
+  for (int64_t t = 0; t < n_steps; ++t) {
+    EXPECT_EQ(0, std::memcmp(got[t].data(), want.data(), width * sizeof(float)))
+        << "call " << t;
   }
 }
 

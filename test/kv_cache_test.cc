@@ -246,6 +246,19 @@ TEST(KvCache, CreateLayout) {
                         (seq * n_kv_heads + g) * 5 * row_stride);
         }
       }
+      // KeyBuffer and ValueBuffer: each whole buffer, padding included.
+      const int64_t buffer_rows = 2 * n_kv_heads * 5;
+      const MatrixView<const float> buffers[2][2] = {
+          {cache.KeyBuffer(), cache.Keys(0, 0)},
+          {cache.ValueBuffer(), cache.Values(0, 0)}};
+      for (const auto& [buffer, first] : buffers) {
+        EXPECT_EQ(buffer.data, first.data);
+        EXPECT_EQ(buffer.rows, buffer_rows);
+        EXPECT_EQ(buffer.cols, row_stride);
+        EXPECT_EQ(buffer.stride, row_stride);
+        EXPECT_EQ(static_cast<size_t>(buffer.rows * buffer.stride) * 4,
+                  cache.bytes() / 2);
+      }
       // Both buffers are all zeros, padding and unused rows included.
       const Snapshot snapshot(cache);
       for (float x : snapshot.keys) ASSERT_TRUE(SameBits(x, 0.0f));
@@ -768,6 +781,8 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_EQ(cache.length(0), 0);
   EXPECT_EQ(cache.Keys(0, 0).data, nullptr);
   EXPECT_EQ(cache.Values(0, 0).data, nullptr);
+  EXPECT_EQ(cache.KeyBuffer().data, nullptr);
+  EXPECT_EQ(cache.ValueBuffer().rows, 0);
   float data[4] = {};
   const MatrixView<const float> row(data, 1, 4);
   ExpectError(cache.Append(0, row, row), StatusCode::kInvalidArgument, "Append",

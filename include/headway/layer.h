@@ -28,7 +28,8 @@
 //
 // Threads: Forward parallelises inside (TBB, in the caller's task arena). One
 // layer object must not run two Forward calls at once (it reuses its scratch
-// memory); separate layers may.
+// memory); separate layers may, also on one cache when their calls' sequences
+// are disjoint (a Forward reads and writes only its own sequences' state).
 #ifndef HEADWAY_LAYER_H_
 #define HEADWAY_LAYER_H_
 

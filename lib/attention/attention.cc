@@ -201,13 +201,13 @@ Status CheckOverlaps(const char* fn, const std::vector<Span>& written,
   return Status::Ok();
 }
 
-// The cache's K and V buffers, as read spans.
+// The cache's K and V buffers, as read spans (no sequence's state is read:
+// other threads may be changing other sequences).
 void AddCacheSpans(const KvCache& cache, std::vector<Span>* read,
                    std::vector<std::string>* names) {
-  const int64_t half = static_cast<int64_t>(cache.bytes() / 2);
-  read->push_back({cache.Keys(0, 0).data, half});
+  read->push_back(SpanOf(cache.KeyBuffer()));
   names->push_back("the cache's keys");
-  read->push_back({cache.Values(0, 0).data, half});
+  read->push_back(SpanOf(cache.ValueBuffer()));
   names->push_back("the cache's values");
 }
 

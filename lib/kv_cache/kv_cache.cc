@@ -333,4 +333,19 @@ MatrixView<const float> KvCache::Values(int64_t seq, int64_t kv_head) const {
                                  config_.head_dim, row_stride_);
 }
 
+MatrixView<const float> KvCache::KeyBuffer() const {
+  if (config_.n_sequences == 0) return MatrixView<const float>();
+  return MatrixView<const float>(
+      keys_.get(), config_.n_sequences * config_.n_kv_heads * config_.capacity,
+      row_stride_, row_stride_);
+}
+
+MatrixView<const float> KvCache::ValueBuffer() const {
+  if (config_.n_sequences == 0) return MatrixView<const float>();
+  return MatrixView<const float>(
+      values_.get(),
+      config_.n_sequences * config_.n_kv_heads * config_.capacity, row_stride_,
+      row_stride_);
+}
+
 }  // namespace headway

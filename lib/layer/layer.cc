@@ -438,16 +438,18 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
       return Status::InvalidArgument(std::string(kFn) + ": " + "y overlaps x");
     }
     // x must not be in the cache either: the projection writes cache rows
-    // while it reads x.
-    const int64_t cache_bytes = static_cast<int64_t>(cache->bytes() / 2);
-    const void* cache_buffers[2] = {cache->Keys(0, 0).data,
-                                    cache->Values(0, 0).data};
+    // while it reads x. The buffers, not Keys(0, 0): other threads may be
+    // changing other sequences.
+    const MatrixView<const float> cache_buffers[2] = {cache->KeyBuffer(),
+                                                      cache->ValueBuffer()};
     const MatrixView<const float> views[2] = {x, y};
     for (int v = 0; v < 2; ++v) {
       const int64_t bytes =
           SpanOf(views[v].rows, views[v].cols, views[v].stride);
-      for (const void* buffer : cache_buffers) {
-        if (internal::Overlaps(buffer, cache_bytes, views[v].data, bytes)) {
+      for (const MatrixView<const float>& buffer : cache_buffers) {
+        if (internal::Overlaps(buffer.data,
+                               SpanOf(buffer.rows, buffer.cols, buffer.stride),
+                               views[v].data, bytes)) {
           return Status::InvalidArgument(std::string(kFn) + ": " +
                                          (v == 0 ? "x" : "y") +
                                          " overlaps the cache");
