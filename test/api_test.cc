@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "headway/headway.h"
 #include "headway/headway.hpp"
 
 namespace headway {
@@ -250,6 +252,84 @@ TEST(Readme, AttentionLayer) {
     }
     EXPECT_NEAR(y2[512 + j], want, 1e-4 * (1.0 + std::abs(want))) << j;
   }
+}
+
+// The C API with sizes near and past INT64_MAX: an error status naming the
+// argument, never signed overflow (the sanitizer build traps on one).
+TEST(CApi, HugeSizesAreErrorsWithoutOverflow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  std::vector<float> a(64, 1.0f), c(64, 3.0f);
+  const std::vector<float> c_before = c;
+  hw_kv_cache* cache = nullptr;
+  EXPECT_EQ(hw_kv_cache_create(kMax, kMax, 1, 1, &cache),
+            HW_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(hw_kv_cache_create(1, 1, kMax - 14, 1, &cache),
+            HW_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(cache, nullptr);
+  EXPECT_EQ(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, kMax, 4, 4, 1.0f, a.data(), 0,
+                      a.data(), 0, 0.0f, c.data(), 0),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  EXPECT_EQ(hw_matmul(HW_NO_TRANS, HW_NO_TRANS, 4, 4, 4, 1.0f, a.data(), kMax,
+                      a.data(), 0, 0.0f, c.data(), 0),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  EXPECT_EQ(hw_softmax_rows(kMax, 8, a.data(), 0, c.data(), 0, 1.0f),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  EXPECT_EQ(hw_softmax_rows(2, 8, a.data(), kMax, c.data(), 0, 1.0f),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  EXPECT_EQ(c, c_before);
+
+  // A layer: d_model 4, one head of 4.
+  std::vector<float> w(16, 0.5f);
+  hw_attention_layer_config config = {};
+  config.d_model = 4;
+  config.n_heads = 1;
+  config.mask = HW_MASK_CAUSAL;
+  const hw_matrix square = {w.data(), 4, 4, 0};
+  const hw_attention_layer_weights weights = {
+      square, square, square, square, nullptr, nullptr, nullptr, nullptr};
+  hw_attention_layer* layer = nullptr;
+  hw_attention_layer_config huge = config;
+  huge.d_model = kMax;
+  huge.n_heads = kMax;
+  EXPECT_EQ(hw_attention_layer_create(&huge, &weights, &layer),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  huge = config;
+  huge.head_dim = kMax / 192 + 1;
+  EXPECT_EQ(hw_attention_layer_create(&huge, &weights, &layer),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  ASSERT_EQ(hw_attention_layer_create(&config, &weights, &layer), HW_OK)
+      << hw_last_error();
+  ASSERT_EQ(hw_attention_layer_create_cache(layer, 2, 8, &cache), HW_OK);
+  hw_kv_cache* too_big = nullptr;
+  EXPECT_EQ(hw_attention_layer_create_cache(layer, kMax, kMax, &too_big),
+            HW_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(too_big, nullptr);
+  // Token counts whose sum overflows: more than the cache can hold.
+  const hw_layer_sequence sequences[2] = {{0, kMax}, {1, kMax}};
+  EXPECT_EQ(hw_attention_layer_forward(layer, cache, sequences, 2, a.data(), 0,
+                                       c.data(), 0),
+            HW_OUT_OF_RANGE)
+      << hw_last_error();
+  EXPECT_NE(std::string(hw_last_error()).find("n_tokens"), std::string::npos)
+      << hw_last_error();
+  // x of two rows kMax apart.
+  const hw_layer_sequence two[2] = {{0, 1}, {1, 1}};
+  EXPECT_EQ(hw_attention_layer_forward(layer, cache, two, 2, a.data(), kMax,
+                                       c.data(), 0),
+            HW_RESOURCE_EXHAUSTED)
+      << hw_last_error();
+  EXPECT_EQ(c, c_before);
+  int64_t length = -1;
+  EXPECT_EQ(hw_kv_cache_length(cache, 0, &length), HW_OK);
+  EXPECT_EQ(length, 0);
+  hw_kv_cache_destroy(cache);
+  hw_attention_layer_destroy(layer);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -900,6 +901,133 @@ TEST(AttentionErrors, RejectBadArguments) {
             std::string::npos)
       << bad_weights.message();
   EXPECT_EQ(out, out_before);
+}
+
+// Sizes near and past INT64_MAX: rejected with a status naming the argument,
+// without signed overflow (the sanitizer build traps on one).
+TEST(AttentionErrors, HugeSizesAreRejectedWithoutOverflow) {
+  const int64_t d = 16, n_tokens = 2, kv_len = 4;
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  KvCache cache = MakeCache(2, d, {kv_len}, 11);
+  std::vector<float> q(n_tokens * 4 * d, 0.5f), out(n_tokens * 4 * d, -7.0f),
+      weights(64, -7.0f);
+  const std::vector<float> out_before = out, weights_before = weights;
+  AttentionQuery good;
+  good.q_pos0 = kv_len - n_tokens;
+  good.q = MatrixView<const float>(q.data(), n_tokens, 4 * d);
+  good.out = MatrixView<float>(out.data(), n_tokens, 4 * d);
+  struct Bad {
+    int64_t n_heads;
+    AttentionQuery query;
+    StatusCode code;
+    std::string expect;
+  };
+  std::vector<Bad> cases;
+  auto add = [&](int64_t n_heads, StatusCode code, std::string expect,
+                 auto edit) {
+    Bad bad{n_heads, good, code, std::move(expect)};
+    edit(bad.query);
+    cases.push_back(bad);
+  };
+  auto same = [](AttentionQuery&) {};
+  // n_heads * head_dim overflows (the multiples of n_kv_heads = 2 here), by
+  // far and just barely (2^59 * 16 = 2^63), then just fits.
+  for (const int64_t n_heads : {int64_t{1} << 62, kMax - 1, int64_t{1} << 59}) {
+    add(n_heads, StatusCode::kInvalidArgument,
+        "n_heads * head_dim (" + std::to_string(n_heads) + " * 16) overflows",
+        same);
+  }
+  add((int64_t{1} << 59) - 2, StatusCode::kInvalidArgument,
+      "q.cols (64) != n_heads * head_dim (576460752303423486 * 16)", same);
+  // Views whose byte span overflows.
+  add(4, StatusCode::kResourceExhausted, "q: rows (" + std::to_string(kMax),
+      [&](AttentionQuery& b) { b.q.rows = b.out.rows = kMax; });
+  add(4, StatusCode::kResourceExhausted,
+      "q: rows (2) x stride (" + std::to_string(kMax / 2),
+      [&](AttentionQuery& b) { b.q.stride = kMax / 2; });
+  add(4, StatusCode::kResourceExhausted, "mask: rows", [&](AttentionQuery& b) {
+    b.mask = MatrixView<const float>(q.data(), n_tokens, kv_len, kMax);
+  });
+  // Positions and lengths: q_pos0 + n_tokens would overflow.
+  add(4, StatusCode::kOutOfRange, "exceeds the 4 cached rows",
+      [&](AttentionQuery& b) { b.q_pos0 = kMax; });
+  add(4, StatusCode::kOutOfRange, "exceeds the 4 cached rows",
+      [&](AttentionQuery& b) { b.q_pos0 = kMax - n_tokens + 1; });
+  for (const Bad& bad : cases) {
+    const Status status = Attention(cache, bad.n_heads, &bad.query, 1);
+    EXPECT_EQ(status.code(), bad.code) << status.ToString();
+    EXPECT_NE(status.message().find(bad.expect), std::string::npos)
+        << "message: " << status.message() << "\nexpected: " << bad.expect;
+    EXPECT_EQ(status.message().rfind("Attention: ", 0), 0u) << status.message();
+    const Status with_weights = AttentionWithWeights(
+        cache, bad.n_heads, bad.query,
+        MatrixView<float>(weights.data(), 4 * n_tokens, kv_len));
+    EXPECT_EQ(with_weights.code(), bad.code) << with_weights.ToString();
+    EXPECT_NE(with_weights.message().find(bad.expect), std::string::npos)
+        << "message: " << with_weights.message()
+        << "\nexpected: " << bad.expect;
+    EXPECT_EQ(out, out_before) << status.ToString();
+    EXPECT_EQ(weights, weights_before) << with_weights.ToString();
+  }
+  // The weights' shape: n_heads * n_tokens rows, huge views.
+  const std::pair<MatrixView<float>, StatusCode> bad_weights[] = {
+      {MatrixView<float>(weights.data(), kMax, kv_len),
+       StatusCode::kResourceExhausted},
+      {MatrixView<float>(weights.data(), 1, kMax),
+       StatusCode::kResourceExhausted},
+      {MatrixView<float>(weights.data(), 4 * n_tokens, kv_len, kMax / 4),
+       StatusCode::kResourceExhausted},
+  };
+  for (const auto& [view, code] : bad_weights) {
+    const Status status = AttentionWithWeights(cache, 4, good, view);
+    EXPECT_EQ(status.code(), code) << status.ToString();
+    EXPECT_NE(status.message().find("weights"), std::string::npos)
+        << status.message();
+    EXPECT_EQ(out, out_before) << status.ToString();
+  }
+}
+
+// Attention reads only the sequences of its queries: one thread appends to
+// sequence 0 while another attends over sequence 1 (kv_cache.h allows it). The
+// second thread's outputs equal the single-threaded result, bit for bit; under
+// ThreadSanitizer this is the race check.
+TEST(AttentionThreads, ReadsOnlyTheSequencesOfItsQueries) {
+  const int64_t d = 32, n_heads = 4, n_kv_heads = 2, n_steps = 64;
+  KvCache cache = MakeCache(n_kv_heads, d, {0, 20}, 21, n_steps);
+  const int64_t width = n_heads * d, kv_width = n_kv_heads * d;
+  const std::vector<float> q = test::RandomVector(width, 22);
+  const std::vector<float> kv = test::RandomVector(n_steps * kv_width, 23);
+  AttentionQuery query;
+  query.seq = 1;
+  query.q_pos0 = 19;
+  query.q = MatrixView<const float>(q.data(), 1, width);
+  std::vector<float> want(width);
+  query.out = MatrixView<float>(want.data(), 1, width);
+  ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+  std::vector<std::vector<float>> got(n_steps, std::vector<float>(width));
+  Status append_status, attention_status;
+  std::thread appender([&] {
+    for (int64_t t = 0; t < n_steps && append_status.ok(); ++t) {
+      const MatrixView<const float> row(kv.data() + t * kv_width, 1, kv_width);
+      append_status = cache.Append(0, row, row);
+    }
+  });
+  std::thread reader([&] {
+    for (int64_t t = 0; t < n_steps && attention_status.ok(); ++t) {
+      AttentionQuery mine = query;
+      mine.out = MatrixView<float>(got[t].data(), 1, width);
+      attention_status = Attention(cache, n_heads, &mine, 1);
+    }
+  });
+  appender.join();
+  reader.join();
+  ASSERT_TRUE(append_status.ok()) << append_status.ToString();
+  ASSERT_TRUE(attention_status.ok()) << attention_status.ToString();
+  EXPECT_EQ(cache.length(0), n_steps);
+  for (int64_t t = 0; t < n_steps; ++t) {
+    EXPECT_EQ(0, std::memcmp(got[t].data(), want.data(), width * sizeof(float)))
+        << "call " << t;
+  }
 }
 
 }  // namespace

@@ -234,6 +234,19 @@ TEST(KvCache, CreateLayout) {
                         (seq * n_kv_heads + g) * 5 * row_stride);
         }
       }
+      // KeyBuffer and ValueBuffer: each whole buffer, padding included.
+      const int64_t buffer_rows = 2 * n_kv_heads * 5;
+      const MatrixView<const float> buffers[2][2] = {
+          {cache.KeyBuffer(), cache.Keys(0, 0)},
+          {cache.ValueBuffer(), cache.Values(0, 0)}};
+      for (const auto& [buffer, first] : buffers) {
+        EXPECT_EQ(buffer.data, first.data);
+        EXPECT_EQ(buffer.rows, buffer_rows);
+        EXPECT_EQ(buffer.cols, row_stride);
+        EXPECT_EQ(buffer.stride, row_stride);
+        EXPECT_EQ(static_cast<size_t>(buffer.rows * buffer.stride) * 4,
+                  cache.bytes() / 2);
+      }
       // Both buffers are all zeros, padding and unused rows included.
       const Snapshot snapshot(cache);
       for (float x : snapshot.keys) ASSERT_TRUE(SameBits(x, 0.0f));
@@ -754,6 +767,8 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_EQ(cache.length(0), 0);
   EXPECT_EQ(cache.Keys(0, 0).data, nullptr);
   EXPECT_EQ(cache.Values(0, 0).data, nullptr);
+  EXPECT_EQ(cache.KeyBuffer().data, nullptr);
+  EXPECT_EQ(cache.ValueBuffer().rows, 0);
   float data[4] = {};
   const MatrixView<const float> row(data, 1, 4);
   ExpectError(cache.Append(0, row, row), StatusCode::kInvalidArgument, "Append",
@@ -807,6 +822,58 @@ TEST(KvCache, MoveTransfersTheBuffersAndEmptiesTheSource) {
   Model fresh(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&first, &fresh, 1, 6, 0, 2));
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(first, fresh));
+}
+
+// Sizes near and past INT64_MAX, every entry point: the status kv_cache.h
+// documents, without signed overflow (the sanitizer build traps on one), and
+// the cache unchanged.
+TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
+  const KvCacheConfig config = Config(2, 2, 8, 4);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 1, 3, 0, 1));
+  const Snapshot before(cache);
+  // Create: head_dim whose rounding up to 16 overflows by one, head_dim that
+  // rounds but whose bytes overflow, and products that overflow by far.
+  for (const KvCacheConfig& bad :
+       {Config(1, 1, kInt64Max - 14, 1), Config(1, 1, kInt64Max - 15, 1),
+        Config(int64_t{1} << 62, 2, 16, 1), Config(1, kInt64Max, 1, kInt64Max),
+        Config(kInt64Max, 1, 16, 1)}) {
+    KvCache out;
+    ExpectError(KvCache::Create(bad, &out), StatusCode::kResourceExhausted,
+                "Create", "overflows");
+    EXPECT_EQ(out.n_sequences(), 0);
+  }
+  // Append: views whose byte span overflows; then more rows than fit.
+  std::vector<float> rows(64, 1.0f);
+  const int64_t width = config.n_kv_heads * config.head_dim;
+  const MatrixView<const float> good(rows.data(), 1, width);
+  const MatrixView<const float> tall(rows.data(), kInt64Max, width);
+  const MatrixView<const float> strided(rows.data(), 2, width, kInt64Max);
+  ExpectError(cache.Append(0, tall, tall), StatusCode::kResourceExhausted,
+              "Append", "k: rows (9223372036854775807)");
+  ExpectError(cache.Append(0, good, strided), StatusCode::kResourceExhausted,
+              "Append", "v: rows (2) x stride (9223372036854775807)");
+  const MatrixView<const float> many(rows.data(), kInt64Max / (4 * width),
+                                     width);
+  ExpectError(cache.Append(0, many, many), StatusCode::kOutOfRange, "Append",
+              "exceeds capacity");
+  // Lengths: length + n_new past INT64_MAX.
+  MatrixView<float> k, v;
+  ExpectError(cache.PendingRows(0, 0, kInt64Max, &k, &v),
+              StatusCode::kOutOfRange, "PendingRows", "exceeds capacity");
+  ExpectError(cache.CommitAppend(0, kInt64Max), StatusCode::kOutOfRange,
+              "CommitAppend", "exceeds capacity");
+  ExpectError(cache.Truncate(0, kInt64Max), StatusCode::kOutOfRange, "Truncate",
+              "new_length (9223372036854775807)");
+  ExpectError(cache.CopySequence(kInt64Max, 0), StatusCode::kInvalidArgument,
+              "CopySequence", "from (9223372036854775807)");
+  ExpectError(cache.Reset(kInt64Max), StatusCode::kInvalidArgument, "Reset",
+              "seq (9223372036854775807)");
+  EXPECT_TRUE(cache.Keys(kInt64Max, 0).data == nullptr);
+  EXPECT_TRUE(cache.Values(0, kInt64Max).data == nullptr);
+  EXPECT_TRUE(Snapshot(cache) == before);
+  ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
 
 // Calls on different sequences may run concurrently (the contract in

@@ -56,6 +56,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,7 @@
 #include "headway/kv_cache.h"
 #include "headway/status.h"
 #include "headway/targets.h"
+#include "headway/threads.h"
 #include "headway/view.h"
 #include "test/support/lanes.h"
 #include "test/support/random.h"
@@ -1337,6 +1339,22 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
     b.weights.w_o = MatrixView<const float>(b.weights.w_o.data, huge, 1);
     b.weights.b_q = b.weights.b_k = b.weights.b_v = b.weights.b_o = nullptr;
   });
+  // Near INT64_MAX: products that overflow by far, (n_heads + 2 n_kv_heads)
+  // * head_dim * d_model * 64 overflowing by a little, then just fitting (the
+  // weights' shapes are then wrong), and a huge head range.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const AttentionLayerConfig& config :
+       {Config(kMax, kMax), Config(int64_t{1} << 62, int64_t{1} << 62, 1, 1),
+        Config(1, 1, 1, kMax / 192 + 1), Config(kMax, 1, 1, 1)}) {
+    add({"overflows"}, StatusCode::kResourceExhausted,
+        [&](Bad& b) { b.config = config; });
+  }
+  add({"w_q", "[32, 32]", "[1, " + std::to_string(kMax / 192) + "]"}, kInvalid,
+      [](Bad& b) { b.config = Config(1, 1, 1, kMax / 192); });
+  add({"head_begin, head_end"}, kInvalid, [](Bad& b) {
+    b.config.head_begin = kMax - 1;
+    b.config.head_end = kMax;
+  });
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);
@@ -1447,6 +1465,18 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
   add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
     b.sequences = {{0, 2}, {1, 2}};
   });
+  // Near INT64_MAX: token counts (their sum would overflow), views.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
+    b.sequences = {{0, 2}, {2, kMax}};
+  });
+  add({"capacity"}, StatusCode::kOutOfRange, [](Bad& b) {
+    b.sequences = {{0, kMax}, {2, kMax}};
+  });
+  add({"x: rows (" + std::to_string(kMax)}, StatusCode::kResourceExhausted,
+      [](Bad& b) { b.x.rows = kMax; });
+  add({"y: rows (4) x stride (" + std::to_string(kMax)},
+      StatusCode::kResourceExhausted, [](Bad& b) { b.y.stride = kMax; });
 
   for (const Bad& bad : cases) {
     const CacheSnapshot before = Snapshot(&cache);
@@ -1538,6 +1568,108 @@ TEST(AttentionLayerTargets, ForwardNeedsTheVectorWidthOfCreate) {
             << what << ": " << status.ToString();
         EXPECT_EQ(cache.length(0), 0) << what;
         for (const float v : y) ASSERT_EQ(v, kSentinel) << what;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Threads.
+
+// Two layers sharing one cache, each on its own sequences ({0, 1} and {2, 3}),
+// in two threads: what the threading rules of kv_cache.h and layer.h allow.
+// Each thread's outputs and cache rows equal those of the same steps run one
+// after the other in one thread, bit for bit. Under ThreadSanitizer this is
+// the race check: a Forward must not read the other thread's sequences (their
+// lengths change as it commits).
+TEST(AttentionLayerThreads, TwoLayersOnDisjointSequencesOfOneCache) {
+#if defined(__SANITIZE_THREAD__)
+#define HEADWAY_LAYER_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HEADWAY_LAYER_TEST_TSAN 1
+#endif
+#endif
+#if defined(HEADWAY_LAYER_TEST_TSAN)
+  // libtbb is not instrumented: ThreadSanitizer cannot see how its workers
+  // synchronise and reports their tasks' writes. One thread per call (no
+  // workers) keeps the check on what this test is about: the two calling
+  // threads' reads and writes of the cache.
+  ASSERT_TRUE(SetMaxThreads(1).ok());
+#endif
+  const AttentionLayerConfig config = Config(64, 4, 2, 16);
+  Model models[2] = {Model(ShapeOf(config), "qkvo", 9500),
+                     Model(ShapeOf(config), "qkvo", 9600)};
+  AttentionLayer layers[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(models[i].Create(config, &layers[i]).ok());
+  }
+  const int64_t d = config.d_model, n_steps = 24, capacity = 40;
+  // Thread i: a prefill of its two sequences, then decode steps of both.
+  const std::vector<LayerSequence> prefill[2] = {{{0, 5}, {1, 3}},
+                                                 {{3, 6}, {2, 4}}};
+  auto step_of = [&](int i, int64_t step) {
+    if (step == 0) return prefill[i];
+    return std::vector<LayerSequence>{{prefill[i][0].seq, 1},
+                                      {prefill[i][1].seq, 1}};
+  };
+  // xs[i][step], and the outputs of a run.
+  std::vector<std::vector<float>> xs[2];
+  for (int i = 0; i < 2; ++i) {
+    for (int64_t step = 0; step < n_steps; ++step) {
+      int64_t rows = 0;
+      for (const LayerSequence& s : step_of(i, step)) rows += s.n_tokens;
+      xs[i].push_back(test::RandomVector(
+          rows * d, static_cast<uint64_t>(9700 + 100 * i + step)));
+    }
+  }
+  using Outputs = std::vector<std::vector<float>>;
+  auto run = [&](int i, KvCache* cache, Outputs* ys, Status* status) {
+    for (int64_t step = 0; step < n_steps && status->ok(); ++step) {
+      ys->emplace_back();
+      *status = RunLayer(&layers[i], cache, step_of(i, step), xs[i][step],
+                         &ys->back());
+    }
+  };
+  KvCache serial = MakeCache(layers[0], 4, capacity);
+  KvCache shared = MakeCache(layers[0], 4, capacity);
+  Outputs serial_ys[2], shared_ys[2];
+  Status serial_status[2], shared_status[2];
+  for (int i = 0; i < 2; ++i) {
+    run(i, &serial, &serial_ys[i], &serial_status[i]);
+    ASSERT_TRUE(serial_status[i].ok()) << serial_status[i].ToString();
+  }
+  std::thread threads[2];
+  for (int i = 0; i < 2; ++i) {
+    threads[i] = std::thread(run, i, &shared, &shared_ys[i], &shared_status[i]);
+  }
+  for (std::thread& thread : threads) thread.join();
+#if defined(HEADWAY_LAYER_TEST_TSAN)
+  ASSERT_TRUE(SetMaxThreads(0).ok());
+#endif
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(shared_status[i].ok()) << shared_status[i].ToString();
+    ASSERT_EQ(shared_ys[i].size(), serial_ys[i].size());
+    for (size_t step = 0; step < serial_ys[i].size(); ++step) {
+      const std::vector<float>& a = serial_ys[i][step];
+      const std::vector<float>& b = shared_ys[i][step];
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+          << "thread " << i << ", step " << step;
+    }
+  }
+  for (int64_t seq = 0; seq < 4; ++seq) {
+    ASSERT_EQ(shared.length(seq), serial.length(seq)) << "seq " << seq;
+    for (int64_t g = 0; g < shared.n_kv_heads(); ++g) {
+      const MatrixView<const float> views[2][2] = {
+          {serial.Keys(seq, g), shared.Keys(seq, g)},
+          {serial.Values(seq, g), shared.Values(seq, g)}};
+      for (const auto& pair : views) {
+        const size_t floats =
+            static_cast<size_t>(pair[0].rows * pair[0].stride);
+        EXPECT_EQ(
+            0, std::memcmp(pair[0].data, pair[1].data, floats * sizeof(float)))
+            << "seq " << seq << ", kv head " << g;
       }
     }
   }

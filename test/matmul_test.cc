@@ -698,5 +698,48 @@ TEST(MatmulErrors, PackedB) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], 4.0f);
 }
 
+// Sizes near and past INT64_MAX: kResourceExhausted (a byte count that
+// overflows, as matmul.h says), without signed overflow (the sanitizer build
+// traps on one); nothing is read, allocated or written.
+TEST(MatmulErrors, HugeSizes) {
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t wide = kMax / 4;  // the widest row whose bytes fit
+  std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 3.0f);
+  const MatrixView<const float> a44(a.data(), 4, 4), b44(b.data(), 4, 4);
+  const MatrixView<float> c44(c.data(), 4, 4);
+  const MatrixView<const float> row(b.data(), 1, wide);
+  PackedB packed;
+  // Four parts of `wide` columns: 2^63 - 4 columns in all, which the panel
+  // rounding would take past INT64_MAX; five overflow the column count.
+  const MatrixView<const float> rows[5] = {row, row, row, row, row};
+  ExpectError(PackedB::PackColumns(rows, 4, &packed),
+              StatusCode::kResourceExhausted, "overflows");
+  ExpectError(PackedB::PackColumns(rows, 5, &packed),
+              StatusCode::kResourceExhausted, "column count overflows");
+  ExpectError(PackedB::Pack(row, Transpose::kNo, &packed),
+              StatusCode::kResourceExhausted, "overflows");
+  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), wide, 1),
+                            Transpose::kYes, &packed),
+              StatusCode::kResourceExhausted, "overflows");
+  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), kMax, 1),
+                            Transpose::kNo, &packed),
+              StatusCode::kResourceExhausted, "b: rows");
+  EXPECT_EQ(packed.bytes(), 0u);
+  // Views one element past the limit, and strides of INT64_MAX.
+  ExpectError(Mm(MatrixView<const float>(a.data(), 1, wide + 1), b44, c44),
+              StatusCode::kResourceExhausted, "a: rows");
+  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, 4, kMax), c44),
+              StatusCode::kResourceExhausted, "b: rows (4) x stride");
+  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), kMax, 4)),
+              StatusCode::kResourceExhausted, "c: rows");
+  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 2, 4, kMax)),
+              StatusCode::kResourceExhausted, "c: rows (2)");
+  ASSERT_TRUE(PackedB::Pack(b44, Transpose::kNo, &packed).ok());
+  ExpectError(Matmul(MatrixView<const float>(a.data(), kMax, 4), Transpose::kNo,
+                     packed, c44),
+              StatusCode::kResourceExhausted, "a: rows");
+  for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
+}
+
 }  // namespace
 }  // namespace headway

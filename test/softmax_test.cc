@@ -439,6 +439,23 @@ TEST(SoftmaxErrors, RejectsBadArgumentsWithoutWriting) {
        1.0f,
        StatusCode::kResourceExhausted,
        "x: rows (1099511627776) x stride (1099511627776) overflows"},
+      // Near INT64_MAX: by far, and the widest row plus one element.
+      {{x.data(), std::numeric_limits<int64_t>::max(), 8, 8},
+       good_y,
+       1.0f,
+       StatusCode::kResourceExhausted,
+       "x: rows (9223372036854775807) x stride (8) overflows"},
+      {good_x,
+       {y.data(), 2, 8, std::numeric_limits<int64_t>::max()},
+       1.0f,
+       StatusCode::kResourceExhausted,
+       "y: rows (2) x stride (9223372036854775807) overflows"},
+      {{x.data(), 1, std::numeric_limits<int64_t>::max() / 4 + 1,
+        std::numeric_limits<int64_t>::max() / 4 + 1},
+       good_y,
+       1.0f,
+       StatusCode::kResourceExhausted,
+       "x: rows (1) x stride (2305843009213693952) overflows"},
   };
   for (const Case& c : cases) {
     const Status status = Softmax(c.x, c.y, c.scale);

@@ -71,12 +71,14 @@ struct AttentionQuery {
 // (decode) is split into fixed-size chunks merged by log-sum-exp. The tiling
 // depends on the shapes only: results are bit-identical for any number of
 // threads. Errors (kInvalidArgument, nothing written): an empty cache, n_heads
-// < 1 or not a multiple of the cache's n_kv_heads, n_queries < 1 or a null
-// queries, a bad seq, bad q/out/mask views, q or out not [n_tokens, n_heads *
-// head_dim], a mask not [n_tokens, length(seq)], out overlapping q, the mask,
-// the cache or another query's out, q_pos0 < 0, a scale that is not finite or <
-// 0; kOutOfRange: q_pos0 + n_tokens > length(seq) (a query must come after its
-// own key and value are cached).
+// < 1 or not a multiple of the cache's n_kv_heads, n_heads * head_dim
+// overflowing int64_t, n_queries < 1 or a null queries, a bad seq, bad
+// q/out/mask views, q or out not [n_tokens, n_heads * head_dim], a mask not
+// [n_tokens, length(seq)], out overlapping q, the mask, the cache or another
+// query's out, q_pos0 < 0, a scale that is not finite or < 0; kOutOfRange:
+// q_pos0 + n_tokens > length(seq) (a query must come after its own key and
+// value are cached); kResourceExhausted: a view whose byte span overflows, or
+// no memory for scratch.
 HEADWAY_API Status Attention(const KvCache& cache, int64_t n_heads,
                              const AttentionQuery* queries, int64_t n_queries,
                              const AttentionOptions& options = {});

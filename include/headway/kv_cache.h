@@ -136,6 +136,14 @@ class HEADWAY_API KvCache {
   MatrixView<const float> Keys(int64_t seq, int64_t kv_head) const;
   MatrixView<const float> Values(int64_t seq, int64_t kv_head) const;
 
+  // The whole K (or V) buffer, padding included: [n_sequences * n_kv_heads *
+  // capacity, row_stride], data 64-byte aligned, bytes() / 2 bytes; empty for
+  // an empty cache. For base addresses and overlap checks: unlike Keys and
+  // Values it reads no sequence's length, so it may run while other threads
+  // change any sequence.
+  MatrixView<const float> KeyBuffer() const;
+  MatrixView<const float> ValueBuffer() const;
+
  private:
   // Elements from a buffer's start to row `row` of (seq, kv_head).
   int64_t RowOffset(int64_t seq, int64_t kv_head, int64_t row) const;

@@ -28,7 +28,8 @@
 //
 // Threads: Forward parallelises inside (TBB, in the caller's task arena). One
 // layer object must not run two Forward calls at once (it reuses its scratch
-// memory); separate layers may.
+// memory); separate layers may, also on one cache when their calls' sequences
+// are disjoint (a Forward reads and writes only its own sequences' state).
 #ifndef HEADWAY_LAYER_H_
 #define HEADWAY_LAYER_H_
 
@@ -138,7 +139,9 @@ class HEADWAY_API AttentionLayer {
   // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
   // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
-  // sequence's length + n_tokens exceeds the cache capacity.
+  // sequence's length + n_tokens exceeds the cache capacity;
+  // kResourceExhausted: x or y whose byte span overflows, or no memory for
+  // scratch.
   Status Forward(KvCache* cache, const LayerSequence* sequences,
                  int64_t n_sequences, MatrixView<const float> x,
                  MatrixView<float> y);

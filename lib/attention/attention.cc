@@ -83,9 +83,11 @@ Span SpanOf(MatrixView<T> view) {
   return span;
 }
 
-// Checks the call-wide arguments and fills dims.
+// Checks the call-wide arguments and fills dims and *width (the columns of q
+// and out: n_heads * head_dim).
 Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
-                 const AttentionOptions& options, AttentionDims* dims) {
+                 const AttentionOptions& options, AttentionDims* dims,
+                 int64_t* width) {
   const std::string prefix = std::string(fn) + ": ";
   if (cache.n_sequences() == 0) {
     return Status::InvalidArgument(prefix + "cache is empty (not created)");
@@ -99,6 +101,11 @@ Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
         prefix + "n_heads (" + Str(n_heads) +
         ") is not a multiple of the cache's n_kv_heads (" +
         Str(cache.n_kv_heads()) + ")");
+  }
+  if (!internal::CheckedMul(n_heads, cache.head_dim(), width)) {
+    return Status::InvalidArgument(
+        prefix + "n_heads * head_dim (" + Str(n_heads) + " * " +
+        Str(cache.head_dim()) + ") overflows int64_t");
   }
   if (options.mask != AttentionMask::kNone &&
       options.mask != AttentionMask::kCausal) {
@@ -125,10 +132,11 @@ Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
   return Status::Ok();
 }
 
-// Checks one query and fills its work description.
+// Checks one query (width: n_heads * head_dim, checked) and fills its work
+// description.
 Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
-                  const AttentionQuery& query, const std::string& name,
-                  AttentionWork* work) {
+                  int64_t width, const AttentionQuery& query,
+                  const std::string& name, AttentionWork* work) {
   const std::string prefix = std::string(fn) + ": " + name;
   if (query.seq < 0 || query.seq >= cache.n_sequences()) {
     return Status::InvalidArgument(prefix + ".seq (" + Str(query.seq) +
@@ -140,7 +148,6 @@ Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
   if (status.ok())
     status = internal::CheckMatrix(fn, out_name.c_str(), query.out);
   if (!status.ok()) return status;
-  const int64_t width = n_heads * cache.head_dim();
   if (query.q.cols != width) {
     return Status::InvalidArgument(prefix + ".q.cols (" + Str(query.q.cols) +
                                    ") != n_heads * head_dim (" + Str(n_heads) +
@@ -209,13 +216,13 @@ Status CheckOverlaps(const char* fn, const std::vector<Span>& written,
   return Status::Ok();
 }
 
-// The cache's K and V buffers, as read spans.
+// The cache's K and V buffers, as read spans (no sequence's state is read:
+// other threads may be changing other sequences).
 void AddCacheSpans(const KvCache& cache, std::vector<Span>* read,
                    std::vector<std::string>* names) {
-  const int64_t half = static_cast<int64_t>(cache.bytes() / 2);
-  read->push_back({cache.Keys(0, 0).data, half});
+  read->push_back(SpanOf(cache.KeyBuffer()));
   names->push_back("the cache's keys");
-  read->push_back({cache.Values(0, 0).data, half});
+  read->push_back(SpanOf(cache.ValueBuffer()));
   names->push_back("the cache's values");
 }
 
@@ -226,7 +233,8 @@ Status Attention(const KvCache& cache, int64_t n_heads,
                  const AttentionOptions& options) {
   constexpr const char* kFn = "Attention";
   AttentionDims dims;
-  Status status = CheckCall(kFn, cache, n_heads, options, &dims);
+  int64_t width = 0;
+  Status status = CheckCall(kFn, cache, n_heads, options, &dims, &width);
   if (!status.ok()) return status;
   if (queries == nullptr)
     return Status::InvalidArgument("Attention: queries is null");
@@ -240,7 +248,8 @@ Status Attention(const KvCache& cache, int64_t n_heads,
     std::vector<std::string> written_names, read_names;
     for (int64_t i = 0; i < n_queries; ++i) {
       const std::string name = "queries[" + Str(i) + "]";
-      status = CheckQuery(kFn, cache, n_heads, queries[i], name, &works[i]);
+      status =
+          CheckQuery(kFn, cache, n_heads, width, queries[i], name, &works[i]);
       if (!status.ok()) return status;
       written.push_back(SpanOf(queries[i].out));
       written_names.push_back(name + ".out");
@@ -268,18 +277,22 @@ Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
                             const AttentionOptions& options) {
   constexpr const char* kFn = "AttentionWithWeights";
   AttentionDims dims;
-  Status status = CheckCall(kFn, cache, n_heads, options, &dims);
+  int64_t width = 0;
+  Status status = CheckCall(kFn, cache, n_heads, options, &dims, &width);
   if (!status.ok()) return status;
   AttentionWork work;
-  status = CheckQuery(kFn, cache, n_heads, query, "query", &work);
+  status = CheckQuery(kFn, cache, n_heads, width, query, "query", &work);
   if (!status.ok()) return status;
   status = internal::CheckMatrix(kFn, "weights", weights);
   if (!status.ok()) return status;
-  if (weights.rows != n_heads * query.q.rows || weights.cols != work.kv_len) {
+  // Fits: n_heads <= q.cols, and q's span fits.
+  int64_t rows = 0;
+  internal::CheckedMul(n_heads, query.q.rows, &rows);
+  if (weights.rows != rows || weights.cols != work.kv_len) {
     return Status::InvalidArgument(
         "AttentionWithWeights: weights is [" + Str(weights.rows) + ", " +
         Str(weights.cols) + "] but must be [n_heads * n_tokens, length] = [" +
-        Str(n_heads * query.q.rows) + ", " + Str(work.kv_len) + "]");
+        Str(rows) + ", " + Str(work.kv_len) + "]");
   }
   try {
     std::vector<Span> written{SpanOf(query.out), SpanOf(weights)};

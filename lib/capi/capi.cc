@@ -31,6 +31,7 @@
 #include "headway/threads.h"
 #include "headway/version.h"
 #include "headway/view.h"
+#include "lib/core/validate.h"
 
 using headway::StatusCode;
 
@@ -612,7 +613,7 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
       const int64_t n = sequences[i].n_tokens;
       seqs[static_cast<size_t>(i)].seq = sequences[i].seq;
       seqs[static_cast<size_t>(i)].n_tokens = n;
-      if (__builtin_add_overflow(total, n, &total)) {
+      if (!headway::internal::CheckedAdd(total, n, &total)) {
         total = n > 0 ? std::numeric_limits<int64_t>::max()
                       : std::numeric_limits<int64_t>::min();
       }

@@ -18,12 +18,9 @@ std::string Prefix(const char* fn, const char* name) {
 bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
                int64_t* bytes) {
   int64_t elems = 0;
-  if (__builtin_mul_overflow(rows - 1, stride, &elems) ||
-      __builtin_add_overflow(elems, cols, &elems) ||
-      __builtin_mul_overflow(elems, static_cast<int64_t>(elem_size), bytes)) {
-    return false;
-  }
-  return true;
+  return CheckedMul(rows - 1, stride, &elems) &&
+         CheckedAdd(elems, cols, &elems) &&
+         CheckedMul(elems, static_cast<int64_t>(elem_size), bytes);
 }
 
 Status CheckMatrix(const char* fn, const char* name, const void* data,

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "headway/status.h"
@@ -14,6 +15,26 @@
 
 namespace headway {
 namespace internal {
+
+// Checked int64_t arithmetic: the one home for every product or sum of sizes a
+// caller supplies. Each returns false on overflow (*result is then
+// unspecified), true with the exact result otherwise.
+inline bool CheckedMul(int64_t a, int64_t b, int64_t* result) {
+  return !__builtin_mul_overflow(a, b, result);
+}
+inline bool CheckedAdd(int64_t a, int64_t b, int64_t* result) {
+  return !__builtin_add_overflow(a, b, result);
+}
+// The product of all factors (1 for none).
+inline bool CheckedProduct(std::initializer_list<int64_t> factors,
+                           int64_t* result) {
+  int64_t product = 1;
+  for (const int64_t factor : factors) {
+    if (!CheckedMul(product, factor, &product)) return false;
+  }
+  *result = product;
+  return true;
+}
 
 // Bytes spanned by a view: ((rows - 1) * stride + cols) * elem_size. False on
 // overflow of int64_t (callers have checked rows, cols >= 1 and stride >=

@@ -57,18 +57,15 @@ Status CheckFits(const char* fn, const char* n_name, int64_t n_new, int64_t seq,
 bool BufferBytes(const KvCacheConfig& config, int64_t* row_stride,
                  int64_t* buffer_bytes) {
   int64_t rounded = 0, total_bytes = 0;
-  if (__builtin_add_overflow(config.head_dim, kRowAlignFloats - 1, &rounded)) {
+  if (!internal::CheckedAdd(config.head_dim, kRowAlignFloats - 1, &rounded)) {
     return false;
   }
   *row_stride = rounded / kRowAlignFloats * kRowAlignFloats;
-  return !__builtin_mul_overflow(config.n_sequences, config.n_kv_heads,
-                                 buffer_bytes) &&
-         !__builtin_mul_overflow(*buffer_bytes, config.capacity,
-                                 buffer_bytes) &&
-         !__builtin_mul_overflow(*buffer_bytes, *row_stride, buffer_bytes) &&
-         !__builtin_mul_overflow(*buffer_bytes, int64_t{sizeof(float)},
-                                 buffer_bytes) &&
-         !__builtin_mul_overflow(*buffer_bytes, int64_t{2}, &total_bytes) &&
+  return internal::CheckedProduct(
+             {config.n_sequences, config.n_kv_heads, config.capacity,
+              *row_stride, int64_t{sizeof(float)}},
+             buffer_bytes) &&
+         internal::CheckedMul(*buffer_bytes, 2, &total_bytes) &&
          static_cast<uint64_t>(total_bytes) <=
              static_cast<uint64_t>(std::numeric_limits<ptrdiff_t>::max());
 }
@@ -346,6 +343,21 @@ MatrixView<const float> KvCache::Values(int64_t seq, int64_t kv_head) const {
   return MatrixView<const float>(ValueRow(seq, kv_head, 0),
                                  lengths_[static_cast<size_t>(seq)],
                                  config_.head_dim, row_stride_);
+}
+
+MatrixView<const float> KvCache::KeyBuffer() const {
+  if (config_.n_sequences == 0) return MatrixView<const float>();
+  return MatrixView<const float>(
+      keys_.get(), config_.n_sequences * config_.n_kv_heads * config_.capacity,
+      row_stride_, row_stride_);
+}
+
+MatrixView<const float> KvCache::ValueBuffer() const {
+  if (config_.n_sequences == 0) return MatrixView<const float>();
+  return MatrixView<const float>(
+      values_.get(),
+      config_.n_sequences * config_.n_kv_heads * config_.capacity, row_stride_,
+      row_stride_);
 }
 
 }  // namespace headway

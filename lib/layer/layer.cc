@@ -242,12 +242,11 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
   }
   // Sizes: every weight matrix's element count must fit easily.
   int64_t q_cols = 0, kv_cols = 0, qkv_cols = 0, elems = 0;
-  if (__builtin_mul_overflow(c.n_heads, c.head_dim, &q_cols) ||
-      __builtin_mul_overflow(c.n_kv_heads, c.head_dim, &kv_cols) ||
-      __builtin_mul_overflow(kv_cols, int64_t{2}, &qkv_cols) ||
-      __builtin_add_overflow(qkv_cols, q_cols, &qkv_cols) ||
-      __builtin_mul_overflow(c.d_model, qkv_cols, &elems) ||
-      __builtin_mul_overflow(elems, int64_t{64}, &elems)) {
+  if (!internal::CheckedMul(c.n_heads, c.head_dim, &q_cols) ||
+      !internal::CheckedMul(c.n_kv_heads, c.head_dim, &kv_cols) ||
+      !internal::CheckedMul(kv_cols, 2, &qkv_cols) ||
+      !internal::CheckedAdd(qkv_cols, q_cols, &qkv_cols) ||
+      !internal::CheckedProduct({c.d_model, qkv_cols, 64}, &elems)) {
     return Status::ResourceExhausted(
         std::string(kFn) + ": config.d_model (" + Str(c.d_model) +
         ") x (config.n_heads (" + Str(c.n_heads) +
@@ -440,16 +439,18 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
       return Status::InvalidArgument(std::string(kFn) + ": " + "y overlaps x");
     }
     // x must not be in the cache either: the projection writes cache rows
-    // while it reads x.
-    const int64_t cache_bytes = static_cast<int64_t>(cache->bytes() / 2);
-    const void* cache_buffers[2] = {cache->Keys(0, 0).data,
-                                    cache->Values(0, 0).data};
+    // while it reads x. The buffers, not Keys(0, 0): other threads may be
+    // changing other sequences.
+    const MatrixView<const float> cache_buffers[2] = {cache->KeyBuffer(),
+                                                      cache->ValueBuffer()};
     const MatrixView<const float> views[2] = {x, y};
     for (int v = 0; v < 2; ++v) {
       const int64_t bytes =
           SpanOf(views[v].rows, views[v].cols, views[v].stride);
-      for (const void* buffer : cache_buffers) {
-        if (internal::Overlaps(buffer, cache_bytes, views[v].data, bytes)) {
+      for (const MatrixView<const float>& buffer : cache_buffers) {
+        if (internal::Overlaps(buffer.data,
+                               SpanOf(buffer.rows, buffer.cols, buffer.stride),
+                               views[v].data, bytes)) {
           return Status::InvalidArgument(std::string(kFn) + ": " +
                                          (v == 0 ? "x" : "y") +
                                          " overlaps the cache");

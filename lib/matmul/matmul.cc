@@ -149,12 +149,11 @@ Status CheckOpB(const char* fn, MatrixView<const float> b, Transpose tb,
 }
 
 Status CheckPackedSize(const char* fn, int64_t k, int64_t n) {
-  const int64_t padded_n =
-      (n + kMaxPanelWidth - 1) / kMaxPanelWidth * kMaxPanelWidth;
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(padded_n, k, &bytes) ||
-      __builtin_mul_overflow(bytes, static_cast<int64_t>(sizeof(float)),
-                             &bytes)) {
+  int64_t padded_n = 0, bytes = 0;
+  if (!internal::CheckedAdd(n, kMaxPanelWidth - 1, &padded_n) ||
+      !internal::CheckedProduct({padded_n / kMaxPanelWidth * kMaxPanelWidth, k,
+                                 static_cast<int64_t>(sizeof(float))},
+                                &bytes)) {
     return Status::ResourceExhausted(std::string(fn) + ": packing op(b) " +
                                      Shape(k, n) + " overflows the byte count");
   }
@@ -267,7 +266,7 @@ Status PackedB::PackColumns(const MatrixView<const float>* parts,
                                      " rows but parts[0] has " +
                                      std::to_string(parts[0].rows));
     }
-    if (__builtin_add_overflow(n, parts[i].cols, &n)) {
+    if (!internal::CheckedAdd(n, parts[i].cols, &n)) {
       return Status::ResourceExhausted(std::string(kFn) +
                                        ": the column count overflows");
     }
