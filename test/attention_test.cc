@@ -76,6 +76,24 @@ KvCache MakeCache(int64_t n_kv_heads, int64_t head_dim,
   return cache;
 }
 
+// A cache of one sequence holding k and v, [length, n_kv_heads * head_dim]
+// dense.
+KvCache CacheHolding(int64_t n_kv_heads, int64_t head_dim, int64_t length,
+                     const std::vector<float>& k, const std::vector<float>& v) {
+  KvCacheConfig config;
+  config.n_kv_heads = n_kv_heads;
+  config.head_dim = head_dim;
+  config.capacity = length;
+  KvCache cache;
+  EXPECT_TRUE(KvCache::Create(config, &cache).ok());
+  const int64_t width = n_kv_heads * head_dim;
+  EXPECT_TRUE(cache
+                  .Append(0, MatrixView<const float>(k.data(), length, width),
+                          MatrixView<const float>(v.data(), length, width))
+                  .ok());
+  return cache;
+}
+
 // The cache's rows of one sequence as a dense double [length, n_kv_heads *
 // head_dim].
 void CacheToDouble(const KvCache& cache, int64_t seq, std::vector<double>* k,
@@ -629,17 +647,8 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
         // the mask, key 3 (hidden from even tokens by the mask).
         (in_v ? v : k)[(kv_len - 1) * kv_width + d / 2] = poison;
         if (shape.with_mask) (in_v ? v : k)[3 * kv_width + d / 2] = poison;
-        KvCacheConfig config;
-        config.n_kv_heads = shape.layout.n_kv_heads;
-        config.head_dim = d;
-        config.capacity = kv_len;
-        KvCache cache;
-        ASSERT_TRUE(KvCache::Create(config, &cache).ok());
-        ASSERT_TRUE(
-            cache
-                .Append(0, MatrixView<const float>(k.data(), kv_len, kv_width),
-                        MatrixView<const float>(v.data(), kv_len, kv_width))
-                .ok());
+        const KvCache cache =
+            CacheHolding(shape.layout.n_kv_heads, d, kv_len, k, v);
         const int64_t width = shape.layout.n_heads * d;
         std::vector<float> q(n_tokens * width), out(q.size(), -7.0f);
         test::FillRandom(q.data(), q.size(), 403);
@@ -696,17 +705,7 @@ TEST_P(AttentionTest, LargeLogitsWithinTheBound) {
       for (int64_t s = 0; s < kv_len; ++s) {
         std::fill_n(v.begin() + s * kv_width, kv_width, s % 2 ? -1.0f : 1.0f);
       }
-      KvCacheConfig config;
-      config.n_kv_heads = layout.n_kv_heads;
-      config.head_dim = d;
-      config.capacity = kv_len;
-      KvCache cache;
-      ASSERT_TRUE(KvCache::Create(config, &cache).ok());
-      ASSERT_TRUE(
-          cache
-              .Append(0, MatrixView<const float>(k.data(), kv_len, kv_width),
-                      MatrixView<const float>(v.data(), kv_len, kv_width))
-              .ok());
+      const KvCache cache = CacheHolding(layout.n_kv_heads, d, kv_len, k, v);
       const int64_t width = layout.n_heads * d;
       std::vector<float> q(n_tokens * width, 1.0f), out(q.size());
       AttentionQuery query;
