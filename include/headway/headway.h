@@ -77,7 +77,8 @@ HEADWAY_C_API const char* hw_status_name(int code);
 HEADWAY_C_API const char* hw_version(void);
 
 /* Name of the instruction set the next call dispatches to ("AVX3_DL", "AVX3",
- * "AVX2", "SSE4", "SSSE3", "SCALAR" on x86-64). Static storage. */
+ * "AVX2", "SSE4", "SSSE3", and "SCALAR" in g++ builds or "EMU128" in clang
+ * builds, on x86-64). Static storage. */
 HEADWAY_C_API const char* hw_active_target(void);
 
 /* The instruction sets this CPU can run, best first, whatever the cap: writes
