@@ -90,12 +90,14 @@ float ConsumeFloat(FuzzedDataProvider& in, bool specials, float mag = 4.0f) {
   }
 }
 
-// A row stride for rows of `cols`: 0 (dense), cols plus a little, or one short
-// (invalid).
+// A row stride for rows of `cols`: 0 or cols (dense), cols plus a little, or
+// one short (invalid).
 int64_t ConsumeStride(FuzzedDataProvider& in, int64_t cols) {
   switch (in.ConsumeIntegralInRange(0, 7)) {
     case 7:
       return cols - 1;
+    case 4:
+      return cols;
     case 5:
     case 6:
       return cols + in.ConsumeIntegralInRange(1, 5);
