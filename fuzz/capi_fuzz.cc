@@ -90,12 +90,14 @@ float ConsumeFloat(FuzzedDataProvider& in, bool specials, float mag = 4.0f) {
   }
 }
 
-// A row stride for rows of `cols`: 0 (dense), cols plus a little, or one short
-// (invalid).
+// A row stride for rows of `cols`: 0 or cols (dense), cols plus a little, or
+// one short (invalid).
 int64_t ConsumeStride(FuzzedDataProvider& in, int64_t cols) {
   switch (in.ConsumeIntegralInRange(0, 7)) {
     case 7:
       return cols - 1;
+    case 4:
+      return cols;
     case 5:
     case 6:
       return cols + in.ConsumeIntegralInRange(1, 5);
@@ -791,6 +793,419 @@ void OpLayerDestroy(FuzzedDataProvider&, Shadow& s) {
   s.layer = nullptr;
 }
 
+// ------------------------------------------------------ Attention core ops
+
+constexpr float kSentinel = -7777.0f;  // prefilled into every written matrix
+
+// A buffer for [rows, cols] at `stride` (0: dense) as MakeMatrix sizes it
+// (rows and cols at least 1), every element kSentinel.
+std::vector<float> SentinelMatrix(int64_t rows, int64_t cols, int64_t stride) {
+  const int64_t r = std::max<int64_t>(rows, 1), c = std::max<int64_t>(cols, 1);
+  const int64_t st = std::max<int64_t>(Dense(stride, c), 1);
+  return std::vector<float>(static_cast<size_t>((r - 1) * st + c), kSentinel);
+}
+
+// Every element of m outside [rows, cols] at `stride` still holds kSentinel:
+// padding is not the call's.
+void CheckPaddingKept(const std::vector<float>& m, int64_t rows, int64_t cols,
+                      int64_t stride, const char* what) {
+  const int64_t st = Dense(stride, cols);
+  for (size_t e = 0; e < m.size(); ++e) {
+    const int64_t r = static_cast<int64_t>(e) / st;
+    const int64_t c = static_cast<int64_t>(e) % st;
+    if (r >= rows || c >= cols) {
+      Check(std::memcmp(&m[e], &kSentinel, sizeof(float)) == 0, what, r, c);
+    }
+  }
+}
+
+// The scale a call uses: options->scale, or 1 / sqrt(head_dim) for NULL
+// options or a scale of 0 (as the kernel rounds it).
+float ResolvedScale(const hw_attention_options* options, int64_t head_dim) {
+  if (options != nullptr && options->scale != 0.0f) return options->scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+bool Tame(float x) { return std::fabs(x) <= 1e3f; }  // false for NaN
+
+// n_heads for a call on s.cache: mostly a multiple of its n_kv_heads (MHA and
+// GQA/MQA groups of 2 and 3), sometimes not one, 0 or -1.
+int64_t ConsumeNHeads(FuzzedDataProvider& in, const Shadow& s) {
+  const int64_t kvh = std::max<int64_t>(s.n_kv_heads, 1);
+  switch (in.ConsumeIntegralInRange(0, 9)) {
+    case 7:
+      return kvh + 1;
+    case 8:
+      return 0;
+    case 9:
+      return -1;
+    default:
+      return kvh * in.ConsumeIntegralInRange<int64_t>(1, 3);
+  }
+}
+
+// NULL (the default), or options with a mask value and a scale, sometimes bad
+// ones (*invalid is then set).
+const hw_attention_options* ConsumeOptions(FuzzedDataProvider& in,
+                                           hw_attention_options* opts,
+                                           bool* invalid) {
+  if (in.ConsumeIntegralInRange(0, 2) == 0) return nullptr;
+  opts->mask = in.ConsumeBool() ? HW_MASK_CAUSAL : HW_MASK_NONE;
+  opts->scale = in.ConsumeBool() ? 0.0f : in.ConsumeProbability<float>() * 2.0f;
+  switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 11:
+      opts->mask = 2;
+      *invalid = true;
+      break;
+    case 12:
+      opts->mask = -1;
+      *invalid = true;
+      break;
+    case 13:
+      opts->scale = -1.0f;
+      *invalid = true;
+      break;
+    case 14:
+      opts->scale = kInf;
+      *invalid = true;
+      break;
+    case 15:
+      opts->scale = kNaN;
+      *invalid = true;
+      break;
+    default:
+      break;
+  }
+  return opts;
+}
+
+// One query with its buffers and what the model predicts of it.
+struct AttnQuery {
+  hw_attention_query query{};
+  std::vector<float> q, out, mask;  // out prefilled with kSentinel
+  int64_t length = 0;               // length(seq), 0 for a bad seq
+  bool invalid = false, out_of_range = false;
+};
+
+// A query on s.cache for `width` = n_heads * head_dim columns: mostly valid
+// (the last tokens, or earlier ones), sometimes past the cached rows or with
+// a bad seq, q_pos0, data, shape or stride.
+void ConsumeQuery(FuzzedDataProvider& in, const Shadow& s, int64_t width,
+                  AttnQuery* a) {
+  hw_attention_query& qy = a->query;
+  qy.seq = ConsumeSeq(in, s);
+  const bool seq_ok = SeqOk(s, qy.seq);
+  const int64_t len = seq_ok ? s.length[qy.seq] : 0;
+  a->length = len;
+  int64_t n = in.ConsumeIntegralInRange<int64_t>(1, std::max<int64_t>(len, 1));
+  switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 14:
+      n = 0;
+      break;
+    case 15:
+      n = len + 1;
+      break;
+    default:
+      break;
+  }
+  switch (in.ConsumeIntegralInRange(0, 7)) {
+    case 4:
+    case 5:
+      qy.q_pos0 =
+          in.ConsumeIntegralInRange<int64_t>(0, std::max<int64_t>(len - n, 0));
+      break;
+    case 6:
+      qy.q_pos0 = std::max<int64_t>(len - n, 0) + 1;  // past the cached rows
+      break;
+    case 7:
+      qy.q_pos0 = -1;
+      break;
+    default:
+      qy.q_pos0 = std::max<int64_t>(len - n, 0);  // the newest tokens
+      break;
+  }
+  const int64_t q_cols =
+      in.ConsumeIntegralInRange(0, 15) == 15 ? width + 1 : width;
+  const int64_t q_stride = ConsumeStride(in, q_cols);
+  // q: mostly within [-4, 4]; sometimes with NaN, inf and huge values.
+  a->q = MakeMatrix(in, std::max<int64_t>(n, 1), std::max<int64_t>(q_cols, 1),
+                    q_stride, in.ConsumeIntegralInRange(0, 7) == 7);
+  int64_t out_rows = n, out_cols = width;
+  switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 14:
+      out_rows = n + 1;
+      break;
+    case 15:
+      out_cols = width - 1;
+      break;
+    default:
+      break;
+  }
+  const int64_t out_stride = ConsumeStride(in, out_cols);
+  a->out = SentinelMatrix(out_rows, out_cols, out_stride);
+  const int null_choice = in.ConsumeIntegralInRange(0, 31);
+  qy.q = {null_choice == 31 ? nullptr : a->q.data(), n, q_cols, q_stride};
+  qy.out = {null_choice == 30 ? nullptr : a->out.data(), out_rows, out_cols,
+            out_stride};
+  // out over q itself: an overlap.
+  const bool alias = null_choice == 29;
+  if (alias) qy.out.data = a->q.data();
+  bool invalid = !seq_ok || null_choice >= 29 || qy.q_pos0 < 0 || n < 1 ||
+                 q_cols != width || width < 1 || !StrideOk(q_stride, q_cols) ||
+                 out_rows != n || out_cols != width ||
+                 !StrideOk(out_stride, out_cols);
+  if (in.ConsumeBool()) {
+    int64_t m_cols = len;
+    if (in.ConsumeIntegralInRange(0, 15) == 15) m_cols = len + 1;
+    const int64_t m_stride = ConsumeStride(in, m_cols);
+    const int64_t mr = std::max<int64_t>(n, 1),
+                  mc = std::max<int64_t>(m_cols, 1);
+    a->mask = MakeMatrix(in, mr, mc, m_stride, false);
+    const int64_t ms = std::max<int64_t>(Dense(m_stride, mc), 1);
+    for (int64_t r = 0; r < mr; ++r) {
+      const int row_kind = in.ConsumeIntegralInRange(0, 15);
+      for (int64_t c = 0; c < mc; ++c) {
+        float& e = a->mask[r * ms + c];
+        if (row_kind == 15) {
+          e = -std::numeric_limits<float>::max();  // a row of -FLT_MAX
+        } else if (row_kind == 14 || in.ConsumeIntegralInRange(0, 3) == 3) {
+          e = -kInf;
+        }
+      }
+    }
+    qy.mask = {a->mask.data(), n, m_cols, m_stride};
+    invalid |= m_cols != len || m_cols < 1 || !StrideOk(m_stride, m_cols);
+  }
+  a->invalid = invalid;
+  a->out_of_range = seq_ok && qy.q_pos0 >= 0 && n >= 1 && qy.q_pos0 + n > len;
+}
+
+// Checks a successful call's out (and weights, if given: [n_heads * n_tokens,
+// length] at w_stride) against float64 from the model's K and V.
+void CheckAttention(const Shadow& s, int64_t n_heads, float scale, bool causal,
+                    const AttnQuery& a, const std::vector<float>* weights,
+                    int64_t w_stride) {
+  const hw_attention_query& qy = a.query;
+  const int64_t n = qy.q.rows, hd = s.head_dim, len = a.length;
+  const int64_t group = n_heads / s.n_kv_heads, width = s.Width();
+  const int64_t qs = Dense(qy.q.stride, qy.q.cols);
+  const int64_t os = Dense(qy.out.stride, qy.out.cols);
+  const int64_t ms = qy.mask.data ? Dense(qy.mask.stride, len) : 0;
+  const int64_t ws = Dense(w_stride, len);
+  const std::vector<float>& K = s.k[qy.seq];
+  const std::vector<float>& V = s.v[qy.seq];
+  CheckPaddingKept(a.out, n, qy.out.cols, qy.out.stride,
+                   "attention: out padding written");
+  if (weights)
+    CheckPaddingKept(*weights, n_heads * n, len, w_stride,
+                     "attention: weights padding written");
+  std::vector<double> w(len);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = qy.q_pos0 + t;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t g = h / group;
+      const float* q = &a.q[t * qs + h * hd];
+      const float* got = &a.out[t * os + h * hd];
+      const float* got_w = weights ? &(*weights)[(h * n + t) * ws] : nullptr;
+      bool q_finite = true, tame = true;
+      for (int64_t p = 0; p < hd; ++p) {
+        q_finite &= std::isfinite(q[p]);
+        tame &= Tame(q[p]);
+      }
+      // The keys the row sees, and those it does not.
+      std::vector<int64_t> seen, hidden;
+      for (int64_t r = 0; r < len; ++r) {
+        const float m = qy.mask.data ? a.mask[t * ms + r] : 0.0f;
+        if ((causal && r > pos) || m == -kInf) {
+          hidden.push_back(r);
+          continue;
+        }
+        seen.push_back(r);
+        for (int64_t p = 0; p < hd; ++p)
+          tame &= Tame(K[r * width + g * hd + p]);
+        tame &= Tame(m) || m == -std::numeric_limits<float>::max();
+      }
+      // A hidden key's weight is exactly 0, except in a row that sees a NaN
+      // or +inf score, which the softmax makes NaN whole (hidden entries
+      // too): tame q, K and mask rule that out.
+      for (int64_t r : hidden) {
+        if (got_w)
+          Check(got_w[r] == 0.0f || (!tame && std::isnan(got_w[r])),
+                "attention: hidden key's weight", got_w[r]);
+      }
+      if (seen.empty()) {
+        // Every key hidden: zeros (whatever the K and V rows hold).
+        if (!q_finite) continue;
+        for (int64_t p = 0; p < hd; ++p)
+          Check(got[p] == 0.0f, "attention: all-masked row not 0", got[p]);
+        continue;
+      }
+      // NaN, inf or huge scores: the contract says what only for NaN V below.
+      if (!tame) continue;
+      // Scores in float64. |scale q.k| < 1e8 here (|q|, |K| <= 1e3, head_dim
+      // <= 20, scale <= 2), far below half an ulp of FLT_MAX in float or
+      // double, so a -FLT_MAX mask entry gives a score of exactly -FLT_MAX,
+      // in the kernel and here: its |mask| adds no rounding, and S counts 0.
+      double m = -INFINITY, S = 0.0, sum = 0.0;
+      for (int64_t r : seen) {
+        double dot = 0.0, abs = 0.0;
+        for (int64_t p = 0; p < hd; ++p) {
+          const double x =
+              static_cast<double>(q[p]) * K[r * width + g * hd + p];
+          dot += x;
+          abs += std::fabs(x);
+        }
+        const float mk = qy.mask.data ? a.mask[t * ms + r] : 0.0f;
+        w[r] = scale * dot + mk;
+        const bool flt_max = mk == -std::numeric_limits<float>::max();
+        S = std::max(S, scale * abs + (flt_max ? 0.0 : std::fabs(mk)));
+        m = std::max(m, w[r]);
+      }
+      for (int64_t r : seen) sum += std::exp(w[r] - m);
+      for (int64_t r : seen) w[r] = std::exp(w[r] - m) / sum;
+      // attention.h's bound, 4 u |V|max (sqrt(d) S + sqrt(L) + 8), is a
+      // random-walk estimate; it says worst-case inputs reach sqrt(d) or
+      // sqrt(L) times more, at most sqrt(20) < 4.5 for these shapes (head_dim
+      // <= 20, length <= 9), so a factor of 8 covers the worst case. The
+      // weights are the same computation with V = I (|V|max = 1).
+      const double kSafety = 8.0;
+      const double unit = kSafety * 4.0 * kU *
+                          (std::sqrt(static_cast<double>(hd)) * S +
+                           std::sqrt(static_cast<double>(seen.size())) + 8.0);
+      if (got_w) {
+        double w_sum = 0.0;
+        for (int64_t r : seen) {
+          Check(std::fabs(got_w[r] - w[r]) <= unit + 0x1p-126,
+                "attention: weight differs from float64", got_w[r], w[r]);
+          w_sum += got_w[r];
+        }
+        Check(std::fabs(w_sum - 1.0) <= seen.size() * (unit + 0x1p-126),
+              "attention: weights do not sum to 1", w_sum);
+      }
+      double v_max = 0.0;
+      bool v_tame = true;
+      for (int64_t r : seen)
+        for (int64_t p = 0; p < hd; ++p) {
+          const float v = V[r * width + g * hd + p];
+          v_tame &= Tame(v);
+          if (Tame(v)) v_max = std::max<double>(v_max, std::fabs(v));
+        }
+      for (int64_t p = 0; p < hd; ++p) {
+        bool nan = false, col_tame = true;
+        double want = 0.0;
+        for (int64_t r : seen) {
+          const float v = V[r * width + g * hd + p];
+          nan |= std::isnan(v);
+          col_tame &= Tame(v);
+          want += w[r] * v;
+        }
+        if (nan) {
+          Check(std::isnan(got[p]), "attention: a row seeing NaN V not NaN",
+                got[p]);
+        } else if (col_tame) {
+          Check(std::isfinite(got[p]), "attention: finite row not finite",
+                got[p]);
+          if (v_tame)
+            Check(std::fabs(got[p] - want) <= v_max * unit + 0x1p-126,
+                  "attention: out differs from float64", got[p], want);
+        }
+      }
+    }
+  }
+}
+
+// hw_attention over 0..3 queries (of distinct or repeated sequences).
+void OpAttention(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t n_heads = ConsumeNHeads(in, s);
+  const int64_t kvh = std::max<int64_t>(s.n_kv_heads, 1);
+  bool invalid = s.cache == nullptr || n_heads < 1 || n_heads % kvh != 0;
+  hw_attention_options opts{};
+  const hw_attention_options* options = ConsumeOptions(in, &opts, &invalid);
+  const int64_t width =
+      std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
+  const int64_t n_queries = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  invalid |= n_queries < 1;
+  std::vector<AttnQuery> qs(std::max<int64_t>(n_queries, 1));
+  std::vector<hw_attention_query> raw(qs.size());
+  bool out_of_range = false;
+  for (int64_t i = 0; i < n_queries; ++i) {
+    ConsumeQuery(in, s, width, &qs[i]);
+    invalid |= qs[i].invalid;
+    out_of_range |= qs[i].out_of_range;
+    raw[i] = qs[i].query;
+  }
+  const bool null_queries = in.ConsumeIntegralInRange(0, 31) == 31;
+  invalid |= null_queries;
+  const int want = invalid        ? HW_INVALID_ARGUMENT
+                   : out_of_range ? HW_OUT_OF_RANGE
+                                  : HW_OK;
+  std::vector<std::vector<float>> q_before, out_before;
+  for (const AttnQuery& a : qs) {
+    q_before.push_back(a.q);
+    out_before.push_back(a.out);
+  }
+  ExpectStatus(
+      hw_attention(s.cache, n_heads, null_queries ? nullptr : raw.data(),
+                   n_queries, options),
+      want, "hw_attention", invalid && out_of_range ? HW_OUT_OF_RANGE : -1);
+  for (size_t i = 0; i < qs.size(); ++i)
+    Check(SameBits(qs[i].q, q_before[i]), "hw_attention changed q");
+  if (want != HW_OK) {
+    for (size_t i = 0; i < qs.size(); ++i)
+      Check(SameBits(qs[i].out, out_before[i]), "hw_attention wrote on error");
+    return;
+  }
+  const float scale = ResolvedScale(options, s.head_dim);
+  const bool causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
+  for (int64_t i = 0; i < n_queries; ++i)
+    CheckAttention(s, n_heads, scale, causal, qs[i], nullptr, 0);
+}
+
+// hw_attention_with_weights on one query, with weights valid or not.
+void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t n_heads = ConsumeNHeads(in, s);
+  const int64_t kvh = std::max<int64_t>(s.n_kv_heads, 1);
+  bool invalid = s.cache == nullptr || n_heads < 1 || n_heads % kvh != 0;
+  hw_attention_options opts{};
+  const hw_attention_options* options = ConsumeOptions(in, &opts, &invalid);
+  const int64_t width =
+      std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
+  AttnQuery a;
+  ConsumeQuery(in, s, width, &a);
+  invalid |= a.invalid;
+  int64_t w_rows = std::max<int64_t>(n_heads, 1) * a.query.q.rows;
+  int64_t w_cols = a.length;
+  const int w_choice = in.ConsumeIntegralInRange(0, 31);
+  if (w_choice == 31) w_rows += 1;
+  if (w_choice == 30) w_cols += 1;
+  const int64_t w_stride = ConsumeStride(in, w_cols);
+  std::vector<float> weights = SentinelMatrix(w_rows, w_cols, w_stride);
+  const hw_out_matrix wm{w_choice == 29 ? nullptr : weights.data(), w_rows,
+                         w_cols, w_stride};
+  invalid |= w_choice >= 29 || w_cols < 1 || !StrideOk(w_stride, w_cols);
+  const bool null_query = in.ConsumeIntegralInRange(0, 31) == 31;
+  invalid |= null_query;
+  const int want = invalid          ? HW_INVALID_ARGUMENT
+                   : a.out_of_range ? HW_OUT_OF_RANGE
+                                    : HW_OK;
+  const std::vector<float> q_before = a.q, out_before = a.out,
+                           w_before = weights;
+  ExpectStatus(
+      hw_attention_with_weights(s.cache, n_heads,
+                                null_query ? nullptr : &a.query, wm, options),
+      want, "hw_attention_with_weights",
+      invalid && a.out_of_range ? HW_OUT_OF_RANGE : -1);
+  Check(SameBits(a.q, q_before), "hw_attention_with_weights changed q");
+  if (want != HW_OK) {
+    Check(SameBits(a.out, out_before) && SameBits(weights, w_before),
+          "hw_attention_with_weights wrote on error");
+    return;
+  }
+  const float scale = ResolvedScale(options, s.head_dim);
+  const bool causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
+  CheckAttention(s, n_heads, scale, causal, a, &weights, w_stride);
+}
+
 void OpThreads(FuzzedDataProvider& in, Shadow&) {
   const int n = in.ConsumeIntegralInRange(-1, 3);
   ExpectStatus(hw_set_max_threads(n), n < 0 ? HW_INVALID_ARGUMENT : HW_OK,
@@ -811,16 +1226,16 @@ void OpNullHandles(FuzzedDataProvider&, Shadow&) {
                "hw_kv_cache_create");
 }
 
-// The ops, chosen by one byte each. Attention core ops (hw_attention,
-// hw_attention_with_weights) go here: queries over s.cache, checked like
-// OpLayerForward's attention part.
+// The ops, chosen by one byte each.
 using Op = void (*)(FuzzedDataProvider&, Shadow&);
 constexpr Op kOps[] = {
-    OpCacheCreate,  OpCacheAppend,  OpCacheAppend,  OpCacheTruncate,
-    OpCacheCopy,    OpCacheReset,   OpCacheCheck,   OpSoftmax,
-    OpSoftmax,      OpMatmul,       OpMatmul,       OpLayerCreate,
-    OpLayerForward, OpLayerForward, OpLayerDestroy, OpLayerCreateCache,
-    OpThreads,      OpNullHandles,
+    OpCacheCreate,      OpCacheAppend,  OpCacheAppend,
+    OpCacheTruncate,    OpCacheCopy,    OpCacheReset,
+    OpCacheCheck,       OpSoftmax,      OpSoftmax,
+    OpMatmul,           OpMatmul,       OpLayerCreate,
+    OpLayerForward,     OpLayerForward, OpLayerDestroy,
+    OpLayerCreateCache, OpThreads,      OpNullHandles,
+    OpAttention,        OpAttention,    OpAttentionWithWeights,
 };
 
 }  // namespace
