@@ -87,7 +87,8 @@ HEADWAY_API Status Attention(const KvCache& cache, int64_t n_heads,
 // (and the baseline the fused path is measured against): for one sequence,
 //   weights[h * n_tokens + t, s] = softmax_s(scale * q_h[t] . K_g[s] + M[t, s])
 //   out[t, h*d : (h+1)*d] = sum_s weights[h * n_tokens + t, s] V_g[s]
-// weights: [n_heads * n_tokens, length(seq)], written (masked entries are 0).
+// weights: [n_heads * n_tokens, length(seq)], written (hidden entries are 0;
+// a row that sees a NaN or +inf score is NaN throughout, as softmax gives).
 // Errors: as Attention, plus weights not [n_heads * n_tokens, length(seq)] or
 // overlapping. Memory: the weights are n_heads * n_tokens * length floats.
 HEADWAY_API Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,

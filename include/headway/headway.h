@@ -417,8 +417,9 @@ HEADWAY_C_API int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
 /* The materialised path, for a caller who wants the attention weights, for
  * one sequence: as hw_attention, and
  *   weights[h * n_tokens + t, s] = softmax_s(scale q_h[t] . K_g[s] + M[t, s])
- * written ([n_heads * n_tokens, length(seq)]; masked entries are 0). Memory:
- * the weights are n_heads * n_tokens * length floats.
+ * written ([n_heads * n_tokens, length(seq)]; hidden entries are 0, except in
+ * a row that sees a NaN or +inf score, which is NaN throughout). Memory: the
+ * weights are n_heads * n_tokens * length floats.
  * Errors (nothing written): as hw_attention for its one query (NULL query
  * instead of NULL queries), plus weights with NULL data, not [n_heads *
  * n_tokens, length(seq)], a bad stride, or overlapping query->out or a read
