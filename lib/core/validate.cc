@@ -5,15 +5,10 @@
 #include <limits>
 #include <string>
 
+#include "lib/core/message.h"
+
 namespace headway {
 namespace internal {
-namespace {
-
-std::string Prefix(const char* fn, const char* name) {
-  return std::string(fn) + ": " + name;
-}
-
-}  // namespace
 
 bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
                int64_t* bytes) {
@@ -27,30 +22,21 @@ Status CheckMatrix(const char* fn, const char* name, const void* data,
                    int64_t rows, int64_t cols, int64_t stride,
                    size_t elem_size) {
   if (data == nullptr) {
-    return Status::InvalidArgument(Prefix(fn, name) + ".data is null");
+    return Fail(StatusCode::kInvalidArgument, fn, name, ".data is null");
   }
-  if (rows < 1) {
-    return Status::InvalidArgument(Prefix(fn, name) +
-                                   ".rows must be >= 1 (got " +
-                                   std::to_string(rows) + ")");
-  }
-  if (cols < 1) {
-    return Status::InvalidArgument(Prefix(fn, name) +
-                                   ".cols must be >= 1 (got " +
-                                   std::to_string(cols) + ")");
-  }
+  Status status = CheckPositive(fn, Cat(name, ".rows"), rows);
+  if (status.ok()) status = CheckPositive(fn, Cat(name, ".cols"), cols);
+  if (!status.ok()) return status;
   if (stride < cols) {
-    return Status::InvalidArgument(
-        Prefix(fn, name) + ".stride (" + std::to_string(stride) +
-        ") is shorter than " + name + ".cols (" + std::to_string(cols) + ")");
+    return Fail(StatusCode::kInvalidArgument, fn, name, ".stride (", stride,
+                ") is shorter than ", name, ".cols (", cols, ")");
   }
   int64_t bytes = 0;
   if (!SpanBytes(rows, cols, stride, elem_size, &bytes) ||
       static_cast<uint64_t>(bytes) > std::numeric_limits<uintptr_t>::max() -
                                          reinterpret_cast<uintptr_t>(data)) {
-    return Status::ResourceExhausted(
-        Prefix(fn, name) + ": rows (" + std::to_string(rows) + ") x stride (" +
-        std::to_string(stride) + ") overflows the address space");
+    return Fail(StatusCode::kResourceExhausted, fn, name, ": rows (", rows,
+                ") x stride (", stride, ") overflows the address space");
   }
   return Status::Ok();
 }
@@ -59,10 +45,9 @@ Status CheckSameShape(const char* fn, const char* a_name, int64_t a_rows,
                       int64_t a_cols, const char* b_name, int64_t b_rows,
                       int64_t b_cols) {
   if (a_rows == b_rows && a_cols == b_cols) return Status::Ok();
-  return Status::InvalidArgument(
-      std::string(fn) + ": " + b_name + " is [" + std::to_string(b_rows) +
-      ", " + std::to_string(b_cols) + "] but " + a_name + " is [" +
-      std::to_string(a_rows) + ", " + std::to_string(a_cols) + "]");
+  return Fail(StatusCode::kInvalidArgument, fn, b_name, " is ",
+              Shape(b_rows, b_cols), " but ", a_name, " is ",
+              Shape(a_rows, a_cols));
 }
 
 bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -76,8 +61,8 @@ bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
 
 Status CheckFinite(const char* fn, const char* name, float value) {
   if (std::isfinite(value)) return Status::Ok();
-  return Status::InvalidArgument(Prefix(fn, name) + " must be finite (got " +
-                                 std::to_string(value) + ")");
+  return Fail(StatusCode::kInvalidArgument, fn, name, " must be finite (got ",
+              value, ")");
 }
 
 }  // namespace internal

@@ -28,6 +28,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "headway/softmax.h"
 #include "lib/core/init.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -55,8 +56,8 @@ Status Softmax(MatrixView<const float> x, MatrixView<float> y, float scale) {
   } catch (const std::bad_alloc&) {
     // TBB may allocate tasks; y is then partly written, which the caller must
     // discard.
-    return Status::ResourceExhausted(
-        "Softmax: out of memory in the thread pool");
+    return internal::Fail(StatusCode::kResourceExhausted, kFn,
+                          "out of memory in the thread pool");
   }
   return Status::Ok();
 }
