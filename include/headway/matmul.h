@@ -25,14 +25,6 @@ namespace headway {
 // op(X) = X (kNo) or X^T (kYes).
 enum class Transpose : int { kNo = 0, kYes = 1 };
 
-namespace internal {
-// Frees a PackedB buffer (defined in the library: the buffer comes from its
-// aligned allocator).
-struct PackedFree {
-  void operator()(float* data) const;
-};
-}  // namespace internal
-
 // B packed once into the panel layout of the micro-kernel, for reuse by many
 // Matmul calls (a host packs its weights at load time). Owns its memory;
 // move-only.
@@ -43,8 +35,6 @@ struct PackedFree {
 // now picks an instruction set with another panel width (after SetMaxTarget,
 // say): pack again after changing the target. Targets with the same panel width
 // (AVX3_DL and AVX3; SSE4 and SSSE3) share packed matrices.
-struct MatmulBPart;  // internal: one part of a matrix to pack
-
 class HEADWAY_API PackedB {
  public:
   PackedB();  // empty: rows() == cols() == 0; Matmul rejects it
@@ -88,10 +78,11 @@ class HEADWAY_API PackedB {
   const float* data() const { return data_.get(); }
 
  private:
-  static Status PackParts(const char* fn, const MatmulBPart* parts,
-                          size_t n_parts, int64_t k, int64_t n, PackedB* out);
+  // Takes data, an allocation of the library's, with its description.
+  void Reset(float* data, size_t floats, int64_t rows, int64_t cols,
+             int64_t panel_width, const char* target_name);
 
-  std::unique_ptr<float, internal::PackedFree> data_;
+  std::unique_ptr<float, void (*)(float*)> data_{nullptr, nullptr};
   size_t floats_ = 0;
   int64_t rows_ = 0;
   int64_t cols_ = 0;

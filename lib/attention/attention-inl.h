@@ -67,28 +67,6 @@ inline constexpr int64_t kAttentionGroupTiles = 4;
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
 
-// How one sequence's work is cut.
-struct AttentionSplit {
-  bool wide;
-  int64_t tile_tokens;  // tokens per query tile
-  int64_t n_tiles;
-  int64_t group_tiles;  // consecutive tiles of a KV head in one work item
-  int64_t n_groups;     // per KV head
-  int64_t chunk;        // keys per chunk (multiple of the key block)
-  int64_t n_chunks;
-};
-
-// What FusedAttention plans per call, kept by the caller between calls so that
-// a call of a size seen before allocates nothing (the vectors keep their
-// capacity).
-struct AttentionPlan {
-  std::vector<AttentionSplit> splits;  // [n_works]
-  std::vector<int64_t> first_item;     // [n_works + 1]
-  std::vector<int64_t> first_partial;  // [n_works + 1]
-  std::vector<int64_t> merge_first;    // [n_works + 1]
-  ScratchBuffer partials;              // the chunks' partial results
-};
-
 // The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
 inline ScratchBuffer& ThreadAttentionScratch() {
   thread_local ThreadScratchBuffer scratch;
@@ -108,9 +86,11 @@ inline ScratchBuffer& ThreadAttentionScratch() {
 #define HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_
 #endif
 
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-#include "lib/matmul/matmul-inl.h"
+#include "lib/core/kernels-inl.h"
+#include "lib/core/transpose-inl.h"
 #include "lib/softmax/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -1107,7 +1087,7 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     const float* keys = work.keys + g * dims.head_stride;
     const float* values = work.values + g * dims.head_stride;
     float* w = weights + h * work.n_tokens * w_stride;
-    MatmulUnpacked(
+    MatmulUnpackedT(
         work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),
         /*trans_a=*/false, keys, row_stride, /*trans_b=*/true, n_tokens, kv_len,
         dim, w, static_cast<size_t>(w_stride), dims.scale, 0.0f);
@@ -1133,9 +1113,9 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     SoftmaxRows(w, static_cast<size_t>(w_stride), w,
                 static_cast<size_t>(w_stride), n_tokens, kv_len, 1.0f);
     float* out = work.out + h * dims.head_dim;
-    MatmulUnpacked(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
-                   row_stride, /*trans_b=*/false, n_tokens, dim, kv_len, out,
-                   static_cast<size_t>(work.out_stride), 1.0f, 0.0f);
+    MatmulUnpackedT(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
+                    row_stride, /*trans_b=*/false, n_tokens, dim, kv_len, out,
+                    static_cast<size_t>(work.out_stride), 1.0f, 0.0f);
     if (h % group == 0) {
       // The rows of V_g with a NaN or inf, where some query must not see them.
       bad_keys.clear();

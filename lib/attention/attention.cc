@@ -35,12 +35,12 @@ struct ThreadAttentionPlan final : ThreadScratch {
 };
 
 void FusedAttentionT(const AttentionWork* works, size_t n_works,
-                     const AttentionDims& dims) {
+                     const AttentionDims& dims, AttentionPlan* plan) {
   // Reused across calls. isolate(): while this thread waits in the parallel
   // loops it must not pick up another task of the host that calls Attention
   // and reuses the same plan.
   thread_local ThreadAttentionPlan thread_plan;
-  AttentionPlan* plan = &thread_plan.plan;
+  if (plan == nullptr) plan = &thread_plan.plan;
   tbb::this_task_arena::isolate(
       [&]() HWY_ATTR { FusedAttention(works, n_works, dims, plan); });
 }
@@ -264,7 +264,9 @@ Status Attention(const KvCache& cache, int64_t n_heads,
     status = CheckOverlaps(kFn, written, written_names, read, read_names);
     if (!status.ok()) return status;
     internal::InitOnce();
-    HWY_DYNAMIC_DISPATCH(FusedAttentionT)(works.data(), works.size(), dims);
+    HWY_DYNAMIC_DISPATCH(FusedAttentionT)
+    (works.data(), works.size(), dims,
+     /*plan=*/nullptr);
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted("Attention: out of memory for scratch");
   }

@@ -1,10 +1,14 @@
 // The call-wide structures of an attention call, filled by the entry points
 // (attention.cc, layer.cc) after their argument checks and read by the
-// kernels (attention-inl.h).
+// kernels (attention-inl.h), and the plan the kernels keep between calls.
 #ifndef HEADWAY_LIB_ATTENTION_ATTENTION_CALL_H_
 #define HEADWAY_LIB_ATTENTION_ATTENTION_CALL_H_
 
 #include <stdint.h>
+
+#include <vector>
+
+#include "lib/core/blocks.h"
 
 namespace headway {
 
@@ -33,6 +37,28 @@ struct AttentionDims {
                         // next
   float scale;
   bool causal;
+};
+
+// How one sequence's work is cut.
+struct AttentionSplit {
+  bool wide;
+  int64_t tile_tokens;  // tokens per query tile
+  int64_t n_tiles;
+  int64_t group_tiles;  // consecutive tiles of a KV head in one work item
+  int64_t n_groups;     // per KV head
+  int64_t chunk;        // keys per chunk (multiple of the key block)
+  int64_t n_chunks;
+};
+
+// What FusedAttention plans per call, kept by the caller between calls so that
+// a call of a size seen before allocates nothing (the vectors keep their
+// capacity).
+struct AttentionPlan {
+  std::vector<AttentionSplit> splits;  // [n_works]
+  std::vector<int64_t> first_item;     // [n_works + 1]
+  std::vector<int64_t> first_partial;  // [n_works + 1]
+  std::vector<int64_t> merge_first;    // [n_works + 1]
+  ScratchBuffer partials;              // the chunks' partial results
 };
 
 }  // namespace headway

@@ -1,8 +1,8 @@
 // AttentionLayer: config and weight checks, packing, and Forward's one dynamic
 // dispatch per call. The per-target step runs the fused QKV projection (K and
 // V straight into the cache rows), the fused attention and the output
-// projection with the matmul and attention kernels (matmul-inl.h,
-// attention-inl.h).
+// projection with the matmul and attention kernels' per-target entry points
+// (lib/core/kernels-inl.h).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,7 +20,10 @@
 #define HWY_TARGET_INCLUDE "lib/layer/layer.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "lib/attention/attention-inl.h"
+#include "lib/attention/attention_call.h"
+#include "lib/core/blocks.h"
+#include "lib/core/kernels-inl.h"
+#include "lib/matmul/matmul_call.h"
 
 #ifndef HEADWAY_LIB_LAYER_STEP_
 #define HEADWAY_LIB_LAYER_STEP_
@@ -65,11 +68,12 @@ namespace HWY_NAMESPACE {
 // Runs a checked step. Returns 0, or this target's panel width when the
 // weights were packed for another one (nothing written).
 size_t LayerForwardT(const LayerStep& step) {
-  if (step.panel_width != kMatmulNR) return kMatmulNR;
+  const size_t panel_width = MatmulPanelWidthT();
+  if (step.panel_width != panel_width) return panel_width;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
-    MatmulPackedOut(step.x, step.ldx, /*trans_a=*/false, step.packed_qkv,
-                    step.tokens, step.n_qkv, step.d_model, step.qkv_out, 1.0f,
-                    0.0f);
+    MatmulPackedOutT(step.x, step.ldx, /*trans_a=*/false, step.packed_qkv,
+                     step.tokens, step.n_qkv, step.d_model, step.qkv_out, 1.0f,
+                     0.0f);
     if (step.b_qkv != nullptr) {
       // Segment by segment (one head of Q, K or V): its columns are
       // contiguous wherever they went.
@@ -86,10 +90,12 @@ size_t LayerForwardT(const LayerStep& step) {
             }
           });
     }
-    FusedAttention(step.works, step.n_works, step.dims, step.plan);
-    MatmulPacked(step.attn, step.ld_attn, /*trans_a=*/false, step.packed_o,
-                 step.tokens, step.d_model, step.k_o, step.y, step.ldy, 1.0f,
-                 0.0f);
+    FusedAttentionT(step.works, step.n_works, step.dims, step.plan);
+    MatmulOut y;
+    y.c = step.y;
+    y.ldc = step.ldy;
+    MatmulPackedOutT(step.attn, step.ld_attn, /*trans_a=*/false, step.packed_o,
+                     step.tokens, step.d_model, step.k_o, y, 1.0f, 0.0f);
     if (step.b_o != nullptr) {
       tbb::parallel_for(tbb::blocked_range<size_t>(0, step.tokens),
                         [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {

@@ -1,8 +1,8 @@
 // Matmul: the per-target packing, micro-kernels and blocked driver.
 //
-// The attention kernels include this header from their own per-target
-// translation units and call MatmulPacked / PackBPanels directly (no second
-// dispatch).
+// Compiled once per target, in matmul.cc; other modules' per-target code calls
+// its entry points there (lib/core/kernels-inl.h), a direct call within the
+// target (no second dispatch).
 //
 // Algorithm (Goto & van de Geijn, "Anatomy of high-performance matrix
 // multiplication", 2008, and BLIS), for
@@ -72,6 +72,7 @@
 #include "headway/threads.h"
 #include "hwy/aligned_allocator.h"
 #include "lib/core/blocks.h"
+#include "lib/matmul/matmul_call.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
@@ -82,8 +83,6 @@ namespace headway {
 // M up to this many rows takes the streaming (decode) loop order: B is read
 // once.
 inline constexpr size_t kMatmulSmallM = 16;
-// Kinds of destination a segmented MatmulOut may have (Q, K, V).
-inline constexpr size_t kMatmulMaxKinds = 4;
 
 // K blocks: the largest block length is max_kc; the blocks of one K are of
 // equal length (the last one shorter by less than 4), so K = 600 gives
@@ -91,59 +90,6 @@ inline constexpr size_t kMatmulMaxKinds = 4;
 struct MatmulKBlocks : EvenBlocks {
   MatmulKBlocks(size_t k, size_t max_kc)
       : EvenBlocks(k, (k + max_kc - 1) / max_kc, 4) {}
-};
-
-// Where the product C [m, n] goes. Plain (rows == nullptr): C(i, j) at
-// c + i * ldc + j. Segmented, for the layer's fused QKV projection, which
-// writes Q into a buffer and K and V straight into KV cache rows: the columns
-// are cut into segments of seg_cols; segment s belongs to the last kind q with
-// kind_first[q] <= s, and
-//   C(i, j) is at rows[q * m + i] + (s - kind_first[q]) * kind_stride[q] +
-//                 (j - s * seg_cols).
-struct MatmulOut {
-  float* c = nullptr;
-  size_t ldc = 0;
-  float* const* rows = nullptr;  // [n_kinds][m] row pointers
-  size_t m = 0;
-  size_t seg_cols = 1;
-  size_t n_kinds = 0;
-  size_t kind_first[kMatmulMaxKinds] = {};
-  size_t kind_stride[kMatmulMaxKinds] = {};
-
-  // Column j of every row: At(i, j) without finding j's segment for each i.
-  struct Column {
-    float* c;  // plain: C(0, j), rows ldc apart
-    size_t ldc;
-    float* const* rows;  // segmented: C(i, j) = rows[i] + offset
-    size_t offset;
-    float* At(size_t i) const {
-      return rows == nullptr ? c + i * ldc : rows[i] + offset;
-    }
-  };
-  Column ColumnAt(size_t j) const {
-    if (rows == nullptr) return {c + j, ldc, nullptr, 0};
-    const size_t s = j / seg_cols;
-    size_t q = n_kinds - 1;
-    while (kind_first[q] > s) --q;
-    return {nullptr, 0, rows + q * m,
-            (s - kind_first[q]) * kind_stride[q] + (j - s * seg_cols)};
-  }
-  float* At(size_t i, size_t j) const { return ColumnAt(j).At(i); }
-  // Whether columns [j, j + cols) lie next to each other in every row.
-  bool Contiguous(size_t j, size_t cols) const {
-    return rows == nullptr || j / seg_cols == (j + cols - 1) / seg_cols;
-  }
-};
-
-// Columns [begin, begin + cols) of a matrix given as parts side by side (the
-// fused QKV weight from W_Q, W_K and W_V): op(part) [k, cols], op(part) = b
-// [k, cols] (row stride ldb) or b^T with b [cols, k].
-struct MatmulBPart {
-  const float* b;
-  size_t ldb;
-  bool trans;
-  size_t begin;
-  size_t cols;
 };
 
 }  // namespace headway
@@ -160,6 +106,7 @@ struct MatmulBPart {
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "lib/core/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace headway {
@@ -213,37 +160,6 @@ inline constexpr size_t kMatmulL2Bytes = size_t{1} << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Packing.
-
-// Transposes a 4 x 4 block of floats, times scale: d_j[i] = scale * s_i[j]
-// for i, j < 4 (s_i: four floats of source row i; d_j: of destination row j).
-// Not on HWY_SCALAR (no 128-bit vectors).
-#if HWY_TARGET != HWY_SCALAR
-HWY_INLINE void Transpose4x4(const float* s0, const float* s1, const float* s2,
-                             const float* s3, float scale, float* d0, float* d1,
-                             float* d2, float* d3) {
-  const hn::Full128<float> d4;
-  const hn::Repartition<uint64_t, decltype(d4)> d64;
-  const auto r0 = hn::LoadU(d4, s0);
-  const auto r1 = hn::LoadU(d4, s1);
-  const auto r2 = hn::LoadU(d4, s2);
-  const auto r3 = hn::LoadU(d4, s3);
-  // t0 = r0[0] r1[0] r0[1] r1[1], t1 = r2[0] r3[0] r2[1] r3[1], t2/t3: lanes 2
-  // and 3.
-  const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, r0, r1));
-  const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, r2, r3));
-  const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, r0, r1));
-  const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, r2, r3));
-  const auto vscale = hn::Set(d4, scale);
-  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1))),
-             d4, d0);
-  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1))),
-             d4, d1);
-  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3))),
-             d4, d2);
-  hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3))),
-             d4, d3);
-}
-#endif
 
 // PackBSlice for op(B) = b^T, b [n, k]: op(B)[kk][j] = b[j][kk].
 HWY_INLINE void PackBSliceTransposed(const float* HWY_RESTRICT b, size_t ldb,
@@ -921,6 +837,9 @@ class MatmulLazyB {
     return slice;
   }
 
+  // The copy, [K block][panel][kc][NR].
+  const float* Packed() const { return packed_; }
+
  private:
   static constexpr uint8_t kEmpty = 0, kPacking = 1, kReady = 2;
   const MatmulBSource& source_;
@@ -1000,6 +919,61 @@ class MatmulOwnB {
   uint64_t call_;
 };
 
+// Where MatmulPackedOut's B [k, n] comes from, in the MatmulPackedLayout:
+// packed before the call (PackedB, PackBPanels), or packed during it, each
+// slice on first use, into one shared copy (MatmulLazyB), into a copy per
+// thread (MatmulOwnB), or by each task into a window of one NC block in a
+// buffer of its thread, dropped after the block (only for a split of one row
+// block, where a task is the only one to use its slices: a copy of all of a B
+// too large for the caches would be written to memory and never read back).
+class MatmulB {
+ public:
+  static MatmulB Packed(const float* packed) {
+    return MatmulB(packed, nullptr, nullptr, nullptr);
+  }
+  static MatmulB Lazy(MatmulLazyB* lazy) {
+    return MatmulB(lazy->Packed(), lazy, nullptr, nullptr);
+  }
+  static MatmulB Own(MatmulOwnB* own) {
+    return MatmulB(nullptr, nullptr, own, nullptr);
+  }
+  static MatmulB Window(const MatmulBSource* source) {
+    return MatmulB(nullptr, nullptr, nullptr, source);
+  }
+
+  // Whether tasks pack their slices into a window of their own.
+  bool Windowed() const { return window_ != nullptr; }
+  // A task's B, for the rest of the task (not windowed).
+  const float* Begin() const {
+    return own_ != nullptr ? own_->Begin() : packed_;
+  }
+  // Slice (kb, p) of a task's B at `base` (Begin), or in slot `slot` of its
+  // window, packed first if it is packed during the call and `use` may be its
+  // first use.
+  HWY_INLINE const float* Slice(const MatmulPackedLayout& layout,
+                                const float* base, float* window, size_t kb,
+                                size_t p, size_t slot, bool use) const {
+    if (window != nullptr) {
+      float* slice = window + slot * layout.kblocks.length * kMatmulNR;
+      if (use) window_->Pack(kb, p, slice);
+      return slice;
+    }
+    if (use && lazy_ != nullptr) return lazy_->Slice(kb, p);
+    if (use && own_ != nullptr) return own_->Slice(kb, p);
+    return base + layout.Slice(kb, p);
+  }
+
+ private:
+  MatmulB(const float* packed, MatmulLazyB* lazy, MatmulOwnB* own,
+          const MatmulBSource* window)
+      : packed_(packed), lazy_(lazy), own_(own), window_(window) {}
+
+  const float* packed_;  // all of B, or the copy lazy_ packs into
+  MatmulLazyB* lazy_;
+  MatmulOwnB* own_;
+  const MatmulBSource* window_;
+};
+
 // Work split of MatmulPackedOut into row blocks x panel groups (never changes
 // the arithmetic, see the top of this file). One thread: blocks of up to
 // kMatmulMCOneThread rows (fewer rows: one block, so that B is read once).
@@ -1042,21 +1016,10 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   return touched * threads <= 2 * groups;
 }
 
-// C [m, n] (at out) = alpha * op(A) [m, k] * B + beta * C, with B packed by
-// PackBPanels (MatmulPackedLayout) at packed_b, or, when one of them is not
-// null, packed during the call: on first use by lazy_b (one shared copy) or
-// by own_b (a copy per thread), or, from window_b, by each task into a window
-// of one NC block in a buffer of its thread, slice by slice before its first
-// use and dropped after the NC block (only for a split of one row block, where
-// a task is the only one to use its slices: a copy of all of a B too large for
-// the caches would be written to memory and never read back from cache).
-// alpha != 0.
+// C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0.
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
-                                const float* packed_b, size_t m, size_t n,
-                                size_t k, const MatmulOut& out, float alpha,
-                                float beta, MatmulLazyB* lazy_b = nullptr,
-                                MatmulOwnB* own_b = nullptr,
-                                const MatmulBSource* window_b = nullptr) {
+                                const MatmulB& b, size_t m, size_t n, size_t k,
+                                const MatmulOut& out, float alpha, float beta) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -1102,26 +1065,12 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
         thread_local ThreadScratchBuffer scratch, window_scratch;
         float* a_buf = scratch.Get(a_strips * strip_floats);
-        // B for this task: the thread's own copy, its window, or the shared
+        // B for this task: its window, the thread's own copy, or the shared
         // copy.
-        const size_t slot_floats = kblocks.length * NR;
-        float* window = window_b != nullptr
-                            ? window_scratch.Get(nc_panels * slot_floats)
-                            : nullptr;
-        const float* b_base = own_b != nullptr ? own_b->Begin() : packed_b;
-        // Slice (kb, p) of it, packed first if it is packed during the call and
-        // `use` may be the first; the window holds it in slot `slot`.
-        const auto slice_at = [&](size_t kb, size_t p, size_t slot,
-                                  bool use) HWY_ATTR {
-          if (window != nullptr) {
-            float* slice = window + slot * slot_floats;
-            if (use) window_b->Pack(kb, p, slice);
-            return static_cast<const float*>(slice);
-          }
-          if (use && lazy_b != nullptr) return lazy_b->Slice(kb, p);
-          if (use && own_b != nullptr) return own_b->Slice(kb, p);
-          return b_base + layout.Slice(kb, p);
-        };
+        float* window =
+            b.Windowed() ? window_scratch.Get(nc_panels * kblocks.length * NR)
+                         : nullptr;
+        const float* b_base = b.Begin();
         for (size_t task = range.begin(); task < range.end(); ++task) {
           // Panel-group major: TBB hands each thread a contiguous range of
           // tasks, so threads mostly work on different panels of B (their own
@@ -1150,7 +1099,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
               for (size_t p = p0; p < p1; ++p) {
                 const size_t j0 = p * NR;
                 const size_t cols = std::min(NR, n - j0);
-                const float* slice = slice_at(kb, p, 0, true);
+                const float* slice =
+                    b.Slice(layout, b_base, window, kb, p, 0, true);
                 for (size_t s = 0; s < strips; ++s) {
                   const size_t r0 = i0 + s * MR;
                   MatmulStrip(
@@ -1215,7 +1165,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                     next.cols = trans_a ? next_rows : next_kc;
                   }
                   const size_t j0 = p * NR;
-                  const float* slice = slice_at(kb, p, p - q0, s == 0);
+                  const float* slice =
+                      b.Slice(layout, b_base, window, kb, p, p - q0, s == 0);
                   MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
                               std::min(NR, n - j0), alpha, beta, kb == 0,
                               pack_in_kernel && p == q0 ? &source : nullptr,
@@ -1237,7 +1188,8 @@ HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
   MatmulOut out;
   out.c = c;
   out.ldc = ldc;
-  MatmulPackedOut(a, lda, trans_a, packed_b, m, n, k, out, alpha, beta);
+  MatmulPackedOut(a, lda, trans_a, MatmulB::Packed(packed_b), m, n, k, out,
+                  alpha, beta);
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the
@@ -1272,24 +1224,24 @@ HWY_INLINE void MatmulUnpacked(const float* a, size_t lda, bool trans_a,
     out.ldc = ldc;
     if (small_b && MatmulOwnBPays(split, threads)) {
       MatmulOwnB own_b(source);
-      MatmulPackedOut(a, lda, trans_a, /*packed_b=*/nullptr, m, n, k, out,
-                      alpha, beta, /*lazy_b=*/nullptr, &own_b);
+      MatmulPackedOut(a, lda, trans_a, MatmulB::Own(&own_b), m, n, k, out,
+                      alpha, beta);
       return;
     }
     if (!small_b && split.row_blocks == 1) {
-      MatmulPackedOut(a, lda, trans_a, /*packed_b=*/nullptr, m, n, k, out,
-                      alpha, beta, /*lazy_b=*/nullptr, /*own_b=*/nullptr,
-                      &source);
+      MatmulPackedOut(a, lda, trans_a, MatmulB::Window(&source), m, n, k, out,
+                      alpha, beta);
       return;
     }
     float* packed = b_scratch.Get(layout.Floats());
     if (small_b) {
       PackBPanels(b, ldb, trans_b, k, n, packed);
-      MatmulPackedOut(a, lda, trans_a, packed, m, n, k, out, alpha, beta);
+      MatmulPackedOut(a, lda, trans_a, MatmulB::Packed(packed), m, n, k, out,
+                      alpha, beta);
     } else {
       MatmulLazyB lazy_b(source, packed);
-      MatmulPackedOut(a, lda, trans_a, packed, m, n, k, out, alpha, beta,
-                      &lazy_b);
+      MatmulPackedOut(a, lda, trans_a, MatmulB::Lazy(&lazy_b), m, n, k, out,
+                      alpha, beta);
     }
   });
   // Keep up to 64 MiB (a 4096 x 4096 B) for the next call; free anything

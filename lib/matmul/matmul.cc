@@ -11,6 +11,7 @@
 #define HWY_TARGET_INCLUDE "lib/matmul/matmul.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "lib/core/kernels-inl.h"
 #include "lib/matmul/matmul-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -37,11 +38,19 @@ float* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
   return packed;
 }
 
-// C = alpha * op(A) * op(B) + beta * C, B packed into a buffer of the calling
-// thread (MatmulUnpacked).
-void MatmulT(const float* a, size_t lda, bool trans_a, const float* b,
-             size_t ldb, bool trans_b, size_t m, size_t n, size_t k, float* c,
-             size_t ldc, float alpha, float beta) {
+size_t MatmulPanelWidthT() { return kMatmulNR; }
+
+void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
+                      const float* packed_b, size_t m, size_t n, size_t k,
+                      const MatmulOut& out, float alpha, float beta) {
+  MatmulPackedOut(a, lda, trans_a, MatmulB::Packed(packed_b), m, n, k, out,
+                  alpha, beta);
+}
+
+// B packed into a buffer of the calling thread (MatmulUnpacked).
+void MatmulUnpackedT(const float* a, size_t lda, bool trans_a, const float* b,
+                     size_t ldb, bool trans_b, size_t m, size_t n, size_t k,
+                     float* c, size_t ldc, float alpha, float beta) {
   MatmulUnpacked(a, lda, trans_a, b, ldb, trans_b, m, n, k, c, ldc, alpha,
                  beta);
 }
@@ -67,6 +76,7 @@ size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -74,29 +84,28 @@ HWY_AFTER_NAMESPACE();
 #include "headway/targets.h"
 #include "hwy/targets.h"
 #include "lib/core/init.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 namespace headway {
 
 HWY_EXPORT(PackBT);
-HWY_EXPORT(MatmulT);
+HWY_EXPORT(MatmulUnpackedT);
 HWY_EXPORT(MatmulPackedT);
 
 namespace {
+
+using internal::Fail;
+using internal::Shape;
 
 // Widest panel of any target (AVX-512: 2 vectors of 16 floats): bounds the
 // packed size.
 constexpr int64_t kMaxPanelWidth = 64;
 
-std::string Shape(int64_t rows, int64_t cols) {
-  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
-}
-
 Status CheckTranspose(const char* fn, const char* name, Transpose t) {
   if (t == Transpose::kNo || t == Transpose::kYes) return Status::Ok();
-  return Status::InvalidArgument(std::string(fn) + ": " + name +
-                                 " is not Transpose::kNo or kYes (got " +
-                                 std::to_string(static_cast<int>(t)) + ")");
+  return Fail(StatusCode::kInvalidArgument, fn, name,
+              " is not Transpose::kNo or kYes (got ", static_cast<int>(t), ")");
 }
 
 int64_t ViewBytes(int64_t rows, int64_t cols, int64_t stride) {
@@ -118,18 +127,16 @@ Status CheckMatmul(const char* fn, MatrixView<const float> a, Transpose ta,
   const int64_t m = trans_a ? a.cols : a.rows;
   const int64_t k = trans_a ? a.rows : a.cols;
   if (k != k_b) {
-    return Status::InvalidArgument(
-        std::string(fn) + ": op(a) is " + Shape(m, k) + " but op(b) is " +
-        Shape(k_b, n) + " (inner dimensions differ)");
+    return Fail(StatusCode::kInvalidArgument, fn, "op(a) is ", Shape(m, k),
+                " but op(b) is ", Shape(k_b, n), " (inner dimensions differ)");
   }
   if (c.rows != m || c.cols != n) {
-    return Status::InvalidArgument(std::string(fn) + ": c is " +
-                                   Shape(c.rows, c.cols) +
-                                   " but op(a) * op(b) is " + Shape(m, n));
+    return Fail(StatusCode::kInvalidArgument, fn, "c is ",
+                Shape(c.rows, c.cols), " but op(a) * op(b) is ", Shape(m, n));
   }
   if (internal::Overlaps(a.data, ViewBytes(a.rows, a.cols, a.stride), c.data,
                          ViewBytes(c.rows, c.cols, c.stride))) {
-    return Status::InvalidArgument(std::string(fn) + ": c overlaps a");
+    return Fail(StatusCode::kInvalidArgument, fn, "c overlaps a");
   }
   status = internal::CheckFinite(fn, "alpha", alpha);
   if (status.ok()) status = internal::CheckFinite(fn, "beta", beta);
@@ -154,8 +161,8 @@ Status CheckPackedSize(const char* fn, int64_t k, int64_t n) {
       !internal::CheckedProduct({padded_n / kMaxPanelWidth * kMaxPanelWidth, k,
                                  static_cast<int64_t>(sizeof(float))},
                                 &bytes)) {
-    return Status::ResourceExhausted(std::string(fn) + ": packing op(b) " +
-                                     Shape(k, n) + " overflows the byte count");
+    return Fail(StatusCode::kResourceExhausted, fn, "packing op(b) ",
+                Shape(k, n), " overflows the byte count");
   }
   return Status::Ok();
 }
@@ -166,19 +173,39 @@ Status Guarded(const char* fn, const Body& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted(std::string(fn) + ": out of memory");
+    return Fail(StatusCode::kResourceExhausted, fn, "out of memory");
   } catch (...) {
-    return Status::Internal(std::string(fn) + ": unexpected exception");
+    return Fail(StatusCode::kInternal, fn, "unexpected exception");
   }
 }
 
-}  // namespace
+void FreePacked(float* data) { hwy::FreeAlignedBytes(data, nullptr, nullptr); }
 
-namespace internal {
-void PackedFree::operator()(float* data) const {
-  hwy::FreeAlignedBytes(data, nullptr, nullptr);
+// Packs op(B) [k, n] from its parts (validated by the caller) and hands the
+// buffer to adopt(data, floats, panel_width, target_name), which owns it.
+template <class Adopt>
+Status PackParts(const char* fn, const MatmulBPart* parts, size_t n_parts,
+                 int64_t k, int64_t n, const Adopt& adopt) {
+  Status status = CheckPackedSize(fn, k, n);
+  if (!status.ok()) return status;
+  internal::InitOnce();
+  return Guarded(fn, [&]() -> Status {
+    size_t floats = 0, panel_width = 0;
+    int64_t target = 0;
+    float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
+        parts, n_parts, static_cast<size_t>(k), static_cast<size_t>(n), &floats,
+        &panel_width, &target);
+    if (packed == nullptr) {
+      return Fail(StatusCode::kResourceExhausted, fn, "no memory for ",
+                  floats * sizeof(float), " bytes");
+    }
+    adopt(packed, floats, static_cast<int64_t>(panel_width),
+          hwy::TargetName(target));
+    return Status::Ok();
+  });
 }
-}  // namespace internal
+
+}  // namespace
 
 PackedB::PackedB() = default;
 PackedB::~PackedB() = default;
@@ -201,81 +228,70 @@ PackedB& PackedB::operator=(PackedB&& other) noexcept {
   return *this;
 }
 
-// Packs op(B) [k, n] from its parts (validated by the caller) into *out.
-Status PackedB::PackParts(const char* fn, const MatmulBPart* parts,
-                          size_t n_parts, int64_t k, int64_t n, PackedB* out) {
-  Status status = CheckPackedSize(fn, k, n);
-  if (!status.ok()) return status;
-  internal::InitOnce();
-  return Guarded(fn, [&]() -> Status {
-    size_t floats = 0, panel_width = 0;
-    int64_t target = 0;
-    float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
-        parts, n_parts, static_cast<size_t>(k), static_cast<size_t>(n), &floats,
-        &panel_width, &target);
-    if (packed == nullptr) {
-      return Status::ResourceExhausted(std::string(fn) + ": no memory for " +
-                                       std::to_string(floats * sizeof(float)) +
-                                       " bytes");
-    }
-    out->data_.reset(packed);
-    out->floats_ = floats;
-    out->rows_ = k;
-    out->cols_ = n;
-    out->panel_width_ = static_cast<int64_t>(panel_width);
-    out->target_name_ = hwy::TargetName(target);
-    return Status::Ok();
-  });
+void PackedB::Reset(float* data, size_t floats, int64_t rows, int64_t cols,
+                    int64_t panel_width, const char* target_name) {
+  data_ = std::unique_ptr<float, void (*)(float*)>(data, &FreePacked);
+  floats_ = floats;
+  rows_ = rows;
+  cols_ = cols;
+  panel_width_ = panel_width;
+  target_name_ = target_name;
 }
 
 Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
   constexpr const char* kFn = "PackedB::Pack";
-  if (out == nullptr)
-    return Status::InvalidArgument("PackedB::Pack: out is null");
+  if (out == nullptr) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
+  }
   int64_t k = 0, n = 0;
   Status status = CheckOpB(kFn, b, tb, &k, &n);
   if (!status.ok()) return status;
   const MatmulBPart whole{b.data, static_cast<size_t>(b.stride),
                           tb == Transpose::kYes, 0, static_cast<size_t>(n)};
-  return PackParts(kFn, &whole, 1, k, n, out);
+  return PackParts(kFn, &whole, 1, k, n,
+                   [&](float* data, size_t floats, int64_t panel_width,
+                       const char* target_name) {
+                     out->Reset(data, floats, k, n, panel_width, target_name);
+                   });
 }
 
 Status PackedB::PackColumns(const MatrixView<const float>* parts,
                             int64_t n_parts, PackedB* out) {
   constexpr const char* kFn = "PackedB::PackColumns";
   if (out == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": out is null");
+    return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
   }
   if (parts == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": parts is null");
+    return Fail(StatusCode::kInvalidArgument, kFn, "parts is null");
   }
   if (n_parts < 1 || n_parts > kMaxColumnParts) {
-    return Status::InvalidArgument(std::string(kFn) + ": n_parts is " +
-                                   std::to_string(n_parts) + ", not in [1, " +
-                                   std::to_string(kMaxColumnParts) + "]");
+    return Fail(StatusCode::kInvalidArgument, kFn, "n_parts is ", n_parts,
+                ", not in [1, ", kMaxColumnParts, "]");
   }
   MatmulBPart pieces[kMaxColumnParts];
   int64_t n = 0;
   for (int64_t i = 0; i < n_parts; ++i) {
-    const std::string name = "parts[" + std::to_string(i) + "]";
+    const std::string name = internal::Cat("parts[", i, "]");
     Status status = internal::CheckMatrix(kFn, name.c_str(), parts[i]);
     if (!status.ok()) return status;
     if (parts[i].rows != parts[0].rows) {
-      return Status::InvalidArgument(std::string(kFn) + ": " + name + " has " +
-                                     std::to_string(parts[i].rows) +
-                                     " rows but parts[0] has " +
-                                     std::to_string(parts[0].rows));
+      return Fail(StatusCode::kInvalidArgument, kFn, name, " has ",
+                  parts[i].rows, " rows but parts[0] has ", parts[0].rows);
     }
     if (!internal::CheckedAdd(n, parts[i].cols, &n)) {
-      return Status::ResourceExhausted(std::string(kFn) +
-                                       ": the column count overflows");
+      return Fail(StatusCode::kResourceExhausted, kFn,
+                  "the column count overflows");
     }
     pieces[i] = {parts[i].data, static_cast<size_t>(parts[i].stride), false,
                  static_cast<size_t>(n - parts[i].cols),
                  static_cast<size_t>(parts[i].cols)};
   }
-  return PackParts(kFn, pieces, static_cast<size_t>(n_parts), parts[0].rows, n,
-                   out);
+  const int64_t k = parts[0].rows;
+  return PackParts(kFn, pieces, static_cast<size_t>(n_parts), k, n,
+                   [&](float* data, size_t floats, int64_t panel_width,
+                       const char* target_name) {
+                     out->Reset(data, floats, k, n, panel_width, target_name);
+                   });
 }
 
 Status Matmul(MatrixView<const float> a, Transpose ta,
@@ -290,14 +306,14 @@ Status Matmul(MatrixView<const float> a, Transpose ta,
   if (status.ok() &&
       internal::Overlaps(b.data, ViewBytes(b.rows, b.cols, b.stride), c.data,
                          ViewBytes(c.rows, c.cols, c.stride))) {
-    status = Status::InvalidArgument("Matmul: c overlaps b");
+    status = Fail(StatusCode::kInvalidArgument, kFn, "c overlaps b");
   }
   if (status.ok()) status = CheckPackedSize(kFn, k, n);
   if (!status.ok()) return status;
   internal::InitOnce();
   const bool trans_a = ta == Transpose::kYes;
   return Guarded(kFn, [&]() -> Status {
-    HWY_DYNAMIC_DISPATCH(MatmulT)
+    HWY_DYNAMIC_DISPATCH(MatmulUnpackedT)
     (a.data, static_cast<size_t>(a.stride), trans_a, b.data,
      static_cast<size_t>(b.stride), trans_b, static_cast<size_t>(c.rows),
      static_cast<size_t>(c.cols), static_cast<size_t>(k), c.data,
@@ -310,14 +326,14 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
               MatrixView<float> c, float alpha, float beta) {
   constexpr const char* kFn = "Matmul";
   if (b.data() == nullptr) {
-    return Status::InvalidArgument(
-        "Matmul: b is empty (PackedB::Pack it first)");
+    return Fail(StatusCode::kInvalidArgument, kFn,
+                "b is empty (PackedB::Pack it first)");
   }
   Status status = CheckMatmul(kFn, a, ta, b.rows(), b.cols(), c, alpha, beta);
   if (status.ok() &&
       internal::Overlaps(b.data(), static_cast<int64_t>(b.bytes()), c.data,
                          ViewBytes(c.rows, c.cols, c.stride))) {
-    status = Status::InvalidArgument("Matmul: c overlaps b");
+    status = Fail(StatusCode::kInvalidArgument, kFn, "c overlaps b");
   }
   if (!status.ok()) return status;
   internal::InitOnce();
@@ -329,12 +345,11 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
         static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
         static_cast<size_t>(c.stride), alpha, beta);
     if (want != 0) {
-      return Status::FailedPrecondition(
-          std::string(kFn) + ": b was packed for " + b.target_name() +
-          " (panels of " + std::to_string(b.panel_width()) +
-          " columns) but this call runs on " + ActiveTarget().name +
-          " (panels of " + std::to_string(want) +
-          "): pack b again after changing the target");
+      return Fail(StatusCode::kFailedPrecondition, kFn, "b was packed for ",
+                  b.target_name(), " (panels of ", b.panel_width(),
+                  " columns) but this call runs on ", ActiveTarget().name,
+                  " (panels of ", want,
+                  "): pack b again after changing the target");
     }
     return Status::Ok();
   });

@@ -1,0 +1,69 @@
+// The structures a matmul call hands to the kernels (matmul-inl.h), filled by
+// the entry points (matmul.cc, layer.cc): where the product goes and the parts
+// of a B to pack.
+#ifndef HEADWAY_LIB_MATMUL_MATMUL_CALL_H_
+#define HEADWAY_LIB_MATMUL_MATMUL_CALL_H_
+
+#include <stddef.h>
+
+namespace headway {
+
+// Kinds of destination a segmented MatmulOut may have (Q, K, V).
+inline constexpr size_t kMatmulMaxKinds = 4;
+
+// Where the product C [m, n] goes. Plain (rows == nullptr): C(i, j) at
+// c + i * ldc + j. Segmented, for the layer's fused QKV projection, which
+// writes Q into a buffer and K and V straight into KV cache rows: the columns
+// are cut into segments of seg_cols; segment s belongs to the last kind q with
+// kind_first[q] <= s, and
+//   C(i, j) is at rows[q * m + i] + (s - kind_first[q]) * kind_stride[q] +
+//                 (j - s * seg_cols).
+struct MatmulOut {
+  float* c = nullptr;
+  size_t ldc = 0;
+  float* const* rows = nullptr;  // [n_kinds][m] row pointers
+  size_t m = 0;
+  size_t seg_cols = 1;
+  size_t n_kinds = 0;
+  size_t kind_first[kMatmulMaxKinds] = {};
+  size_t kind_stride[kMatmulMaxKinds] = {};
+
+  // Column j of every row: At(i, j) without finding j's segment for each i.
+  struct Column {
+    float* c;  // plain: C(0, j), rows ldc apart
+    size_t ldc;
+    float* const* rows;  // segmented: C(i, j) = rows[i] + offset
+    size_t offset;
+    float* At(size_t i) const {
+      return rows == nullptr ? c + i * ldc : rows[i] + offset;
+    }
+  };
+  Column ColumnAt(size_t j) const {
+    if (rows == nullptr) return {c + j, ldc, nullptr, 0};
+    const size_t s = j / seg_cols;
+    size_t q = n_kinds - 1;
+    while (kind_first[q] > s) --q;
+    return {nullptr, 0, rows + q * m,
+            (s - kind_first[q]) * kind_stride[q] + (j - s * seg_cols)};
+  }
+  float* At(size_t i, size_t j) const { return ColumnAt(j).At(i); }
+  // Whether columns [j, j + cols) lie next to each other in every row.
+  bool Contiguous(size_t j, size_t cols) const {
+    return rows == nullptr || j / seg_cols == (j + cols - 1) / seg_cols;
+  }
+};
+
+// Columns [begin, begin + cols) of a matrix given as parts side by side (the
+// fused QKV weight from W_Q, W_K and W_V): op(part) [k, cols], op(part) = b
+// [k, cols] (row stride ldb) or b^T with b [cols, k].
+struct MatmulBPart {
+  const float* b;
+  size_t ldb;
+  bool trans;
+  size_t begin;
+  size_t cols;
+};
+
+}  // namespace headway
+
+#endif  // HEADWAY_LIB_MATMUL_MATMUL_CALL_H_
