@@ -135,23 +135,15 @@ using MatmulTag = hn::ScalableTag<float>;
 inline constexpr size_t kMatmulLanes = hn::MaxLanes(MatmulTag());
 inline constexpr size_t kMatmulNR = kMatmulNV * kMatmulLanes;
 
-// K block length. Longer blocks update C less often (once per block); the
-// strip of A that the kernel broadcasts from, MR x KC, stays in L1 (48 KiB on
-// Zen 5): 12 x 528 x 4 = 25 KiB on AVX3. Measured on Zen 5, one core, AVX3_DL:
-// KC = 512 gave 191 / 211 GFLOP/s at 2048^3 / 512^3, KC = 256 gave 184 / 202.
+// K block length: C is updated once per block, and the A strip MR x KC (25 KiB
+// on AVX3) stays in L1. KC = 512: 191 vs 184 GFLOP/s at 256 (2048^3).
 inline constexpr size_t kMatmulMaxKC = 512;
-// Rows per task: the A block MC x KC (384 KiB on AVX3) stays in L2 (1 MiB)
-// while the NC blocks of B pass under it; each NC block of B (KC x NC, a
-// quarter of L2) is fetched from L3 / memory once per MC rows. 16 strips
-// measured 5% faster than 8 at 2048^3.
+// Rows per task: the A block MC x KC (384 KiB on AVX3) stays in L2 while the
+// NC blocks of B pass under it. 16 strips are 5% faster than 8 at 2048^3.
 inline constexpr size_t kMatmulMC = kMatmulMR * 16;
-// Rows per task on one thread: every row (up to 171 strips, 2052 rows on AVX3;
-// the A block, 4 MiB at KC = 512, then comes from L3). B, packed on first use,
-// is then read once per K block instead of once per MC rows. Medians of 6
-// interleaved pairs of runs on Zen 5: 2048^3 3% faster, the MHA layer's
-// prefill (512 rows) 4%, 512^3 unchanged. Not with several threads: a task
-// packs its A block for each K block, and the tasks that share rows would
-// pack it over and over (2 threads: 8% slower).
+// Rows per task on one thread: every row (up to 171 strips), so that B is read
+// once per K block: 3% faster at 2048^3, 4% on the MHA layer's prefill (on 2
+// threads, whose tasks would each pack the A block, 8% slower).
 inline constexpr size_t kMatmulMCOneThread = kMatmulMR * 171;
 // Fraction of L2 for an NC block of B.
 inline constexpr size_t kMatmulNCDiv = 4;
@@ -167,12 +159,10 @@ HWY_INLINE void PackBSliceTransposed(const float* HWY_RESTRICT b, size_t ldb,
                                      size_t cols, size_t avail,
                                      float* HWY_RESTRICT dst) {
   constexpr size_t NR = kMatmulNR;
-  // A transpose, in 4 x 4 blocks of 128-bit vectors, over chunks of 64 k whose
-  // 64 destination rows (8 KiB on AVX3) stay in L1 while the source rows are
-  // read. Each group of 4 rows prefetches the chunk's lines of the 4 rows 16
-  // ahead (up to the next slice's): the hardware prefetchers do not follow
-  // this order of reads. A B^T [1024, 128] from memory (the per-head scores' K)
-  // was transposed at 9 GB/s, 14-17 GB/s with the prefetch (one core).
+  // 4 x 4 block transposes over chunks of 64 k (the destination rows, 8 KiB
+  // on AVX3, stay in L1); each group of 4 rows prefetches the chunk of the
+  // rows 16 ahead, an order of reads the hardware prefetchers miss: 14-17 vs
+  // 9 GB/s for a B^T [1024, 128] from memory.
   constexpr size_t kChunk = 64;
   for (size_t c0 = 0; c0 < kc; c0 += kChunk) {
     const size_t c1 = std::min(kc, c0 + kChunk);
@@ -229,9 +219,8 @@ HWY_INLINE void PackBSlice(const float* HWY_RESTRICT b, size_t ldb, bool trans,
     return;
   }
   const MatmulTag d;
-  // Rows of NR floats, ldb apart: a stride the hardware prefetchers do not
-  // follow across pages. Prefetching 32 rows ahead keeps 32 (AVX2) to 64
-  // (AVX3) lines in flight: +10% for AVX2 at 2048^3 with unpacked B.
+  // Rows ldb apart, which the hardware prefetchers do not follow across pages:
+  // 32 rows ahead is 10% faster (AVX2, 2048^3, unpacked B).
   constexpr size_t kAhead = 32;
   for (size_t kk = 0; kk < kc; ++kk) {
     const float* src = b + (k0 + kk) * ldb + j0;
@@ -369,12 +358,8 @@ HWY_INLINE void PackAStrip(const float* HWY_RESTRICT a, size_t lda, bool trans,
 // prefetches as it runs: `rows` rows in memory of `cols` floats, the first at
 // row0, lda apart (rows == 0: none); MR rows of kc floats for op(A) = A, kc
 // rows of MR floats for A^T. The full kernel spreads it over its chunks, a
-// line of each row per N k (PackAStrip's rows are only 2 KiB long, too short
-// for the hardware prefetchers; a row of A^T is one or two lines). Issued
-// all at once before each kernel instead (96 lines: a quarter strip when N =
-// 128), the prefetches filled the L1 miss buffers and the kernel's loads of B
-// waited for them: spread, per-head 1024 x 128 x 1024 ran 17% faster on one
-// thread and 8% on two, 2048^3 2%, in-process A/B runs.
+// line of each row per N k, so that it leaves L1 miss buffers to the loads of
+// B: 17% faster than all at once (per-head 1024 x 128 x 1024, one thread).
 struct MatmulAPrefetch {
   const float* row0 = nullptr;
   size_t lda = 0;
@@ -482,16 +467,11 @@ HWY_INLINE void PrefetchForWrite(const float* p) {
 #endif
 }
 
-// Starts the lines of C tile [rows, cols] on their way from L3 / memory (2
-// lines per row on AVX3) early in a kernel (MatmulTile: at its start; the full
-// kernel: see MatmulChunkPrefetch), whose KC iterations then hide the latency,
-// so that the store at its end finds them in L1, owned. For
-// writing, also when the store only writes C (first K block, beta = 0): a store
-// that misses holds an L1 miss buffer until memory grants it the line, and the
-// next kernel's loads of B wait for free miss buffers. On 1024 x 1024 x 128
-// with C in memory: 3-5% faster on two threads (C's traffic to memory
-// doubles), the same on one; a plain prefetch of such a tile was 1.6% slower
-// than none.
+// Starts the lines of C tile [rows, cols] on their way from L3 / memory early
+// in a kernel (MatmulTile: at its start; the full kernel: MatmulChunkPrefetch),
+// so that the store at its end finds them in L1, owned: for writing, also when
+// the store only writes C, since a store that misses holds an L1 miss buffer.
+// 3-5% faster on 1024 x 1024 x 128 on two threads.
 HWY_INLINE void MatmulPrefetchC(const MatmulOut::Column& column, size_t i0,
                                 size_t rows, size_t cols) {
   for (size_t r = 0; r < rows; ++r) {
@@ -503,12 +483,8 @@ HWY_INLINE void MatmulPrefetchC(const MatmulOut::Column& column, size_t i0,
 
 // The prefetches of chunk `chunk` (N k) of a full kernel, `last` its last
 // chunk: its C tile for writing, a quarter in each of the first 4 chunks (the
-// rest in the last, for kc <= 3N), and a line of each row of `next`. The whole
-// tile at once (24 lines from memory on AVX3) filled the L1 miss buffers as the
-// A strip's prefetches did: a quarter at a time, per-head 1024 x 1024 x 128
-// (C written to memory) ran 3% faster on one thread and 9% on two, 2048^3
-// 1.5%, in-process A/B runs; two halves measured the same, and so did a row
-// per chunk over up to half the chunks.
+// rest in the last, for kc <= 3N), and a line of each row of `next`. Quarters
+// are 9% faster than the whole tile at once (1024 x 1024 x 128, two threads).
 template <size_t kRows>
 HWY_INLINE void MatmulChunkPrefetch(size_t chunk, bool last,
                                     const MatmulOut::Column& column, size_t i0,
@@ -650,19 +626,15 @@ HWY_INLINE void MatmulCopyAVector(const float* HWY_RESTRICT src, size_t lda,
 
 // MatmulTile for the common tile, MR rows of all NR columns of C, next to each
 // other in every row, with the same arithmetic. Everything is unrolled, so the
-// accumulators stay in registers from the first FMA to the store: MatmulTile's
-// run-time loop over the rows of an edge tile makes GCC 12 keep them in a
-// stack array, zeroed, stored and reloaded on every call (3-6% of a call at kc
-// = 512, up to 12% at kc = 128). The store's arguments come by reference and
-// are read after the K loop: passed in registers, GCC 12 kept alpha and beta
-// in vector registers through the loop and spilled a B vector (0.7x).
+// accumulators stay in registers from the first FMA to the store (GCC 12 keeps
+// MatmulTile's in a stack array: 3-12% of a call). The store's arguments come
+// by reference and are read after the K loop (in registers, GCC 12 spills a B
+// vector: 0.7x).
 //
 // kPackA: the kernel also packs its A strip, from `source`, into `a`: one
 // vector of every row ahead of the FMAs that read it (the loads and stores go
-// into the slots the FMAs leave free), the last kc mod N columns first. The
-// first kernel of a strip does this instead of a separate copy before it
-// (PackAStrip): for N = 128 the strip serves only 4 kernels, and the copy cost
-// 4-8% of a call.
+// into the slots the FMAs leave free), the last kc mod N columns first, for
+// the 4-8% of a call that a separate copy (PackAStrip) costs at N = 128.
 template <size_t kRows, bool kPackA>
 HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
                                  const float* HWY_RESTRICT b,
@@ -802,8 +774,8 @@ struct MatmulBSource {
 
 // B packed during the multiplication, each slice by the first task that needs
 // it, into one copy that the tasks share, so that the slice is in that core's
-// cache when it is first used (packing all of B first would write it to memory
-// and read it back: 25% of the time of 128 x 4096 x 4096).
+// cache when it is first used (packing all of B first: 25% of the time of
+// 128 x 4096 x 4096).
 class MatmulLazyB {
  public:
   MatmulLazyB(const MatmulBSource& source, float* packed)
@@ -848,12 +820,9 @@ class MatmulLazyB {
 };
 
 // B packed during the multiplication by each thread, into a buffer of its own,
-// the slices that its tasks use, on first use in the call. For a B that fits
-// L2: packed into one shared buffer (all threads first, then the tasks), it was
-// rewritten on every call while the other cores still held the lines they had
-// read of it in the call before, and each write waited for them to give the
-// line up. A 1024 x 128 B packed on 2 threads after both had read the previous
-// copy: 41 us against 13 us with no other reader. Each slice is packed by
+// the slices that its tasks use, on first use in the call, so that no core
+// rewrites lines the others still hold from the call before (a shared 1024 x
+// 128 B: 41 us to pack on 2 threads against 13 us). Each slice is packed by
 // every thread that uses it: worth it when the threads share few of them
 // (MatmulOwnBPays). Each thread keeps its buffer (at most 4 MiB: only a B that
 // fits L2 is packed this way) for the next call.
@@ -1006,10 +975,8 @@ struct MatmulSplit {
 // Whether MatmulOwnB pays for this split on `threads` threads: whether each
 // thread packs at most twice its share of B, counting the panel groups of its
 // share of the tasks plus one (its range of tasks straddles a group). Always
-// on 1 and 2 threads. On 2 threads, against packing one shared copy first
-// (bench pairs and in-process A/B runs): per-head 1024 x 128 x 1024 +4-6%,
-// 1024 x 1024 x 128 and 512^3 +0-3%; on 1 thread the same. On many threads the
-// tasks of N = 128 (one panel group) would each pack all of B.
+// on 1 and 2 threads, where it is 4-6% faster than one shared copy (per-head
+// 1024 x 128 x 1024).
 HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   const size_t groups = split.panel_blocks;
   const size_t touched = std::min(groups, (groups + threads - 1) / threads + 1);
@@ -1037,9 +1004,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const size_t panel_blocks = split.panel_blocks;
   // Row block b is strips [b * S / row_blocks, (b + 1) * S / row_blocks) of
   // the S strips, panel group g likewise: the tasks differ by at most a strip
-  // or a panel. (Blocks of MC rows left a last one of 64 rows at M = 1024:
-  // 3 of 18 tasks a third of the others, and a thread idle at the end for
-  // about a task, 5% of a per-head call on 2 threads.)
+  // or a panel (5% faster than blocks of MC rows at M = 1024 on 2 threads).
   const size_t strips_max = (strips_total + row_blocks - 1) / row_blocks;
 
   // Small M packs A for all K blocks at once:
@@ -1052,11 +1017,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const size_t nc_panels = std::max<size_t>(
       1, kMatmulL2Bytes / kMatmulNCDiv / (kblocks.length * NR * sizeof(float)));
   // Where a task's panels fit one NC block, each strip of A serves that block
-  // only, and all strips share one buffer, which stays in L1. A buffer per
-  // strip (2 MiB for 1024 rows) is rewritten once per K block, when its lines
-  // have left L1 and L2 and each store of the copy must fetch its line first.
-  // Per-head 1024 x 128 x 1024 1.2% faster on one thread, 1024 x 1024 x 128
-  // and 512^3 0.9% / 1.6% on two (in-process A/B).
+  // only, and all strips share one buffer, which stays in L1: 1.2% faster than
+  // a buffer per strip (per-head 1024 x 128 x 1024).
   const bool one_nc_block =
       !small_m && (panels + panel_blocks - 1) / panel_blocks <= nc_panels;
   const size_t a_strips = one_nc_block ? 1 : strips_max;
