@@ -6,9 +6,9 @@
 // [sequence][kv_head][capacity][row_stride] elements, 64-byte aligned,
 // row_stride = head_dim rounded up to 16 floats (64 bytes). The rows of one
 // (sequence, kv_head) are contiguous, so a decode step streams each head's keys
-// and values from memory in one pass. Storage is float32 today; the element
-// type is part of the config so that bf16, f16 and int8 (with per-row scales)
-// storage can come without changing the layout's shape.
+// and values from memory in one pass. The element type is part of the config
+// (float32, the one KvDtype); row_stride(), head_stride() and
+// bytes_per_token() are the one home of the strides and sizes it sets.
 //
 // Padding: columns [head_dim, row_stride) of every row are zero, always
 // (Create zero-fills both buffers and KvCache never writes past head_dim), so

@@ -181,10 +181,14 @@ size_t KvCache::BytesPerToken(const KvCacheConfig& config) {
 const KvCacheConfig& KvCache::config() const {
   return impl_ ? impl_->config : kEmptyConfig;
 }
-int64_t KvCache::n_sequences() const { return config().n_sequences; }
-int64_t KvCache::n_kv_heads() const { return config().n_kv_heads; }
-int64_t KvCache::head_dim() const { return config().head_dim; }
-int64_t KvCache::capacity() const { return config().capacity; }
+int64_t KvCache::n_sequences() const {
+  return impl_ ? impl_->config.n_sequences : 0;
+}
+int64_t KvCache::n_kv_heads() const {
+  return impl_ ? impl_->config.n_kv_heads : 0;
+}
+int64_t KvCache::head_dim() const { return impl_ ? impl_->config.head_dim : 0; }
+int64_t KvCache::capacity() const { return impl_ ? impl_->config.capacity : 0; }
 int64_t KvCache::row_stride() const { return impl_ ? impl_->row_stride : 0; }
 int64_t KvCache::head_stride() const { return impl_ ? impl_->head_stride : 0; }
 

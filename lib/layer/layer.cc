@@ -355,8 +355,7 @@ KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences,
   return cache;
 }
 size_t AttentionLayer::cache_bytes_per_token() const {
-  if (!impl_) return 0;
-  return KvCache::BytesPerToken(CacheConfig(1, 1));
+  return impl_ ? KvCache::BytesPerToken(CacheConfig(1, 1)) : 0;
 }
 
 // ----------------------------------------------------------- Forward's steps
@@ -369,14 +368,15 @@ Status AttentionLayer::Impl::CheckSequences(const char* fn,
                                             const LayerSequence* sequences,
                                             int64_t n_sequences,
                                             int64_t* tokens) {
-  seen.assign(static_cast<size_t>(cache.n_sequences()), 0);
+  const int64_t slots = cache.n_sequences(), capacity = cache.capacity();
+  seen.assign(static_cast<size_t>(slots), 0);
   *tokens = 0;
   for (int64_t i = 0; i < n_sequences; ++i) {
     const LayerSequence& s = sequences[i];
     const auto name = [i] { return internal::Cat("sequences[", i, "]"); };
-    if (s.seq < 0 || s.seq >= cache.n_sequences()) {
+    if (s.seq < 0 || s.seq >= slots) {
       return Fail(StatusCode::kInvalidArgument, fn, name(), ".seq (", s.seq,
-                  ") is not in [0, ", cache.n_sequences(), ")");
+                  ") is not in [0, ", slots, ")");
     }
     if (seen[static_cast<size_t>(s.seq)]) {
       return Fail(StatusCode::kInvalidArgument, fn, name(), ".seq (", s.seq,
@@ -387,10 +387,11 @@ Status AttentionLayer::Impl::CheckSequences(const char* fn,
       return Fail(StatusCode::kInvalidArgument, fn, name(),
                   ".n_tokens must be >= 1 (got ", s.n_tokens, ")");
     }
-    if (cache.length(s.seq) > cache.capacity() - s.n_tokens) {
-      return Fail(StatusCode::kOutOfRange, fn, name(), ": length ",
-                  cache.length(s.seq), " + ", s.n_tokens,
-                  " new tokens exceeds the cache capacity ", cache.capacity());
+    const int64_t length = cache.length(s.seq);
+    if (length > capacity - s.n_tokens) {
+      return Fail(StatusCode::kOutOfRange, fn, name(), ": length ", length,
+                  " + ", s.n_tokens, " new tokens exceeds the cache capacity ",
+                  capacity);
     }
     *tokens += s.n_tokens;  // <= n_sequences * capacity: no overflow
   }
@@ -455,16 +456,22 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   float* attn_buf = attn.Get(t_rows * lq);
   rows.resize(3 * t_rows);
   works.resize(static_cast<size_t>(n_sequences));
+  float** q_rows = rows.data();  // rows: [3][T], Q, then K, then V
+  float** k_rows = q_rows + t_rows;
+  float** v_rows = k_rows + t_rows;
   size_t row0 = 0;
   for (int64_t i = 0; i < n_sequences; ++i) {
     const LayerSequence& s = sequences[i];
-    MatrixView<float> k_rows, v_rows;  // head 0's new rows
-    Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_rows, &v_rows);
+    MatrixView<float> k_new, v_new;  // head 0's new rows
+    Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_new, &v_new);
     if (!status.ok()) return status;  // checked: cannot happen
+    float* const k0 = k_new.data;
+    float* const v0 = v_new.data;
+    const int64_t k_stride = k_new.stride, v_stride = v_new.stride;
     for (int64_t t = 0; t < s.n_tokens; ++t) {
-      rows[row0 + t] = q_buf + (row0 + t) * lq;
-      rows[t_rows + row0 + t] = k_rows.data + t * k_rows.stride;
-      rows[2 * t_rows + row0 + t] = v_rows.data + t * v_rows.stride;
+      q_rows[row0 + t] = q_buf + (row0 + t) * lq;
+      k_rows[row0 + t] = k0 + t * k_stride;
+      v_rows[row0 + t] = v0 + t * v_stride;
     }
     const int64_t length = cache->length(s.seq);
     works[static_cast<size_t>(i)] =
