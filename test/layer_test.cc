@@ -269,8 +269,8 @@ Shape ShapeOf(const AttentionLayerConfig& config) {
 }
 
 double ScaleOf(const AttentionLayerConfig& config) {
-  return config.scale != 0.0f
-             ? static_cast<double>(config.scale)
+  return config.attention.scale != 0.0f
+             ? static_cast<double>(config.attention.scale)
              : 1.0 / std::sqrt(static_cast<double>(ShapeOf(config).head_dim));
 }
 
@@ -280,13 +280,14 @@ std::string Describe(const AttentionLayerConfig& config) {
                      std::to_string(s.n_heads) + "/" +
                      std::to_string(s.n_kv_heads) + ", head_dim " +
                      std::to_string(s.head_dim);
-  if (config.scale != 0.0f) text += ", scale " + std::to_string(config.scale);
+  if (config.attention.scale != 0.0f)
+    text += ", scale " + std::to_string(config.attention.scale);
   if (config.head_begin != 0 || config.head_end != 0) {
     text += ", heads [" + std::to_string(config.head_begin) + ", " +
             std::to_string(config.head_end) + ")";
   }
-  return text +
-         (config.mask == AttentionMask::kCausal ? ", causal" : ", no mask");
+  return text + (config.attention.mask == AttentionMask::kCausal ? ", causal"
+                                                                 : ", no mask");
 }
 
 // A model layer's weights as its host holds them: dense float32, uniform in
@@ -611,7 +612,7 @@ void RunParity(const AttentionLayerConfig& config, const char* biases,
                     MatrixView<const float>(x_strided.data(), n, d, x_stride),
                     MatrixView<float>(y.data(), n, d, y_stride));
   ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
-  const bool causal = config.mask == AttentionMask::kCausal;
+  const bool causal = config.attention.mask == AttentionMask::kCausal;
   const Expected e = Reference(model, x, causal, ScaleOf(config));
   ASSERT_NO_FATAL_FAILURE(
       ExpectRowsMatch(y.data(), n, y_stride, d, e, 0, what));
@@ -631,7 +632,7 @@ void ParitySweep(std::vector<AttentionLayerConfig> configs,
   for (AttentionLayerConfig& config : configs) {
     for (const AttentionMask mask :
          {AttentionMask::kCausal, AttentionMask::kNone}) {
-      config.mask = mask;
+      config.attention.mask = mask;
       for (const char* biases : {"", "qkvo"}) {
         for (const int64_t n : ns) {
           ASSERT_NO_FATAL_FAILURE(RunParity(config, biases, n, seed));
@@ -651,7 +652,8 @@ TEST_P(AttentionLayerTest, MhaMatchesSeedLayer) {
       Config(80, 2, 0, 20),  // 40 < d_model
   };
   AttentionLayerConfig sharp = Config(64, 2);
-  sharp.scale = 1.0f;  // scores 4 times the default: a peakier softmax
+  // Scores 4 times the default: a peakier softmax.
+  sharp.attention.scale = 1.0f;
   configs.push_back(sharp);
   ParitySweep(configs, {1, 7, 33}, /*seed=*/1);
 }
@@ -984,8 +986,9 @@ TEST_P(AttentionLayerTest, SizesAndConfig) {
     EXPECT_EQ(got.n_heads, s.n_heads) << what;
     EXPECT_EQ(got.n_kv_heads, s.n_kv_heads) << what;
     EXPECT_EQ(got.head_dim, s.head_dim) << what;
-    EXPECT_EQ(got.mask, c.config.mask) << what;
-    EXPECT_FLOAT_EQ(got.scale, static_cast<float>(ScaleOf(c.config))) << what;
+    EXPECT_EQ(got.attention.mask, c.config.attention.mask) << what;
+    EXPECT_FLOAT_EQ(got.attention.scale, static_cast<float>(ScaleOf(c.config)))
+        << what;
     EXPECT_EQ(got.head_begin, begin) << what;
     EXPECT_EQ(got.head_end, end) << what;
     EXPECT_EQ(layer.local_heads(), end - begin) << what;
@@ -1300,12 +1303,13 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
     b.config.head_begin = 4;
     b.config.head_end = 2;
   });
-  add({"scale"}, kInvalid, [](Bad& b) { b.config.scale = -1.0f; });
-  add({"scale"}, kInvalid, [](Bad& b) { b.config.scale = kNaN; });
-  add({"scale"}, kInvalid,
-      [](Bad& b) { b.config.scale = std::numeric_limits<float>::infinity(); });
+  add({"scale"}, kInvalid, [](Bad& b) { b.config.attention.scale = -1.0f; });
+  add({"scale"}, kInvalid, [](Bad& b) { b.config.attention.scale = kNaN; });
+  add({"scale"}, kInvalid, [](Bad& b) {
+    b.config.attention.scale = std::numeric_limits<float>::infinity();
+  });
   add({"mask"}, kInvalid,
-      [](Bad& b) { b.config.mask = static_cast<AttentionMask>(7); });
+      [](Bad& b) { b.config.attention.mask = static_cast<AttentionMask>(7); });
   add({"w_q"}, kInvalid, [](Bad& b) { b.weights.w_q.data = nullptr; });
   add({"w_q", "[32, 31]", "[32, 32]"}, kInvalid,
       [](Bad& b) { b.weights.w_q.cols = 31; });

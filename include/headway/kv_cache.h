@@ -6,9 +6,9 @@
 // [sequence][kv_head][capacity][row_stride] elements, 64-byte aligned,
 // row_stride = head_dim rounded up to 16 floats (64 bytes). The rows of one
 // (sequence, kv_head) are contiguous, so a decode step streams each head's keys
-// and values from memory in one pass. Storage is float32 today; the element
-// type is part of the config so that bf16, f16 and int8 (with per-row scales)
-// storage can come without changing the layout's shape.
+// and values from memory in one pass. The element type is part of the config
+// (float32, the one KvDtype); row_stride(), head_stride() and
+// bytes_per_token() are the one home of the strides and sizes it sets.
 //
 // Padding: columns [head_dim, row_stride) of every row are zero, always
 // (Create zero-fills both buffers and KvCache never writes past head_dim), so
@@ -29,7 +29,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "headway/export.h"
 #include "headway/status.h"
@@ -47,6 +46,9 @@ struct KvCacheConfig {
   KvDtype dtype = KvDtype::kFloat32;
 };
 
+// ABI: KvCache and AttentionLayer keep their state behind a pointer to an
+// Impl, so that they can grow (a dtype, scales) without changing their size or
+// layout for a host compiled against an older header.
 class HEADWAY_API KvCache {
  public:
   // Allocates a cache (all sequences empty, every element 0) into *out,
@@ -58,6 +60,10 @@ class HEADWAY_API KvCache {
   // 2 for K and V), or no memory.
   static Status Create(const KvCacheConfig& config, KvCache* out);
 
+  // Bytes one token of one sequence takes in a cache of this config (as
+  // bytes_per_token()); 0 for a config Create rejects.
+  static size_t BytesPerToken(const KvCacheConfig& config);
+
   KvCache();  // empty: n_sequences() == 0, bytes() == 0, every seq is bad
   ~KvCache();
   KvCache(KvCache&& other) noexcept;             // leaves other empty
@@ -65,13 +71,22 @@ class HEADWAY_API KvCache {
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
-  const KvCacheConfig& config() const { return config_; }
-  int64_t n_sequences() const { return config_.n_sequences; }
-  int64_t n_kv_heads() const { return config_.n_kv_heads; }
-  int64_t head_dim() const { return config_.head_dim; }
-  int64_t capacity() const { return config_.capacity; }
-  // Elements between consecutive rows of one head: head_dim rounded up to 16.
-  int64_t row_stride() const { return row_stride_; }
+  // The config Create was given; all zeros for an empty cache. (Accessors are
+  // out of line: callers read them once per call, never per element.)
+  const KvCacheConfig& config() const;
+  int64_t n_sequences() const;
+  int64_t n_kv_heads() const;
+  int64_t head_dim() const;
+  int64_t capacity() const;
+
+  // Geometry of both buffers, in elements: the one place the layout's strides
+  // are defined.
+  // From one row of a head to the next: head_dim rounded up to 16.
+  int64_t row_stride() const;
+  // From one KV head's rows to the next head's of the same sequence:
+  // capacity * row_stride, so Keys(seq, g).data == Keys(seq, 0).data +
+  // g * head_stride() (likewise Values and PendingRows).
+  int64_t head_stride() const;
 
   // Tokens cached for sequence seq (0 for a bad seq).
   int64_t length(int64_t seq) const;
@@ -145,21 +160,8 @@ class HEADWAY_API KvCache {
   MatrixView<const float> ValueBuffer() const;
 
  private:
-  // Elements from a buffer's start to row `row` of (seq, kv_head).
-  int64_t RowOffset(int64_t seq, int64_t kv_head, int64_t row) const;
-  float* KeyRow(int64_t seq, int64_t kv_head, int64_t row) const;
-  float* ValueRow(int64_t seq, int64_t kv_head, int64_t row) const;
-
-  struct AlignedFree {
-    void operator()(float* data) const;
-  };
-
-  KvCacheConfig config_{0, 0, 0, 0, KvDtype::kFloat32};
-  int64_t row_stride_ = 0;
-  // Each [n_sequences][n_kv_heads][capacity][row_stride].
-  std::unique_ptr<float, AlignedFree> keys_;
-  std::unique_ptr<float, AlignedFree> values_;
-  std::vector<int64_t> lengths_;  // [n_sequences]
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace headway

@@ -53,9 +53,9 @@ struct AttentionLayerConfig {
   int64_t n_kv_heads = 0;
   // Elements per head; 0 means d_model / n_heads (which must then divide).
   int64_t head_dim = 0;
-  AttentionMask mask = AttentionMask::kCausal;
-  // Multiplies q . k; 0 means 1 / sqrt(head_dim).
-  float scale = 0.0f;
+  // The mask (causal by default) and scale (0: 1 / sqrt(head_dim)) of the
+  // layer's attention, as Attention takes them.
+  AttentionOptions attention;
   // The query heads this layer owns, [head_begin, head_end); both 0 means all.
   // Must cover whole KV groups: multiples of n_heads / n_kv_heads.
   int64_t head_begin = 0;
@@ -83,6 +83,9 @@ struct LayerSequence {
   int64_t n_tokens = 0;
 };
 
+// ABI: AttentionLayer, like KvCache, keeps its state behind a pointer to an
+// Impl, so that it can grow without changing its size or layout for a host
+// compiled against an older header.
 class HEADWAY_API AttentionLayer {
  public:
   // Validates config and weights, packs the weights into *out (replacing what
@@ -104,8 +107,9 @@ class HEADWAY_API AttentionLayer {
   AttentionLayer(const AttentionLayer&) = delete;
   AttentionLayer& operator=(const AttentionLayer&) = delete;
 
-  // The config with its defaults resolved (n_kv_heads, head_dim, scale,
-  // head_end filled in); all zeros for an empty layer.
+  // The config with its defaults resolved (n_kv_heads, head_dim,
+  // attention.scale, head_end filled in); all zeros (and mask kNone) for an
+  // empty layer.
   const AttentionLayerConfig& config() const;
   // Query and KV heads this layer owns.
   int64_t local_heads() const;
@@ -120,8 +124,8 @@ class HEADWAY_API AttentionLayer {
   size_t packed_bytes() const;
   // A cache config for this layer: its local KV heads and head_dim.
   KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity) const;
-  // KV cache bytes per token of one sequence (2 * local_kv_heads * row
-  // stride * 4).
+  // KV cache bytes per token of one sequence: KvCache::BytesPerToken of
+  // CacheConfig.
   size_t cache_bytes_per_token() const;
 
   // Runs the layer over new tokens of one or several sequences:

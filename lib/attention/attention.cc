@@ -3,7 +3,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cmath>
 #include <new>
 #include <string>
 #include <vector>
@@ -58,7 +57,9 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "headway/attention.h"
+#include "lib/attention/attention_build.h"
 #include "lib/core/init.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -68,163 +69,121 @@ HWY_EXPORT(MaterializedAttentionT);
 
 namespace {
 
-std::string Str(int64_t value) { return std::to_string(value); }
+using internal::Fail;
+using internal::Span;
+using internal::SpanOf;
 
-// Byte span of a checked view.
-struct Span {
-  const void* data;
-  int64_t bytes;
-};
-template <typename T>
-Span SpanOf(MatrixView<T> view) {
-  Span span{view.data, 0};
-  internal::SpanBytes(view.rows, view.cols, view.stride, sizeof(float),
-                      &span.bytes);
-  return span;
-}
-
-// Checks the call-wide arguments and fills dims and *width (the columns of q
-// and out: n_heads * head_dim).
+// Checks the call-wide arguments; *width: the columns of q and out, n_heads *
+// head_dim.
 Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
-                 const AttentionOptions& options, AttentionDims* dims,
-                 int64_t* width) {
-  const std::string prefix = std::string(fn) + ": ";
+                 const AttentionOptions& options, int64_t* width) {
   if (cache.n_sequences() == 0) {
-    return Status::InvalidArgument(prefix + "cache is empty (not created)");
+    return Fail(StatusCode::kInvalidArgument, fn,
+                "cache is empty (not created)");
   }
-  if (n_heads < 1) {
-    return Status::InvalidArgument(prefix + "n_heads must be >= 1 (got " +
-                                   Str(n_heads) + ")");
-  }
+  Status status = internal::CheckPositive(fn, "n_heads", n_heads);
+  if (!status.ok()) return status;
   if (n_heads % cache.n_kv_heads() != 0) {
-    return Status::InvalidArgument(
-        prefix + "n_heads (" + Str(n_heads) +
-        ") is not a multiple of the cache's n_kv_heads (" +
-        Str(cache.n_kv_heads()) + ")");
+    return Fail(StatusCode::kInvalidArgument, fn, "n_heads (", n_heads,
+                ") is not a multiple of the cache's n_kv_heads (",
+                cache.n_kv_heads(), ")");
   }
   if (!internal::CheckedMul(n_heads, cache.head_dim(), width)) {
-    return Status::InvalidArgument(
-        prefix + "n_heads * head_dim (" + Str(n_heads) + " * " +
-        Str(cache.head_dim()) + ") overflows int64_t");
+    return Fail(StatusCode::kInvalidArgument, fn, "n_heads * head_dim (",
+                n_heads, " * ", cache.head_dim(), ") overflows int64_t");
   }
-  if (options.mask != AttentionMask::kNone &&
-      options.mask != AttentionMask::kCausal) {
-    return Status::InvalidArgument(
-        prefix + "options.mask is not an AttentionMask (got " +
-        Str(static_cast<int>(options.mask)) + ")");
-  }
-  if (!std::isfinite(options.scale) || options.scale < 0.0f) {
-    return Status::InvalidArgument(
-        prefix + "options.scale must be finite and >= 0 (got " +
-        std::to_string(options.scale) + ")");
-  }
-  dims->n_heads = n_heads;
-  dims->n_kv_heads = cache.n_kv_heads();
-  dims->head_dim = cache.head_dim();
-  dims->row_stride = cache.row_stride();
-  dims->head_stride = cache.capacity() * cache.row_stride();
-  dims->scale =
-      options.scale != 0.0f
-          ? options.scale
-          : static_cast<float>(
-                1.0 / std::sqrt(static_cast<double>(cache.head_dim())));
-  dims->causal = options.mask == AttentionMask::kCausal;
-  return Status::Ok();
+  return CheckAttentionOptions(fn, "options", options);
 }
 
-// Checks one query (width: n_heads * head_dim, checked) and fills its work
-// description.
+// Checks one query (width: n_heads * head_dim, checked) and fills its work.
 Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
                   int64_t width, const AttentionQuery& query,
                   const std::string& name, AttentionWork* work) {
-  const std::string prefix = std::string(fn) + ": " + name;
-  if (query.seq < 0 || query.seq >= cache.n_sequences()) {
-    return Status::InvalidArgument(prefix + ".seq (" + Str(query.seq) +
-                                   ") is out of range [0, " +
-                                   Str(cache.n_sequences()) + ")");
-  }
+  Status status =
+      internal::CheckIndex(fn, name + ".seq", query.seq, cache.n_sequences());
+  if (!status.ok()) return status;
   const std::string q_name = name + ".q", out_name = name + ".out";
-  Status status = internal::CheckMatrix(fn, q_name.c_str(), query.q);
+  status = internal::CheckMatrix(fn, q_name.c_str(), query.q);
   if (status.ok())
     status = internal::CheckMatrix(fn, out_name.c_str(), query.out);
   if (!status.ok()) return status;
   if (query.q.cols != width) {
-    return Status::InvalidArgument(prefix + ".q.cols (" + Str(query.q.cols) +
-                                   ") != n_heads * head_dim (" + Str(n_heads) +
-                                   " * " + Str(cache.head_dim()) + ")");
+    return Fail(StatusCode::kInvalidArgument, fn, name, ".q.cols (",
+                query.q.cols, ") != n_heads * head_dim (", n_heads, " * ",
+                cache.head_dim(), ")");
   }
   status = internal::CheckSameShape(fn, q_name.c_str(), query.q.rows,
                                     query.q.cols, out_name.c_str(),
                                     query.out.rows, query.out.cols);
   if (!status.ok()) return status;
   if (query.q_pos0 < 0) {
-    return Status::InvalidArgument(prefix + ".q_pos0 must be >= 0 (got " +
-                                   Str(query.q_pos0) + ")");
+    return Fail(StatusCode::kInvalidArgument, fn, name,
+                ".q_pos0 must be >= 0 (got ", query.q_pos0, ")");
   }
   const int64_t length = cache.length(query.seq);
   if (query.q_pos0 > length - query.q.rows) {
-    return Status::OutOfRange(prefix + ": q_pos0 + n_tokens (" +
-                              Str(query.q_pos0) + " + " + Str(query.q.rows) +
-                              ") exceeds the " + Str(length) +
-                              " cached rows of sequence " + Str(query.seq) +
-                              " (append the new tokens' K and V first)");
+    return Fail(StatusCode::kOutOfRange, fn, name, ": q_pos0 + n_tokens (",
+                query.q_pos0, " + ", query.q.rows, ") exceeds the ", length,
+                " cached rows of sequence ", query.seq,
+                " (append the new tokens' K and V first)");
   }
   if (query.mask.data != nullptr) {
-    const std::string mask_name = name + ".mask";
-    status = internal::CheckMatrix(fn, mask_name.c_str(), query.mask);
-    if (status.ok() &&
-        (query.mask.rows != query.q.rows || query.mask.cols != length)) {
-      status = Status::InvalidArgument(
-          prefix + ".mask is [" + Str(query.mask.rows) + ", " +
-          Str(query.mask.cols) + "] but must be [n_tokens, length] = [" +
-          Str(query.q.rows) + ", " + Str(length) + "]");
-    }
+    status = internal::CheckMatrix(fn, (name + ".mask").c_str(), query.mask);
     if (!status.ok()) return status;
+    if (query.mask.rows != query.q.rows || query.mask.cols != length) {
+      return Fail(StatusCode::kInvalidArgument, fn, name, ".mask is ",
+                  internal::Shape(query.mask.rows, query.mask.cols),
+                  " but must be [n_tokens, length] = ",
+                  internal::Shape(query.q.rows, length));
+    }
   }
-  const MatrixView<const float> keys = cache.Keys(query.seq, 0);
-  const MatrixView<const float> values = cache.Values(query.seq, 0);
-  *work = AttentionWork{query.q.data,     query.q.stride,  query.out.data,
-                        query.out.stride, query.mask.data, query.mask.stride,
-                        query.q.rows,     query.q_pos0,    length,
-                        keys.data,        values.data};
+  *work = MakeAttentionWork(cache, query.seq, query.q_pos0, length, query.q,
+                            query.out, query.mask);
   return Status::Ok();
 }
 
-// No written view may overlap a read view or another written view.
-Status CheckOverlaps(const char* fn, const std::vector<Span>& written,
-                     const std::vector<std::string>& written_names,
-                     const std::vector<Span>& read,
-                     const std::vector<std::string>& read_names) {
-  for (size_t i = 0; i < written.size(); ++i) {
-    for (size_t j = 0; j < read.size(); ++j) {
-      if (internal::Overlaps(written[i].data, written[i].bytes, read[j].data,
-                             read[j].bytes)) {
-        return Status::InvalidArgument(std::string(fn) + ": " +
-                                       written_names[i] + " overlaps " +
-                                       read_names[j]);
-      }
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (internal::Overlaps(written[i].data, written[i].bytes, written[j].data,
-                             written[j].bytes)) {
-        return Status::InvalidArgument(std::string(fn) + ": " +
-                                       written_names[i] + " overlaps " +
-                                       written_names[j]);
-      }
+// The views of a call: no written view may overlap a read view or another
+// written view.
+struct CallSpans {
+  std::vector<Span> written, read;
+  std::vector<std::string> written_names, read_names;
+
+  void AddQuery(const AttentionQuery& query, const std::string& name) {
+    written.push_back(SpanOf(query.out));
+    written_names.push_back(name + ".out");
+    read.push_back(SpanOf(query.q));
+    read_names.push_back(name + ".q");
+    if (query.mask.data != nullptr) {
+      read.push_back(SpanOf(query.mask));
+      read_names.push_back(name + ".mask");
     }
   }
-  return Status::Ok();
-}
 
-// The cache's K and V buffers, as read spans (no sequence's state is read:
-// other threads may be changing other sequences).
-void AddCacheSpans(const KvCache& cache, std::vector<Span>* read,
-                   std::vector<std::string>* names) {
-  read->push_back(SpanOf(cache.KeyBuffer()));
-  names->push_back("the cache's keys");
-  read->push_back(SpanOf(cache.ValueBuffer()));
-  names->push_back("the cache's values");
-}
+  // The cache's K and V buffers (no sequence's state is read: other threads
+  // may be changing other sequences).
+  void AddCache(const KvCache& cache) {
+    read.push_back(SpanOf(cache.KeyBuffer()));
+    read_names.push_back("the cache's keys");
+    read.push_back(SpanOf(cache.ValueBuffer()));
+    read_names.push_back("the cache's values");
+  }
+
+  Status Check(const char* fn) const {
+    for (size_t i = 0; i < written.size(); ++i) {
+      for (size_t j = 0; j < read.size(); ++j) {
+        Status status = internal::CheckDisjoint(
+            fn, written[i], written_names[i], read[j], read_names[j]);
+        if (!status.ok()) return status;
+      }
+      for (size_t j = 0; j < i; ++j) {
+        Status status = internal::CheckDisjoint(
+            fn, written[i], written_names[i], written[j], written_names[j]);
+        if (!status.ok()) return status;
+      }
+    }
+    return Status::Ok();
+  }
+};
 
 }  // namespace
 
@@ -232,43 +191,35 @@ Status Attention(const KvCache& cache, int64_t n_heads,
                  const AttentionQuery* queries, int64_t n_queries,
                  const AttentionOptions& options) {
   constexpr const char* kFn = "Attention";
-  AttentionDims dims;
   int64_t width = 0;
-  Status status = CheckCall(kFn, cache, n_heads, options, &dims, &width);
+  Status status = CheckCall(kFn, cache, n_heads, options, &width);
   if (!status.ok()) return status;
-  if (queries == nullptr)
-    return Status::InvalidArgument("Attention: queries is null");
-  if (n_queries < 1) {
-    return Status::InvalidArgument("Attention: n_queries must be >= 1 (got " +
-                                   Str(n_queries) + ")");
+  if (queries == nullptr) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "queries is null");
   }
+  status = internal::CheckPositive(kFn, "n_queries", n_queries);
+  if (!status.ok()) return status;
   try {
     std::vector<AttentionWork> works(static_cast<size_t>(n_queries));
-    std::vector<Span> written, read;
-    std::vector<std::string> written_names, read_names;
+    CallSpans spans;
     for (int64_t i = 0; i < n_queries; ++i) {
-      const std::string name = "queries[" + Str(i) + "]";
+      const std::string name = internal::Cat("queries[", i, "]");
       status =
           CheckQuery(kFn, cache, n_heads, width, queries[i], name, &works[i]);
       if (!status.ok()) return status;
-      written.push_back(SpanOf(queries[i].out));
-      written_names.push_back(name + ".out");
-      read.push_back(SpanOf(queries[i].q));
-      read_names.push_back(name + ".q");
-      if (queries[i].mask.data != nullptr) {
-        read.push_back(SpanOf(queries[i].mask));
-        read_names.push_back(name + ".mask");
-      }
+      spans.AddQuery(queries[i], name);
     }
-    AddCacheSpans(cache, &read, &read_names);
-    status = CheckOverlaps(kFn, written, written_names, read, read_names);
+    spans.AddCache(cache);
+    status = spans.Check(kFn);
     if (!status.ok()) return status;
+    const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
     internal::InitOnce();
     HWY_DYNAMIC_DISPATCH(FusedAttentionT)
     (works.data(), works.size(), dims,
      /*plan=*/nullptr);
   } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted("Attention: out of memory for scratch");
+    return Fail(StatusCode::kResourceExhausted, kFn,
+                "out of memory for scratch");
   }
   return Status::Ok();
 }
@@ -278,9 +229,8 @@ Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
                             MatrixView<float> weights,
                             const AttentionOptions& options) {
   constexpr const char* kFn = "AttentionWithWeights";
-  AttentionDims dims;
   int64_t width = 0;
-  Status status = CheckCall(kFn, cache, n_heads, options, &dims, &width);
+  Status status = CheckCall(kFn, cache, n_heads, options, &width);
   if (!status.ok()) return status;
   AttentionWork work;
   status = CheckQuery(kFn, cache, n_heads, width, query, "query", &work);
@@ -288,32 +238,28 @@ Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
   status = internal::CheckMatrix(kFn, "weights", weights);
   if (!status.ok()) return status;
   // Fits: n_heads <= q.cols, and q's span fits.
-  int64_t rows = 0;
-  internal::CheckedMul(n_heads, query.q.rows, &rows);
+  const int64_t rows = n_heads * query.q.rows;
   if (weights.rows != rows || weights.cols != work.kv_len) {
-    return Status::InvalidArgument(
-        "AttentionWithWeights: weights is [" + Str(weights.rows) + ", " +
-        Str(weights.cols) + "] but must be [n_heads * n_tokens, length] = [" +
-        Str(rows) + ", " + Str(work.kv_len) + "]");
+    return Fail(StatusCode::kInvalidArgument, kFn, "weights is ",
+                internal::Shape(weights.rows, weights.cols),
+                " but must be [n_heads * n_tokens, length] = ",
+                internal::Shape(rows, work.kv_len));
   }
   try {
-    std::vector<Span> written{SpanOf(query.out), SpanOf(weights)};
-    std::vector<std::string> written_names{"query.out", "weights"};
-    std::vector<Span> read{SpanOf(query.q)};
-    std::vector<std::string> read_names{"query.q"};
-    if (query.mask.data != nullptr) {
-      read.push_back(SpanOf(query.mask));
-      read_names.push_back("query.mask");
-    }
-    AddCacheSpans(cache, &read, &read_names);
-    status = CheckOverlaps(kFn, written, written_names, read, read_names);
+    CallSpans spans;
+    spans.AddQuery(query, "query");
+    spans.written.push_back(SpanOf(weights));
+    spans.written_names.push_back("weights");
+    spans.AddCache(cache);
+    status = spans.Check(kFn);
     if (!status.ok()) return status;
+    const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
     internal::InitOnce();
     HWY_DYNAMIC_DISPATCH(MaterializedAttentionT)
     (work, dims, weights.data, weights.stride);
   } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted(
-        "AttentionWithWeights: out of memory for scratch");
+    return Fail(StatusCode::kResourceExhausted, kFn,
+                "out of memory for scratch");
   }
   return Status::Ok();
 }

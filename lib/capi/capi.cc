@@ -31,6 +31,7 @@
 #include "headway/threads.h"
 #include "headway/version.h"
 #include "headway/view.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 using headway::StatusCode;
@@ -97,9 +98,12 @@ int Record(int code, const char* prefix, const char* detail) noexcept {
   return code;
 }
 
-int Fail(int code, const char* fn, const std::string& detail) noexcept {
+// Records "fn: " and the pieces (internal::Cat) as the thread's last error.
+template <typename... Pieces>
+int Fail(int code, const char* fn, const Pieces&... pieces) noexcept {
   try {
-    return Record(code, (std::string(fn) + ": ").c_str(), detail.c_str());
+    return Record(code, "",
+                  headway::internal::Cat(fn, ": ", pieces...).c_str());
   } catch (...) {
     return Record(code, fn, ": (no memory for the message)");
   }
@@ -186,10 +190,8 @@ int Guard(const char* fn, Body&& body) noexcept {
 }
 
 int Null(const char* fn, const char* name) noexcept {
-  return Fail(HW_INVALID_ARGUMENT, fn, std::string(name) + " is null");
+  return Fail(HW_INVALID_ARGUMENT, fn, name, " is null");
 }
-
-std::string Str(int64_t v) { return std::to_string(v); }
 
 // Views of C matrices. MatrixView's constructor reads a stride of 0 as dense,
 // the rule both APIs share (view.h).
@@ -224,16 +226,14 @@ headway::AttentionQuery Query(const hw_attention_query& q) {
 int CheckSeq(const char* fn, const char* name, int64_t seq,
              const headway::KvCache& cache) {
   if (seq >= 0 && seq < cache.n_sequences()) return HW_OK;
-  return Fail(HW_INVALID_ARGUMENT, fn,
-              std::string(name) + " (" + Str(seq) + ") is out of range [0, " +
-                  Str(cache.n_sequences()) + ")");
+  return Fail(HW_INVALID_ARGUMENT, fn, name, " (", seq,
+              ") is out of range [0, ", cache.n_sequences(), ")");
 }
 
 int CheckTranspose(const char* fn, const char* name, int value) {
   if (value == HW_NO_TRANS || value == HW_TRANS) return HW_OK;
-  return Fail(HW_INVALID_ARGUMENT, fn,
-              std::string(name) + " (" + Str(value) +
-                  ") is not HW_NO_TRANS (0) or HW_TRANS (1)");
+  return Fail(HW_INVALID_ARGUMENT, fn, name, " (", value,
+              ") is not HW_NO_TRANS (0) or HW_TRANS (1)");
 }
 
 int KeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
@@ -246,9 +246,8 @@ int KeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
       return HW_INVALID_ARGUMENT;
     }
     if (kv_head < 0 || kv_head >= cache->cache.n_kv_heads()) {
-      return Fail(HW_INVALID_ARGUMENT, fn,
-                  "kv_head (" + Str(kv_head) + ") is out of range [0, " +
-                      Str(cache->cache.n_kv_heads()) + ")");
+      return Fail(HW_INVALID_ARGUMENT, fn, "kv_head (", kv_head,
+                  ") is out of range [0, ", cache->cache.n_kv_heads(), ")");
     }
     const headway::MatrixView<const float> view =
         keys ? cache->cache.Keys(seq, kv_head)
@@ -414,8 +413,8 @@ int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq, int64_t n_new,
     if (k == nullptr) return Null(kFn, "k");
     if (v == nullptr) return Null(kFn, "v");
     if (n_new < 1) {
-      return Fail(HW_INVALID_ARGUMENT, kFn,
-                  "n_new must be >= 1 (got " + Str(n_new) + ")");
+      return Fail(HW_INVALID_ARGUMENT, kFn, "n_new must be >= 1 (got ", n_new,
+                  ")");
     }
     const int64_t cols = cache->cache.n_kv_heads() * cache->cache.head_dim();
     return FromStatus(
@@ -493,8 +492,8 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
     c.n_heads = config->n_heads;
     c.n_kv_heads = config->n_kv_heads;
     c.head_dim = config->head_dim;
-    c.mask = static_cast<headway::AttentionMask>(config->mask);
-    c.scale = config->scale;
+    c.attention.mask = static_cast<headway::AttentionMask>(config->mask);
+    c.attention.scale = config->scale;
     c.head_begin = config->head_begin;
     c.head_end = config->head_end;
 
@@ -511,7 +510,9 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
     auto handle = std::make_unique<hw_attention_layer>();
     const int code =
         FromStatus(kFn, headway::AttentionLayer::Create(c, w, &handle->layer),
-                   {kMaskEnum});
+                   {kMaskEnum,
+                    {"config.attention.mask", "config.mask"},
+                    {"config.attention.scale", "config.scale"}});
     if (code == HW_OK) *out = handle.release();
     return code;
   });
@@ -531,8 +532,8 @@ int hw_attention_layer_get_config(const hw_attention_layer* layer,
     result.n_heads = c.n_heads;
     result.n_kv_heads = c.n_kv_heads;
     result.head_dim = c.head_dim;
-    result.mask = static_cast<int32_t>(c.mask);
-    result.scale = c.scale;
+    result.mask = static_cast<int32_t>(c.attention.mask);
+    result.scale = c.attention.scale;
     result.head_begin = c.head_begin;
     result.head_end = c.head_end;
     *config = result;
@@ -690,8 +691,8 @@ int hw_matmul(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
     }
     if (m < 1 || n < 1 || k < 1) {
       return Fail(HW_INVALID_ARGUMENT, kFn,
-                  "m, n and k must be >= 1 (got m = " + Str(m) +
-                      ", n = " + Str(n) + ", k = " + Str(k) + ")");
+                  "m, n and k must be >= 1 (got m = ", m, ", n = ", n,
+                  ", k = ", k, ")");
     }
     const bool ta = trans_a == HW_TRANS;
     const bool tb = trans_b == HW_TRANS;

@@ -57,9 +57,10 @@ Status Fail(StatusCode code, const char* fn, const Pieces&... pieces) {
   return Status(code, Cat(fn, ": ", pieces...));
 }
 
-// "fn: name must be >= 1 (got value)".
-inline Status CheckPositive(const char* fn, const std::string& name,
-                            int64_t value) {
+// "fn: name must be >= 1 (got value)". Name: a const char* or std::string
+// (a template, so that a literal name costs nothing on success).
+template <typename Name>
+Status CheckPositive(const char* fn, const Name& name, int64_t value) {
   if (value >= 1) return Status::Ok();
   return Fail(StatusCode::kInvalidArgument, fn, name, " must be >= 1 (got ",
               value, ")");
@@ -67,8 +68,9 @@ inline Status CheckPositive(const char* fn, const std::string& name,
 
 // "fn: name (value) is out of range [0, limit)" (an index the caller chose:
 // kInvalidArgument).
-inline Status CheckIndex(const char* fn, const std::string& name,
-                         int64_t value, int64_t limit) {
+template <typename Name>
+Status CheckIndex(const char* fn, const Name& name, int64_t value,
+                  int64_t limit) {
   if (value >= 0 && value < limit) return Status::Ok();
   return Fail(StatusCode::kInvalidArgument, fn, name, " (", value,
               ") is out of range [0, ", limit, ")");

@@ -12,6 +12,7 @@
 
 #include "headway/status.h"
 #include "headway/view.h"
+#include "lib/core/message.h"
 
 namespace headway {
 namespace internal {
@@ -42,6 +43,18 @@ inline bool CheckedProduct(std::initializer_list<int64_t> factors,
 bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
                int64_t* bytes);
 
+// The bytes a checked view spans, from its data pointer.
+struct Span {
+  const void* data;
+  int64_t bytes;
+};
+template <typename T>
+Span SpanOf(MatrixView<T> view) {
+  Span span{view.data, 0};
+  SpanBytes(view.rows, view.cols, view.stride, sizeof(T), &span.bytes);
+  return span;
+}
+
 // data != null, rows >= 1, cols >= 1, stride >= cols, byte span representable.
 Status CheckMatrix(const char* fn, const char* name, const void* data,
                    int64_t rows, int64_t cols, int64_t stride,
@@ -60,6 +73,15 @@ Status CheckSameShape(const char* fn, const char* a_name, int64_t a_rows,
 
 // True if the byte ranges of two (already checked) views intersect.
 bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes);
+
+// "fn: a_name overlaps b_name" when the spans intersect. Names: const char*
+// or std::string (a template, so that literal names cost nothing on success).
+template <typename AName, typename BName>
+Status CheckDisjoint(const char* fn, const Span& a, const AName& a_name,
+                     const Span& b, const BName& b_name) {
+  if (!Overlaps(a.data, a.bytes, b.data, b.bytes)) return Status::Ok();
+  return Fail(StatusCode::kInvalidArgument, fn, a_name, " overlaps ", b_name);
+}
 
 // Written views must not overlap read views unless they are the identical view
 // (in place).

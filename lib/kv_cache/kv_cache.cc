@@ -10,8 +10,10 @@
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -22,32 +24,14 @@ namespace {
 constexpr size_t kAlignment = 64;
 constexpr int64_t kRowAlignFloats = 16;  // kAlignment / sizeof(float)
 
-std::string Str(int64_t value) { return std::to_string(value); }
-
-// "fn: name (value) is out of range [0, limit)".
-Status CheckIndex(const char* fn, const char* name, int64_t value,
-                  int64_t limit) {
-  if (value >= 0 && value < limit) return Status::Ok();
-  return Status::InvalidArgument(std::string(fn) + ": " + name + " (" +
-                                 Str(value) + ") is out of range [0, " +
-                                 Str(limit) + ")");
-}
-
-Status CheckPositive(const char* fn, const char* name, int64_t value) {
-  if (value >= 1) return Status::Ok();
-  return Status::InvalidArgument(std::string(fn) + ": " + name +
-                                 " must be >= 1 (got " + Str(value) + ")");
-}
-
 // n_new (>= 1) more tokens fit after `length` (<= capacity). Written as a
 // subtraction so that a huge n_new cannot overflow.
 Status CheckFits(const char* fn, const char* n_name, int64_t n_new, int64_t seq,
                  int64_t length, int64_t capacity) {
   if (n_new <= capacity - length) return Status::Ok();
-  return Status::OutOfRange(std::string(fn) + ": length (" + Str(length) +
-                            ") + " + n_name + " (" + Str(n_new) +
-                            ") exceeds capacity (" + Str(capacity) +
-                            ") of seq " + Str(seq));
+  return internal::Fail(StatusCode::kOutOfRange, fn, "length (", length, ") + ",
+                        n_name, " (", n_new, ") exceeds capacity (", capacity,
+                        ") of seq ", seq);
 }
 
 // row_stride = head_dim rounded up to kRowAlignFloats, and the bytes of one
@@ -82,43 +66,47 @@ float* AllocateZeroed(size_t bytes) {
 
 }  // namespace
 
-void KvCache::AlignedFree::operator()(float* data) const {
-  hwy::FreeAlignedBytes(data, nullptr, nullptr);
-}
+struct KvCache::Impl {
+  // Frees what AllocateZeroed returned.
+  struct AlignedFree {
+    void operator()(float* data) const {
+      hwy::FreeAlignedBytes(data, nullptr, nullptr);
+    }
+  };
+
+  // Elements from a buffer's start to row `row` of (seq, kv_head).
+  int64_t RowOffset(int64_t seq, int64_t kv_head, int64_t row) const {
+    return (seq * config.n_kv_heads + kv_head) * head_stride + row * row_stride;
+  }
+  float* KeyRow(int64_t seq, int64_t kv_head, int64_t row) const {
+    return keys.get() + RowOffset(seq, kv_head, row);
+  }
+  float* ValueRow(int64_t seq, int64_t kv_head, int64_t row) const {
+    return values.get() + RowOffset(seq, kv_head, row);
+  }
+
+  KvCacheConfig config;
+  int64_t row_stride = 0;   // head_dim rounded up to kRowAlignFloats
+  int64_t head_stride = 0;  // capacity * row_stride
+  // Each [n_sequences][n_kv_heads][capacity][row_stride].
+  std::unique_ptr<float, AlignedFree> keys;
+  std::unique_ptr<float, AlignedFree> values;
+  std::vector<int64_t> lengths;  // [n_sequences]
+};
+
+namespace {
+const KvCacheConfig kEmptyConfig{0, 0, 0, 0, KvDtype::kFloat32};
+}  // namespace
 
 KvCache::KvCache() = default;
 KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache&& other) noexcept = default;
+KvCache& KvCache::operator=(KvCache&& other) noexcept = default;
 
-KvCache::KvCache(KvCache&& other) noexcept
-    : config_(other.config_),
-      row_stride_(other.row_stride_),
-      keys_(std::move(other.keys_)),
-      values_(std::move(other.values_)),
-      lengths_(std::move(other.lengths_)) {
-  other.config_ = KvCacheConfig{0, 0, 0, 0, KvDtype::kFloat32};
-  other.row_stride_ = 0;
-  other.lengths_.clear();
-}
+namespace {
 
-KvCache& KvCache::operator=(KvCache&& other) noexcept {
-  if (this != &other) {
-    config_ = other.config_;
-    row_stride_ = other.row_stride_;
-    keys_ = std::move(other.keys_);
-    values_ = std::move(other.values_);
-    lengths_ = std::move(other.lengths_);
-    other.config_ = KvCacheConfig{0, 0, 0, 0, KvDtype::kFloat32};
-    other.row_stride_ = 0;
-    other.lengths_.clear();
-  }
-  return *this;
-}
-
-Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
-  constexpr const char* kFn = "KvCache::Create";
-  if (out == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": out is null");
-  }
+// The sizes and dtype of a config, before any byte count.
+Status CheckConfig(const char* fn, const KvCacheConfig& config) {
   const std::pair<const char*, int64_t> sizes[] = {
       {"config.n_sequences", config.n_sequences},
       {"config.n_kv_heads", config.n_kv_heads},
@@ -126,83 +114,102 @@ Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
       {"config.capacity", config.capacity},
   };
   for (const auto& [name, value] : sizes) {
-    Status status = CheckPositive(kFn, name, value);
+    Status status = internal::CheckPositive(fn, name, value);
     if (!status.ok()) return status;
   }
   if (config.dtype != KvDtype::kFloat32) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": config.dtype (" +
-        std::to_string(static_cast<int>(config.dtype)) +
-        ") is not a known KvDtype");
+    return internal::Fail(StatusCode::kInvalidArgument, fn, "config.dtype (",
+                          static_cast<int>(config.dtype),
+                          ") is not a known KvDtype");
   }
-
-  int64_t row_stride = 0;
-  int64_t buffer_bytes = 0;
-  if (!BufferBytes(config, &row_stride, &buffer_bytes)) {
-    return Status::ResourceExhausted(
-        std::string(kFn) + ": 2 x n_sequences (" + Str(config.n_sequences) +
-        ") x n_kv_heads (" + Str(config.n_kv_heads) + ") x capacity (" +
-        Str(config.capacity) + ") x head_dim (" + Str(config.head_dim) +
-        ") rounded up to 16 x 4 bytes overflows");
-  }
-
-  KvCache cache;
-  bool allocated = false;
-  try {
-    cache.keys_.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    if (cache.keys_ != nullptr) {
-      cache.values_.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    }
-    if (cache.values_ != nullptr) {
-      cache.lengths_.assign(static_cast<size_t>(config.n_sequences), 0);
-      allocated = true;
-    }
-  } catch (const std::bad_alloc&) {
-  }
-  if (!allocated) {
-    return Status::ResourceExhausted(std::string(kFn) +
-                                     ": out of memory for 2 x " +
-                                     Str(buffer_bytes) + " bytes");
-  }
-  cache.config_ = config;
-  cache.row_stride_ = row_stride;
-  *out = std::move(cache);
   return Status::Ok();
 }
 
-int64_t KvCache::RowOffset(int64_t seq, int64_t kv_head, int64_t row) const {
-  return ((seq * config_.n_kv_heads + kv_head) * config_.capacity + row) *
-         row_stride_;
+}  // namespace
+
+Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
+  constexpr const char* kFn = "KvCache::Create";
+  if (out == nullptr) {
+    return internal::Fail(StatusCode::kInvalidArgument, kFn, "out is null");
+  }
+  Status status = CheckConfig(kFn, config);
+  if (!status.ok()) return status;
+  int64_t row_stride = 0;
+  int64_t buffer_bytes = 0;
+  if (!BufferBytes(config, &row_stride, &buffer_bytes)) {
+    return internal::Fail(
+        StatusCode::kResourceExhausted, kFn, "2 x n_sequences (",
+        config.n_sequences, ") x n_kv_heads (", config.n_kv_heads,
+        ") x capacity (", config.capacity, ") x head_dim (", config.head_dim,
+        ") rounded up to 16 x 4 bytes overflows");
+  }
+
+  std::unique_ptr<Impl> impl;
+  try {
+    impl = std::make_unique<Impl>();
+    impl->keys.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
+    if (impl->keys != nullptr) {
+      impl->values.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
+    }
+    if (impl->values != nullptr) {
+      impl->lengths.assign(static_cast<size_t>(config.n_sequences), 0);
+    }
+  } catch (const std::bad_alloc&) {
+    impl.reset();
+  }
+  if (impl == nullptr || impl->lengths.empty()) {
+    return internal::Fail(StatusCode::kResourceExhausted, kFn,
+                          "out of memory for 2 x ", buffer_bytes, " bytes");
+  }
+  impl->config = config;
+  impl->row_stride = row_stride;
+  impl->head_stride = config.capacity * row_stride;  // fits: BufferBytes
+  out->impl_ = std::move(impl);
+  return Status::Ok();
 }
 
-float* KvCache::KeyRow(int64_t seq, int64_t kv_head, int64_t row) const {
-  return keys_.get() + RowOffset(seq, kv_head, row);
+size_t KvCache::BytesPerToken(const KvCacheConfig& config) {
+  int64_t row_stride = 0, buffer_bytes = 0;
+  if (!CheckConfig("KvCache::BytesPerToken", config).ok() ||
+      !BufferBytes(config, &row_stride, &buffer_bytes)) {
+    return 0;
+  }
+  return 2 * static_cast<size_t>(config.n_kv_heads * row_stride) *
+         sizeof(float);
 }
 
-float* KvCache::ValueRow(int64_t seq, int64_t kv_head, int64_t row) const {
-  return values_.get() + RowOffset(seq, kv_head, row);
+const KvCacheConfig& KvCache::config() const {
+  return impl_ ? impl_->config : kEmptyConfig;
 }
+int64_t KvCache::n_sequences() const {
+  return impl_ ? impl_->config.n_sequences : 0;
+}
+int64_t KvCache::n_kv_heads() const {
+  return impl_ ? impl_->config.n_kv_heads : 0;
+}
+int64_t KvCache::head_dim() const { return impl_ ? impl_->config.head_dim : 0; }
+int64_t KvCache::capacity() const { return impl_ ? impl_->config.capacity : 0; }
+int64_t KvCache::row_stride() const { return impl_ ? impl_->row_stride : 0; }
+int64_t KvCache::head_stride() const { return impl_ ? impl_->head_stride : 0; }
 
 int64_t KvCache::length(int64_t seq) const {
-  if (seq < 0 || seq >= config_.n_sequences) return 0;
-  return lengths_[static_cast<size_t>(seq)];
+  if (seq < 0 || seq >= n_sequences()) return 0;
+  return impl_->lengths[static_cast<size_t>(seq)];
 }
 
 size_t KvCache::bytes() const {
   // Cannot overflow: Create checked this product.
-  return static_cast<size_t>(config_.n_sequences * config_.capacity) *
-         bytes_per_token();
+  return static_cast<size_t>(n_sequences() * capacity()) * bytes_per_token();
 }
 
 size_t KvCache::bytes_per_token() const {
-  return 2 * static_cast<size_t>(config_.n_kv_heads * row_stride_) *
-         sizeof(float);
+  return 2 * static_cast<size_t>(n_kv_heads() * row_stride()) * sizeof(float);
 }
 
 Status KvCache::Append(int64_t seq, MatrixView<const float> k,
                        MatrixView<const float> v) {
   constexpr const char* kFn = "KvCache::Append";
-  Status status = CheckIndex(kFn, "seq", seq, config_.n_sequences);
+  Status status = internal::CheckIndex(kFn, "seq", seq, n_sequences());
   if (status.ok()) status = internal::CheckMatrix(kFn, "k", k);
   if (status.ok()) status = internal::CheckMatrix(kFn, "v", v);
   if (status.ok()) {
@@ -210,29 +217,30 @@ Status KvCache::Append(int64_t seq, MatrixView<const float> k,
         internal::CheckSameShape(kFn, "k", k.rows, k.cols, "v", v.rows, v.cols);
   }
   if (!status.ok()) return status;
-  const int64_t head_dim = config_.head_dim;
-  const int64_t width = config_.n_kv_heads * head_dim;
+  Impl& impl = *impl_;
+  const int64_t n_kv_heads = impl.config.n_kv_heads;
+  const int64_t head_dim = impl.config.head_dim;
+  const int64_t width = n_kv_heads * head_dim;
   if (k.cols != width) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": k.cols (" + Str(k.cols) +
-        ") must be n_kv_heads * head_dim (" + Str(config_.n_kv_heads) + " * " +
-        Str(head_dim) + " = " + Str(width) + ")");
+    return internal::Fail(StatusCode::kInvalidArgument, kFn, "k.cols (", k.cols,
+                          ") must be n_kv_heads * head_dim (", n_kv_heads,
+                          " * ", head_dim, " = ", width, ")");
   }
-  int64_t& length = lengths_[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "k.rows", k.rows, seq, length, config_.capacity);
+  int64_t& length = impl.lengths[static_cast<size_t>(seq)];
+  status = CheckFits(kFn, "k.rows", k.rows, seq, length, impl.config.capacity);
   if (!status.ok()) return status;
 
   // memmove, not memcpy: k or v may be read from this cache (rows other than
   // the ones written, but possibly the identical row of a no-op copy).
   const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
-  for (int64_t g = 0; g < config_.n_kv_heads; ++g) {
+  for (int64_t g = 0; g < n_kv_heads; ++g) {
     // Destination rows of one head are contiguous: [k.rows, row_stride].
-    float* key_rows = KeyRow(seq, g, length);
-    float* value_rows = ValueRow(seq, g, length);
+    float* key_rows = impl.KeyRow(seq, g, length);
+    float* value_rows = impl.ValueRow(seq, g, length);
     for (int64_t r = 0; r < k.rows; ++r) {
-      std::memmove(key_rows + r * row_stride_,
+      std::memmove(key_rows + r * impl.row_stride,
                    k.data + r * k.stride + g * head_dim, row_bytes);
-      std::memmove(value_rows + r * row_stride_,
+      std::memmove(value_rows + r * impl.row_stride,
                    v.data + r * v.stride + g * head_dim, row_bytes);
     }
   }
@@ -244,39 +252,40 @@ Status KvCache::PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
                             MatrixView<float>* k, MatrixView<float>* v) {
   constexpr const char* kFn = "KvCache::PendingRows";
   if (k == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": k is null");
+    return internal::Fail(StatusCode::kInvalidArgument, kFn, "k is null");
   }
   if (v == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": v is null");
+    return internal::Fail(StatusCode::kInvalidArgument, kFn, "v is null");
   }
   if (k == v) {
     // The second view would overwrite the first.
-    return Status::InvalidArgument(std::string(kFn) +
-                                   ": k and v point to the same view");
+    return internal::Fail(StatusCode::kInvalidArgument, kFn,
+                          "k and v point to the same view");
   }
-  Status status = CheckIndex(kFn, "seq", seq, config_.n_sequences);
+  Status status = internal::CheckIndex(kFn, "seq", seq, n_sequences());
   if (status.ok()) {
-    status = CheckIndex(kFn, "kv_head", kv_head, config_.n_kv_heads);
+    status = internal::CheckIndex(kFn, "kv_head", kv_head, n_kv_heads());
   }
-  if (status.ok()) status = CheckPositive(kFn, "n_new", n_new);
+  if (status.ok()) status = internal::CheckPositive(kFn, "n_new", n_new);
   if (!status.ok()) return status;
-  const int64_t length = lengths_[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "n_new", n_new, seq, length, config_.capacity);
+  const Impl& impl = *impl_;
+  const int64_t length = impl.lengths[static_cast<size_t>(seq)];
+  status = CheckFits(kFn, "n_new", n_new, seq, length, impl.config.capacity);
   if (!status.ok()) return status;
-  *k = MatrixView<float>(KeyRow(seq, kv_head, length), n_new, config_.head_dim,
-                         row_stride_);
-  *v = MatrixView<float>(ValueRow(seq, kv_head, length), n_new,
-                         config_.head_dim, row_stride_);
+  *k = MatrixView<float>(impl.KeyRow(seq, kv_head, length), n_new,
+                         impl.config.head_dim, impl.row_stride);
+  *v = MatrixView<float>(impl.ValueRow(seq, kv_head, length), n_new,
+                         impl.config.head_dim, impl.row_stride);
   return Status::Ok();
 }
 
 Status KvCache::CommitAppend(int64_t seq, int64_t n_new) {
   constexpr const char* kFn = "KvCache::CommitAppend";
-  Status status = CheckIndex(kFn, "seq", seq, config_.n_sequences);
-  if (status.ok()) status = CheckPositive(kFn, "n_new", n_new);
+  Status status = internal::CheckIndex(kFn, "seq", seq, n_sequences());
+  if (status.ok()) status = internal::CheckPositive(kFn, "n_new", n_new);
   if (!status.ok()) return status;
-  int64_t& length = lengths_[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "n_new", n_new, seq, length, config_.capacity);
+  int64_t& length = impl_->lengths[static_cast<size_t>(seq)];
+  status = CheckFits(kFn, "n_new", n_new, seq, length, capacity());
   if (!status.ok()) return status;
   length += n_new;
   return Status::Ok();
@@ -284,13 +293,13 @@ Status KvCache::CommitAppend(int64_t seq, int64_t n_new) {
 
 Status KvCache::Truncate(int64_t seq, int64_t new_length) {
   constexpr const char* kFn = "KvCache::Truncate";
-  Status status = CheckIndex(kFn, "seq", seq, config_.n_sequences);
+  Status status = internal::CheckIndex(kFn, "seq", seq, n_sequences());
   if (!status.ok()) return status;
-  int64_t& length = lengths_[static_cast<size_t>(seq)];
+  int64_t& length = impl_->lengths[static_cast<size_t>(seq)];
   if (new_length < 0 || new_length > length) {
-    return Status::OutOfRange(std::string(kFn) + ": new_length (" +
-                              Str(new_length) + ") is out of range [0, " +
-                              Str(length) + "], the length of seq " + Str(seq));
+    return internal::Fail(StatusCode::kOutOfRange, kFn, "new_length (",
+                          new_length, ") is out of range [0, ", length,
+                          "], the length of seq ", seq);
   }
   length = new_length;
   return Status::Ok();
@@ -298,66 +307,70 @@ Status KvCache::Truncate(int64_t seq, int64_t new_length) {
 
 Status KvCache::CopySequence(int64_t from, int64_t to) {
   constexpr const char* kFn = "KvCache::CopySequence";
-  Status status = CheckIndex(kFn, "from", from, config_.n_sequences);
-  if (status.ok()) status = CheckIndex(kFn, "to", to, config_.n_sequences);
+  Status status = internal::CheckIndex(kFn, "from", from, n_sequences());
+  if (status.ok()) status = internal::CheckIndex(kFn, "to", to, n_sequences());
   if (!status.ok() || from == to) return status;
-  const int64_t length = lengths_[static_cast<size_t>(from)];
+  Impl& impl = *impl_;
+  const int64_t length = impl.lengths[static_cast<size_t>(from)];
   // The rows of one head are contiguous: one copy per head and buffer (the
   // padding copied along is zero on both sides).
   const size_t head_bytes =
-      static_cast<size_t>(length * row_stride_) * sizeof(float);
+      static_cast<size_t>(length * impl.row_stride) * sizeof(float);
   if (head_bytes != 0) {
-    for (int64_t g = 0; g < config_.n_kv_heads; ++g) {
-      std::memcpy(KeyRow(to, g, 0), KeyRow(from, g, 0), head_bytes);
-      std::memcpy(ValueRow(to, g, 0), ValueRow(from, g, 0), head_bytes);
+    for (int64_t g = 0; g < impl.config.n_kv_heads; ++g) {
+      std::memcpy(impl.KeyRow(to, g, 0), impl.KeyRow(from, g, 0), head_bytes);
+      std::memcpy(impl.ValueRow(to, g, 0), impl.ValueRow(from, g, 0),
+                  head_bytes);
     }
   }
-  lengths_[static_cast<size_t>(to)] = length;
+  impl.lengths[static_cast<size_t>(to)] = length;
   return Status::Ok();
 }
 
 Status KvCache::Reset(int64_t seq) {
-  Status status = CheckIndex("KvCache::Reset", "seq", seq, config_.n_sequences);
+  Status status =
+      internal::CheckIndex("KvCache::Reset", "seq", seq, n_sequences());
   if (!status.ok()) return status;
-  lengths_[static_cast<size_t>(seq)] = 0;
+  impl_->lengths[static_cast<size_t>(seq)] = 0;
   return Status::Ok();
 }
 
-void KvCache::ResetAll() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+void KvCache::ResetAll() {
+  if (impl_) std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
+}
 
 MatrixView<const float> KvCache::Keys(int64_t seq, int64_t kv_head) const {
-  if (seq < 0 || seq >= config_.n_sequences || kv_head < 0 ||
-      kv_head >= config_.n_kv_heads) {
+  if (seq < 0 || seq >= n_sequences() || kv_head < 0 ||
+      kv_head >= n_kv_heads()) {
     return MatrixView<const float>();
   }
-  return MatrixView<const float>(KeyRow(seq, kv_head, 0),
-                                 lengths_[static_cast<size_t>(seq)],
-                                 config_.head_dim, row_stride_);
+  return MatrixView<const float>(impl_->KeyRow(seq, kv_head, 0),
+                                 impl_->lengths[static_cast<size_t>(seq)],
+                                 impl_->config.head_dim, impl_->row_stride);
 }
 
 MatrixView<const float> KvCache::Values(int64_t seq, int64_t kv_head) const {
-  if (seq < 0 || seq >= config_.n_sequences || kv_head < 0 ||
-      kv_head >= config_.n_kv_heads) {
+  if (seq < 0 || seq >= n_sequences() || kv_head < 0 ||
+      kv_head >= n_kv_heads()) {
     return MatrixView<const float>();
   }
-  return MatrixView<const float>(ValueRow(seq, kv_head, 0),
-                                 lengths_[static_cast<size_t>(seq)],
-                                 config_.head_dim, row_stride_);
+  return MatrixView<const float>(impl_->ValueRow(seq, kv_head, 0),
+                                 impl_->lengths[static_cast<size_t>(seq)],
+                                 impl_->config.head_dim, impl_->row_stride);
 }
 
 MatrixView<const float> KvCache::KeyBuffer() const {
-  if (config_.n_sequences == 0) return MatrixView<const float>();
-  return MatrixView<const float>(
-      keys_.get(), config_.n_sequences * config_.n_kv_heads * config_.capacity,
-      row_stride_, row_stride_);
+  if (!impl_) return MatrixView<const float>();
+  return MatrixView<const float>(impl_->keys.get(),
+                                 n_sequences() * n_kv_heads() * capacity(),
+                                 impl_->row_stride, impl_->row_stride);
 }
 
 MatrixView<const float> KvCache::ValueBuffer() const {
-  if (config_.n_sequences == 0) return MatrixView<const float>();
-  return MatrixView<const float>(
-      values_.get(),
-      config_.n_sequences * config_.n_kv_heads * config_.capacity, row_stride_,
-      row_stride_);
+  if (!impl_) return MatrixView<const float>();
+  return MatrixView<const float>(impl_->values.get(),
+                                 n_sequences() * n_kv_heads() * capacity(),
+                                 impl_->row_stride, impl_->row_stride);
 }
 
 }  // namespace headway

@@ -7,7 +7,6 @@
 #include <stdint.h>
 
 #include <algorithm>
-#include <cmath>
 #include <new>
 #include <string>
 #include <vector>
@@ -118,7 +117,9 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "headway/layer.h"
 #include "headway/matmul.h"
+#include "lib/attention/attention_build.h"
 #include "lib/core/init.h"
+#include "lib/core/message.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -127,10 +128,57 @@ HWY_EXPORT(LayerForwardT);
 
 namespace {
 
-std::string Str(int64_t value) { return std::to_string(value); }
+using internal::Fail;
+using internal::Shape;
+using internal::SpanOf;
 
-std::string Shape(int64_t rows, int64_t cols) {
-  return "[" + Str(rows) + ", " + Str(cols) + "]";
+// ------------------------------------------------------------ Create's steps
+
+// Checks config and fills in its defaults (n_kv_heads, head_dim,
+// attention.scale, head_end).
+Status ResolveConfig(const char* fn, AttentionLayerConfig* config) {
+  AttentionLayerConfig& c = *config;
+  Status status = internal::CheckPositive(fn, "config.d_model", c.d_model);
+  if (status.ok())
+    status = internal::CheckPositive(fn, "config.n_heads", c.n_heads);
+  if (!status.ok()) return status;
+  if (c.n_kv_heads < 0) {
+    return Fail(StatusCode::kInvalidArgument, fn,
+                "config.n_kv_heads must be >= 0 (got ", c.n_kv_heads, ")");
+  }
+  if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+  if (c.n_heads % c.n_kv_heads != 0) {
+    return Fail(StatusCode::kInvalidArgument, fn, "config.n_heads (", c.n_heads,
+                ") is not a multiple of config.n_kv_heads (", c.n_kv_heads,
+                ")");
+  }
+  if (c.head_dim < 0) {
+    return Fail(StatusCode::kInvalidArgument, fn,
+                "config.head_dim must be >= 0 (got ", c.head_dim, ")");
+  }
+  if (c.head_dim == 0) {
+    if (c.d_model % c.n_heads != 0) {
+      return Fail(StatusCode::kInvalidArgument, fn,
+                  "config.head_dim is 0 but config.d_model (", c.d_model,
+                  ") is not a multiple of config.n_heads (", c.n_heads,
+                  "): give head_dim");
+    }
+    c.head_dim = c.d_model / c.n_heads;
+  }
+  status = CheckAttentionOptions(fn, "config.attention", c.attention);
+  if (!status.ok()) return status;
+  c.attention.scale = AttentionScale(c.attention, c.head_dim);
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  if (c.head_begin == 0 && c.head_end == 0) c.head_end = c.n_heads;
+  if (c.head_begin < 0 || c.head_end > c.n_heads ||
+      c.head_begin >= c.head_end || c.head_begin % group != 0 ||
+      c.head_end % group != 0) {
+    return Fail(StatusCode::kInvalidArgument, fn,
+                "config.head_begin, head_end [", c.head_begin, ", ", c.head_end,
+                ") must be a non-empty range in [0, n_heads = ", c.n_heads,
+                "] on KV-group boundaries (multiples of ", group, ")");
+  }
+  return Status::Ok();
 }
 
 // A checked weight view of the expected shape.
@@ -139,23 +187,56 @@ Status CheckWeight(const char* fn, const char* name, MatrixView<const float> w,
   Status status = internal::CheckMatrix(fn, name, w);
   if (!status.ok()) return status;
   if (w.rows != rows || w.cols != cols) {
-    return Status::InvalidArgument(std::string(fn) + ": weights." + name +
-                                   " is " + Shape(w.rows, w.cols) +
-                                   " but must be " + Shape(rows, cols));
+    return Fail(StatusCode::kInvalidArgument, fn, "weights.", name, " is ",
+                Shape(w.rows, w.cols), " but must be ", Shape(rows, cols));
   }
   return Status::Ok();
 }
 
-// Bytes spanned by a checked view.
-int64_t SpanOf(int64_t rows, int64_t cols, int64_t stride) {
-  int64_t bytes = 0;
-  internal::SpanBytes(rows, cols, stride, sizeof(float), &bytes);
-  return bytes;
+// The whole model's weights for a resolved config c: sizes whose byte count
+// fits, and views of the right shapes.
+Status CheckWeights(const char* fn, const AttentionLayerConfig& c,
+                    const AttentionLayerWeights& weights) {
+  int64_t q_cols = 0, kv_cols = 0, qkv_cols = 0, elems = 0;
+  if (!internal::CheckedMul(c.n_heads, c.head_dim, &q_cols) ||
+      !internal::CheckedMul(c.n_kv_heads, c.head_dim, &kv_cols) ||
+      !internal::CheckedMul(kv_cols, 2, &qkv_cols) ||
+      !internal::CheckedAdd(qkv_cols, q_cols, &qkv_cols) ||
+      !internal::CheckedProduct({c.d_model, qkv_cols, 64}, &elems)) {
+    return Fail(StatusCode::kResourceExhausted, fn, "config.d_model (",
+                c.d_model, ") x (config.n_heads (", c.n_heads,
+                ") + 2 x config.n_kv_heads (", c.n_kv_heads,
+                ")) x config.head_dim (", c.head_dim,
+                "): the weights' byte count overflows");
+  }
+  Status status = CheckWeight(fn, "w_q", weights.w_q, c.d_model, q_cols);
+  if (status.ok()) {
+    status = CheckWeight(fn, "w_k", weights.w_k, c.d_model, kv_cols);
+  }
+  if (status.ok()) {
+    status = CheckWeight(fn, "w_v", weights.w_v, c.d_model, kv_cols);
+  }
+  if (status.ok()) {
+    status = CheckWeight(fn, "w_o", weights.w_o, q_cols, c.d_model);
+  }
+  return status;
 }
 
 }  // namespace
 
 struct AttentionLayer::Impl {
+  // Packs this shard's part of checked weights for a resolved config.
+  Status Pack(const AttentionLayerConfig& c,
+              const AttentionLayerWeights& weights);
+
+  // Forward's steps.
+  Status CheckSequences(const char* fn, const KvCache& cache,
+                        const LayerSequence* sequences, int64_t n_sequences,
+                        int64_t* tokens);
+  Status Plan(KvCache* cache, const LayerSequence* sequences,
+              int64_t n_sequences, int64_t tokens, MatrixView<const float> x,
+              MatrixView<float> y, LayerStep* step);
+
   AttentionLayerConfig config;  // resolved
   int64_t local_heads = 0;
   int64_t local_kv_heads = 0;
@@ -172,6 +253,58 @@ struct AttentionLayer::Impl {
   AttentionPlan plan;
 };
 
+Status AttentionLayer::Impl::Pack(const AttentionLayerConfig& c,
+                                  const AttentionLayerWeights& weights) {
+  config = c;
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  const int64_t hd = c.head_dim;
+  const int64_t h0 = c.head_begin, h1 = c.head_end;
+  const int64_t g0 = h0 / group, g1 = h1 / group;
+  local_heads = h1 - h0;
+  local_kv_heads = g1 - g0;
+  const int64_t lq = local_heads * hd;
+  const int64_t lkv = local_kv_heads * hd;
+  const int64_t n_qkv = lq + 2 * lkv;
+  // The fused weight: this shard's columns of W_Q, then W_K, then W_V,
+  // packed straight from the host's matrices.
+  const MatrixView<const float> qkv_parts[3] = {
+      {weights.w_q.data + h0 * hd, c.d_model, lq, weights.w_q.stride},
+      {weights.w_k.data + g0 * hd, c.d_model, lkv, weights.w_k.stride},
+      {weights.w_v.data + g0 * hd, c.d_model, lkv, weights.w_v.stride}};
+  Status status = PackedB::PackColumns(qkv_parts, 3, &qkv);
+  if (!status.ok()) return status;
+  // This shard's rows of W_O.
+  status = PackedB::Pack(
+      MatrixView<const float>(weights.w_o.data + h0 * hd * weights.w_o.stride,
+                              lq, c.d_model, weights.w_o.stride),
+      Transpose::kNo, &o);
+  if (!status.ok()) return status;
+  n_weights = c.d_model * n_qkv + lq * c.d_model;
+  if (weights.b_q != nullptr || weights.b_k != nullptr ||
+      weights.b_v != nullptr) {
+    b_qkv.assign(static_cast<size_t>(n_qkv), 0.0f);
+    if (weights.b_q != nullptr) {
+      std::copy(weights.b_q + h0 * hd, weights.b_q + h1 * hd, b_qkv.begin());
+      n_weights += lq;
+    }
+    if (weights.b_k != nullptr) {
+      std::copy(weights.b_k + g0 * hd, weights.b_k + g1 * hd,
+                b_qkv.begin() + lq);
+      n_weights += lkv;
+    }
+    if (weights.b_v != nullptr) {
+      std::copy(weights.b_v + g0 * hd, weights.b_v + g1 * hd,
+                b_qkv.begin() + lq + lkv);
+      n_weights += lkv;
+    }
+  }
+  if (weights.b_o != nullptr && h0 == 0) {
+    b_o.assign(weights.b_o, weights.b_o + c.d_model);
+    n_weights += c.d_model;
+  }
+  return Status::Ok();
+}
+
 AttentionLayer::AttentionLayer() = default;
 AttentionLayer::~AttentionLayer() = default;
 AttentionLayer::AttentionLayer(AttentionLayer&& other) noexcept = default;
@@ -182,156 +315,28 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
                               const AttentionLayerWeights& weights,
                               AttentionLayer* out) {
   constexpr const char* kFn = "AttentionLayer::Create";
-  if (out == nullptr)
-    return Status::InvalidArgument(std::string(kFn) + ": " + "out is null");
+  if (out == nullptr) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
+  }
   AttentionLayerConfig c = config;
-  if (c.d_model < 1) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "config.d_model must be >= 1 (got " +
-                                   Str(c.d_model) + ")");
-  }
-  if (c.n_heads < 1) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "config.n_heads must be >= 1 (got " +
-                                   Str(c.n_heads) + ")");
-  }
-  if (c.n_kv_heads < 0) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "config.n_kv_heads must be >= 0 (got " +
-                                   Str(c.n_kv_heads) + ")");
-  }
-  if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
-  if (c.n_heads % c.n_kv_heads != 0) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": " + "config.n_heads (" + Str(c.n_heads) +
-        ") is not a multiple of config.n_kv_heads (" + Str(c.n_kv_heads) + ")");
-  }
-  if (c.head_dim < 0) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "config.head_dim must be >= 0 (got " +
-                                   Str(c.head_dim) + ")");
-  }
-  if (c.head_dim == 0) {
-    if (c.d_model % c.n_heads != 0) {
-      return Status::InvalidArgument(
-          std::string(kFn) + ": " +
-          "config.head_dim is 0 but config.d_model (" + Str(c.d_model) +
-          ") is not a multiple of config.n_heads (" + Str(c.n_heads) +
-          "): give head_dim");
-    }
-    c.head_dim = c.d_model / c.n_heads;
-  }
-  if (c.mask != AttentionMask::kNone && c.mask != AttentionMask::kCausal) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "config.mask is not an AttentionMask (got " +
-                                   Str(static_cast<int>(c.mask)) + ")");
-  }
-  if (!std::isfinite(c.scale) || c.scale < 0.0f) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": " + "config.scale must be finite and >= 0 (got " +
-        std::to_string(c.scale) + ")");
-  }
-  if (c.scale == 0.0f) {
-    c.scale =
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  }
-  const int64_t group = c.n_heads / c.n_kv_heads;
-  if (c.head_begin == 0 && c.head_end == 0) c.head_end = c.n_heads;
-  if (c.head_begin < 0 || c.head_end > c.n_heads ||
-      c.head_begin >= c.head_end || c.head_begin % group != 0 ||
-      c.head_end % group != 0) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": " + "config.head_begin, head_end [" +
-        Str(c.head_begin) + ", " + Str(c.head_end) +
-        ") must be a non-empty range in [0, n_heads = " + Str(c.n_heads) +
-        "] on KV-group boundaries (multiples of " + Str(group) + ")");
-  }
-  // Sizes: every weight matrix's element count must fit easily.
-  int64_t q_cols = 0, kv_cols = 0, qkv_cols = 0, elems = 0;
-  if (!internal::CheckedMul(c.n_heads, c.head_dim, &q_cols) ||
-      !internal::CheckedMul(c.n_kv_heads, c.head_dim, &kv_cols) ||
-      !internal::CheckedMul(kv_cols, 2, &qkv_cols) ||
-      !internal::CheckedAdd(qkv_cols, q_cols, &qkv_cols) ||
-      !internal::CheckedProduct({c.d_model, qkv_cols, 64}, &elems)) {
-    return Status::ResourceExhausted(
-        std::string(kFn) + ": config.d_model (" + Str(c.d_model) +
-        ") x (config.n_heads (" + Str(c.n_heads) +
-        ") + 2 x config.n_kv_heads (" + Str(c.n_kv_heads) +
-        ")) x config.head_dim (" + Str(c.head_dim) +
-        "): the weights' byte count overflows");
-  }
-  Status status = CheckWeight(kFn, "w_q", weights.w_q, c.d_model, q_cols);
-  if (status.ok()) {
-    status = CheckWeight(kFn, "w_k", weights.w_k, c.d_model, kv_cols);
-  }
-  if (status.ok()) {
-    status = CheckWeight(kFn, "w_v", weights.w_v, c.d_model, kv_cols);
-  }
-  if (status.ok()) {
-    status = CheckWeight(kFn, "w_o", weights.w_o, q_cols, c.d_model);
-  }
+  Status status = ResolveConfig(kFn, &c);
+  if (status.ok()) status = CheckWeights(kFn, c, weights);
   if (!status.ok()) return status;
-
   internal::InitOnce();
   try {
     auto impl = std::make_unique<Impl>();
-    impl->config = c;
-    const int64_t hd = c.head_dim;
-    const int64_t h0 = c.head_begin, h1 = c.head_end;
-    const int64_t g0 = h0 / group, g1 = h1 / group;
-    impl->local_heads = h1 - h0;
-    impl->local_kv_heads = g1 - g0;
-    const int64_t lq = impl->local_heads * hd;
-    const int64_t lkv = impl->local_kv_heads * hd;
-    const int64_t n_qkv = lq + 2 * lkv;
-    // The fused weight: this shard's columns of W_Q, then W_K, then W_V,
-    // packed straight from the host's matrices.
-    const MatrixView<const float> qkv_parts[3] = {
-        {weights.w_q.data + h0 * hd, c.d_model, lq, weights.w_q.stride},
-        {weights.w_k.data + g0 * hd, c.d_model, lkv, weights.w_k.stride},
-        {weights.w_v.data + g0 * hd, c.d_model, lkv, weights.w_v.stride}};
-    status = PackedB::PackColumns(qkv_parts, 3, &impl->qkv);
+    status = impl->Pack(c, weights);
     if (!status.ok()) return status;
-    // This shard's rows of W_O.
-    status = PackedB::Pack(
-        MatrixView<const float>(weights.w_o.data + h0 * hd * weights.w_o.stride,
-                                lq, c.d_model, weights.w_o.stride),
-        Transpose::kNo, &impl->o);
-    if (!status.ok()) return status;
-    impl->n_weights = c.d_model * n_qkv + lq * c.d_model;
-    if (weights.b_q != nullptr || weights.b_k != nullptr ||
-        weights.b_v != nullptr) {
-      impl->b_qkv.assign(static_cast<size_t>(n_qkv), 0.0f);
-      if (weights.b_q != nullptr) {
-        std::copy(weights.b_q + h0 * hd, weights.b_q + h1 * hd,
-                  impl->b_qkv.begin());
-        impl->n_weights += lq;
-      }
-      if (weights.b_k != nullptr) {
-        std::copy(weights.b_k + g0 * hd, weights.b_k + g1 * hd,
-                  impl->b_qkv.begin() + lq);
-        impl->n_weights += lkv;
-      }
-      if (weights.b_v != nullptr) {
-        std::copy(weights.b_v + g0 * hd, weights.b_v + g1 * hd,
-                  impl->b_qkv.begin() + lq + lkv);
-        impl->n_weights += lkv;
-      }
-    }
-    if (weights.b_o != nullptr && h0 == 0) {
-      impl->b_o.assign(weights.b_o, weights.b_o + c.d_model);
-      impl->n_weights += c.d_model;
-    }
     out->impl_ = std::move(impl);
   } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted(std::string(kFn) + ": " + "out of memory");
+    return Fail(StatusCode::kResourceExhausted, kFn, "out of memory");
   }
   return Status::Ok();
 }
 
 const AttentionLayerConfig& AttentionLayer::config() const {
-  static const AttentionLayerConfig kEmpty{0,    0, 0, 0, AttentionMask::kNone,
-                                           0.0f, 0, 0};
+  static const AttentionLayerConfig kEmpty{
+      0, 0, 0, 0, AttentionOptions{AttentionMask::kNone, 0.0f}, 0, 0};
   return impl_ ? impl_->config : kEmpty;
 }
 int64_t AttentionLayer::local_heads() const {
@@ -356,207 +361,222 @@ KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences,
   return cache;
 }
 size_t AttentionLayer::cache_bytes_per_token() const {
-  if (!impl_) return 0;
-  // KvCache's row stride: head_dim rounded up to 16 floats.
-  const size_t row_stride =
-      RoundUp(static_cast<size_t>(impl_->config.head_dim), size_t{16});
-  return 2 * static_cast<size_t>(impl_->local_kv_heads) * row_stride *
-         sizeof(float);
+  return impl_ ? KvCache::BytesPerToken(CacheConfig(1, 1)) : 0;
+}
+
+// ----------------------------------------------------------- Forward's steps
+
+// Checks the sequences of a call against cache (which matches the layer) and
+// sums their tokens. Messages are built on error only: no allocation on the
+// hot path.
+Status AttentionLayer::Impl::CheckSequences(const char* fn,
+                                            const KvCache& cache,
+                                            const LayerSequence* sequences,
+                                            int64_t n_sequences,
+                                            int64_t* tokens) {
+  const int64_t slots = cache.n_sequences(), capacity = cache.capacity();
+  seen.assign(static_cast<size_t>(slots), 0);
+  *tokens = 0;
+  for (int64_t i = 0; i < n_sequences; ++i) {
+    const LayerSequence& s = sequences[i];
+    const auto name = [i] { return internal::Cat("sequences[", i, "]"); };
+    if (s.seq < 0 || s.seq >= slots) {
+      return Fail(StatusCode::kInvalidArgument, fn, name(), ".seq (", s.seq,
+                  ") is not in [0, ", slots, ")");
+    }
+    if (seen[static_cast<size_t>(s.seq)]) {
+      return Fail(StatusCode::kInvalidArgument, fn, name(), ".seq (", s.seq,
+                  ") is listed twice");
+    }
+    seen[static_cast<size_t>(s.seq)] = 1;
+    if (s.n_tokens < 1) {
+      return Fail(StatusCode::kInvalidArgument, fn, name(),
+                  ".n_tokens must be >= 1 (got ", s.n_tokens, ")");
+    }
+    const int64_t length = cache.length(s.seq);
+    if (length > capacity - s.n_tokens) {
+      return Fail(StatusCode::kOutOfRange, fn, name(), ": length ", length,
+                  " + ", s.n_tokens, " new tokens exceeds the cache capacity ",
+                  capacity);
+    }
+    *tokens += s.n_tokens;  // <= n_sequences * capacity: no overflow
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// x and y: [tokens, d_model] views, y disjoint from x, neither in the cache
+// (the projection writes cache rows while it reads x). The cache's buffers,
+// not Keys(0, 0): other threads may be changing other sequences.
+Status CheckInOut(const char* fn, const KvCache& cache, int64_t tokens,
+                  int64_t d_model, MatrixView<const float> x,
+                  MatrixView<float> y) {
+  Status status = internal::CheckMatrix(fn, "x", x);
+  if (status.ok()) status = internal::CheckMatrix(fn, "y", y);
+  if (!status.ok()) return status;
+  if (x.rows != tokens || x.cols != d_model) {
+    return Fail(StatusCode::kInvalidArgument, fn, "x is ",
+                Shape(x.rows, x.cols), " but must be ", Shape(tokens, d_model),
+                " (tokens of all sequences, d_model)");
+  }
+  if (y.rows != tokens || y.cols != d_model) {
+    return Fail(StatusCode::kInvalidArgument, fn, "y is ",
+                Shape(y.rows, y.cols), " but must be ", Shape(tokens, d_model));
+  }
+  const internal::Span x_span = SpanOf(x), y_span = SpanOf(y);
+  const internal::Span keys = SpanOf(cache.KeyBuffer());
+  const internal::Span values = SpanOf(cache.ValueBuffer());
+  status = internal::CheckDisjoint(fn, y_span, "y", x_span, "x");
+  if (status.ok()) {
+    status = internal::CheckDisjoint(fn, x_span, "x", keys, "the cache");
+  }
+  if (status.ok()) {
+    status = internal::CheckDisjoint(fn, x_span, "x", values, "the cache");
+  }
+  if (status.ok()) {
+    status = internal::CheckDisjoint(fn, y_span, "y", keys, "the cache");
+  }
+  if (status.ok()) {
+    status = internal::CheckDisjoint(fn, y_span, "y", values, "the cache");
+  }
+  return status;
+}
+
+}  // namespace
+
+// Fills step for checked arguments: Q and attention buffers [T, local_heads *
+// head_dim], the row pointers of Q and of the new K and V rows in the cache,
+// one AttentionWork per sequence.
+Status AttentionLayer::Impl::Plan(KvCache* cache,
+                                  const LayerSequence* sequences,
+                                  int64_t n_sequences, int64_t tokens,
+                                  MatrixView<const float> x,
+                                  MatrixView<float> y, LayerStep* step) {
+  const AttentionLayerConfig& c = config;
+  const size_t t_rows = static_cast<size_t>(tokens);
+  const size_t hd = static_cast<size_t>(c.head_dim);
+  const size_t lq = static_cast<size_t>(local_heads) * hd;
+  const size_t lkv = static_cast<size_t>(local_kv_heads) * hd;
+  float* q_buf = q.Get(t_rows * lq);
+  float* attn_buf = attn.Get(t_rows * lq);
+  rows.resize(3 * t_rows);
+  works.resize(static_cast<size_t>(n_sequences));
+  float** q_rows = rows.data();  // rows: [3][T], Q, then K, then V
+  float** k_rows = q_rows + t_rows;
+  float** v_rows = k_rows + t_rows;
+  size_t row0 = 0;
+  for (int64_t i = 0; i < n_sequences; ++i) {
+    const LayerSequence& s = sequences[i];
+    MatrixView<float> k_new, v_new;  // head 0's new rows
+    Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_new, &v_new);
+    if (!status.ok()) return status;  // checked: cannot happen
+    float* const k0 = k_new.data;
+    float* const v0 = v_new.data;
+    const int64_t k_stride = k_new.stride, v_stride = v_new.stride;
+    for (int64_t t = 0; t < s.n_tokens; ++t) {
+      q_rows[row0 + t] = q_buf + (row0 + t) * lq;
+      k_rows[row0 + t] = k0 + t * k_stride;
+      v_rows[row0 + t] = v0 + t * v_stride;
+    }
+    const int64_t length = cache->length(s.seq);
+    works[static_cast<size_t>(i)] =
+        MakeAttentionWork(*cache, s.seq, length, length + s.n_tokens,
+                          MatrixView<const float>(q_buf + row0 * lq, s.n_tokens,
+                                                  static_cast<int64_t>(lq)),
+                          MatrixView<float>(attn_buf + row0 * lq, s.n_tokens,
+                                            static_cast<int64_t>(lq)),
+                          MatrixView<const float>());
+    row0 += static_cast<size_t>(s.n_tokens);
+  }
+
+  step->x = x.data;
+  step->ldx = static_cast<size_t>(x.stride);
+  step->tokens = t_rows;
+  step->d_model = static_cast<size_t>(c.d_model);
+  step->packed_qkv = qkv.data();
+  step->panel_width = static_cast<size_t>(qkv.panel_width());
+  step->n_qkv = lq + 2 * lkv;
+  step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
+  step->head_dim = hd;
+  MatmulOut& out = step->qkv_out;
+  out.rows = rows.data();
+  out.m = t_rows;
+  out.seg_cols = hd;
+  out.n_kinds = 3;
+  out.kind_first[0] = 0;
+  out.kind_first[1] = static_cast<size_t>(local_heads);
+  out.kind_first[2] = static_cast<size_t>(local_heads + local_kv_heads);
+  out.kind_stride[0] = hd;
+  out.kind_stride[1] = out.kind_stride[2] =
+      static_cast<size_t>(cache->head_stride());
+  step->works = works.data();
+  step->n_works = works.size();
+  step->dims = MakeAttentionDims(*cache, local_heads, c.attention);
+  step->plan = &plan;
+  step->attn = attn_buf;
+  step->ld_attn = lq;
+  step->k_o = lq;
+  step->packed_o = o.data();
+  step->y = y.data;
+  step->ldy = static_cast<size_t>(y.stride);
+  step->b_o = b_o.empty() ? nullptr : b_o.data();
+  return Status::Ok();
 }
 
 Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
                                int64_t n_sequences, MatrixView<const float> x,
                                MatrixView<float> y) {
   constexpr const char* kFn = "AttentionLayer::Forward";
+  // Checks.
   if (!impl_) {
-    return Status::FailedPrecondition(
-        std::string(kFn) + ": " +
-        "the layer is empty (create it with AttentionLayer::Create)");
+    return Fail(StatusCode::kFailedPrecondition, kFn,
+                "the layer is empty (create it with AttentionLayer::Create)");
   }
   Impl& impl = *impl_;
   const AttentionLayerConfig& c = impl.config;
-  if (cache == nullptr)
-    return Status::InvalidArgument(std::string(kFn) + ": " + "cache is null");
+  if (cache == nullptr) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "cache is null");
+  }
   if (sequences == nullptr) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "sequences is null");
+    return Fail(StatusCode::kInvalidArgument, kFn, "sequences is null");
   }
-  if (n_sequences < 1) {
-    return Status::InvalidArgument(std::string(kFn) + ": " +
-                                   "n_sequences must be >= 1 (got " +
-                                   Str(n_sequences) + ")");
-  }
+  Status status = internal::CheckPositive(kFn, "n_sequences", n_sequences);
+  if (!status.ok()) return status;
   if (cache->n_kv_heads() != impl.local_kv_heads ||
       cache->head_dim() != c.head_dim) {
-    return Status::InvalidArgument(
-        std::string(kFn) + ": " + "cache has n_kv_heads " +
-        Str(cache->n_kv_heads()) + " and head_dim " + Str(cache->head_dim()) +
-        " but the layer needs n_kv_heads " + Str(impl.local_kv_heads) +
-        " and head_dim " + Str(c.head_dim) + " (see CacheConfig)");
+    return Fail(StatusCode::kInvalidArgument, kFn, "cache has n_kv_heads ",
+                cache->n_kv_heads(), " and head_dim ", cache->head_dim(),
+                " but the layer needs n_kv_heads ", impl.local_kv_heads,
+                " and head_dim ", c.head_dim, " (see CacheConfig)");
   }
   try {
-    impl.seen.assign(static_cast<size_t>(cache->n_sequences()), 0);
     int64_t tokens = 0;
-    for (int64_t i = 0; i < n_sequences; ++i) {
-      const LayerSequence& s = sequences[i];
-      // Messages are built on error only: no allocation on the hot path.
-      const auto name = [i] { return "sequences[" + Str(i) + "]"; };
-      if (s.seq < 0 || s.seq >= cache->n_sequences()) {
-        return Status::InvalidArgument(
-            std::string(kFn) + ": " + name() + ".seq (" + Str(s.seq) +
-            ") is not in [0, " + Str(cache->n_sequences()) + ")");
-      }
-      if (impl.seen[static_cast<size_t>(s.seq)]) {
-        return Status::InvalidArgument(std::string(kFn) + ": " + name() +
-                                       ".seq (" + Str(s.seq) +
-                                       ") is listed twice");
-      }
-      impl.seen[static_cast<size_t>(s.seq)] = 1;
-      if (s.n_tokens < 1) {
-        return Status::InvalidArgument(std::string(kFn) + ": " + name() +
-                                       ".n_tokens must be >= 1 (got " +
-                                       Str(s.n_tokens) + ")");
-      }
-      if (cache->length(s.seq) > cache->capacity() - s.n_tokens) {
-        return Status::OutOfRange(
-            std::string(kFn) + ": " + name() + ": length " +
-            Str(cache->length(s.seq)) + " + " + Str(s.n_tokens) +
-            " new tokens exceeds the cache capacity " + Str(cache->capacity()));
-      }
-      tokens += s.n_tokens;  // <= n_sequences * capacity: no overflow
-    }
-    Status status = internal::CheckMatrix(kFn, "x", x);
-    if (status.ok()) status = internal::CheckMatrix(kFn, "y", y);
+    status = impl.CheckSequences(kFn, *cache, sequences, n_sequences, &tokens);
+    if (status.ok()) status = CheckInOut(kFn, *cache, tokens, c.d_model, x, y);
     if (!status.ok()) return status;
-    if (x.rows != tokens || x.cols != c.d_model) {
-      return Status::InvalidArgument(std::string(kFn) + ": " + "x is " +
-                                     Shape(x.rows, x.cols) + " but must be " +
-                                     Shape(tokens, c.d_model) +
-                                     " (tokens of all sequences, d_model)");
-    }
-    if (y.rows != tokens || y.cols != c.d_model) {
-      return Status::InvalidArgument(std::string(kFn) + ": " + "y is " +
-                                     Shape(y.rows, y.cols) + " but must be " +
-                                     Shape(tokens, c.d_model));
-    }
-    const int64_t y_bytes = SpanOf(y.rows, y.cols, y.stride);
-    if (internal::Overlaps(x.data, SpanOf(x.rows, x.cols, x.stride), y.data,
-                           y_bytes)) {
-      return Status::InvalidArgument(std::string(kFn) + ": " + "y overlaps x");
-    }
-    // x must not be in the cache either: the projection writes cache rows
-    // while it reads x. The buffers, not Keys(0, 0): other threads may be
-    // changing other sequences.
-    const MatrixView<const float> cache_buffers[2] = {cache->KeyBuffer(),
-                                                      cache->ValueBuffer()};
-    const MatrixView<const float> views[2] = {x, y};
-    for (int v = 0; v < 2; ++v) {
-      const int64_t bytes =
-          SpanOf(views[v].rows, views[v].cols, views[v].stride);
-      for (const MatrixView<const float>& buffer : cache_buffers) {
-        if (internal::Overlaps(buffer.data,
-                               SpanOf(buffer.rows, buffer.cols, buffer.stride),
-                               views[v].data, bytes)) {
-          return Status::InvalidArgument(std::string(kFn) + ": " +
-                                         (v == 0 ? "x" : "y") +
-                                         " overlaps the cache");
-        }
-      }
-    }
 
-    // Plan: Q and attention buffers [T, local_heads * head_dim], row pointers
-    // of Q and of the new K and V rows, one AttentionWork per sequence.
-    const size_t t_rows = static_cast<size_t>(tokens);
-    const size_t hd = static_cast<size_t>(c.head_dim);
-    const size_t lq = static_cast<size_t>(impl.local_heads) * hd;
-    const size_t lkv = static_cast<size_t>(impl.local_kv_heads) * hd;
-    float* q_buf = impl.q.Get(t_rows * lq);
-    float* attn_buf = impl.attn.Get(t_rows * lq);
-    impl.rows.resize(3 * t_rows);
-    impl.works.resize(static_cast<size_t>(n_sequences));
-    const int64_t row_stride = cache->row_stride();
-    const int64_t head_stride = cache->capacity() * row_stride;
-    size_t row0 = 0;
-    for (int64_t i = 0; i < n_sequences; ++i) {
-      const LayerSequence& s = sequences[i];
-      MatrixView<float> k_rows, v_rows;
-      status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_rows, &v_rows);
-      if (!status.ok()) return status;  // checked above: cannot happen
-      for (int64_t t = 0; t < s.n_tokens; ++t) {
-        impl.rows[row0 + t] = q_buf + (row0 + t) * lq;
-        impl.rows[t_rows + row0 + t] = k_rows.data + t * row_stride;
-        impl.rows[2 * t_rows + row0 + t] = v_rows.data + t * row_stride;
-      }
-      AttentionWork& work = impl.works[static_cast<size_t>(i)];
-      work.q = q_buf + row0 * lq;
-      work.q_stride = static_cast<int64_t>(lq);
-      work.out = attn_buf + row0 * lq;
-      work.out_stride = static_cast<int64_t>(lq);
-      work.mask = nullptr;
-      work.mask_stride = 0;
-      work.n_tokens = s.n_tokens;
-      work.q_pos0 = cache->length(s.seq);
-      work.kv_len = work.q_pos0 + s.n_tokens;
-      work.keys = cache->Keys(s.seq, 0).data;
-      work.values = cache->Values(s.seq, 0).data;
-      row0 += static_cast<size_t>(s.n_tokens);
-    }
-
+    // Planning, then the one dispatch.
     LayerStep step;
-    step.x = x.data;
-    step.ldx = static_cast<size_t>(x.stride);
-    step.tokens = t_rows;
-    step.d_model = static_cast<size_t>(c.d_model);
-    step.packed_qkv = impl.qkv.data();
-    step.panel_width = static_cast<size_t>(impl.qkv.panel_width());
-    step.n_qkv = lq + 2 * lkv;
-    step.b_qkv = impl.b_qkv.empty() ? nullptr : impl.b_qkv.data();
-    step.head_dim = hd;
-    MatmulOut& out = step.qkv_out;
-    out.rows = impl.rows.data();
-    out.m = t_rows;
-    out.seg_cols = hd;
-    out.n_kinds = 3;
-    out.kind_first[0] = 0;
-    out.kind_first[1] = static_cast<size_t>(impl.local_heads);
-    out.kind_first[2] =
-        static_cast<size_t>(impl.local_heads + impl.local_kv_heads);
-    out.kind_stride[0] = hd;
-    out.kind_stride[1] = out.kind_stride[2] = static_cast<size_t>(head_stride);
-    step.works = impl.works.data();
-    step.n_works = impl.works.size();
-    step.dims.n_heads = impl.local_heads;
-    step.dims.n_kv_heads = impl.local_kv_heads;
-    step.dims.head_dim = c.head_dim;
-    step.dims.row_stride = row_stride;
-    step.dims.head_stride = head_stride;
-    step.dims.scale = c.scale;
-    step.dims.causal = c.mask == AttentionMask::kCausal;
-    step.plan = &impl.plan;
-    step.attn = attn_buf;
-    step.ld_attn = lq;
-    step.k_o = lq;
-    step.packed_o = impl.o.data();
-    step.y = y.data;
-    step.ldy = static_cast<size_t>(y.stride);
-    step.b_o = impl.b_o.empty() ? nullptr : impl.b_o.data();
-
+    status = impl.Plan(cache, sequences, n_sequences, tokens, x, y, &step);
+    if (!status.ok()) return status;
     const size_t want = HWY_DYNAMIC_DISPATCH(LayerForwardT)(step);
     if (want != 0) {
-      return Status::FailedPrecondition(
-          std::string(kFn) + ": " + "the weights were packed for " +
-          impl.qkv.target_name() + " (panels of " +
-          Str(impl.qkv.panel_width()) +
-          " columns) but dispatch now picks panels of " +
-          Str(static_cast<int64_t>(want)) + ": create the layer again");
+      return Fail(StatusCode::kFailedPrecondition, kFn,
+                  "the weights were packed for ", impl.qkv.target_name(),
+                  " (panels of ", impl.qkv.panel_width(),
+                  " columns) but dispatch now picks panels of ", want,
+                  ": create the layer again");
     }
+
+    // Commit: the new rows become part of their sequences.
     for (int64_t i = 0; i < n_sequences; ++i) {
       status = cache->CommitAppend(sequences[i].seq, sequences[i].n_tokens);
-      if (!status.ok()) return status;  // checked above: cannot happen
+      if (!status.ok()) return status;  // checked: cannot happen
     }
   } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted(std::string(kFn) + ": " +
-                                     "out of memory for scratch");
+    return Fail(StatusCode::kResourceExhausted, kFn,
+                "out of memory for scratch");
   }
   return Status::Ok();
 }

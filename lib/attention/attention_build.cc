@@ -1,0 +1,64 @@
+#include "lib/attention/attention_build.h"
+
+#include <cmath>
+
+#include "lib/core/message.h"
+
+namespace headway {
+
+Status CheckAttentionOptions(const char* fn, const char* name,
+                             const AttentionOptions& options) {
+  if (options.mask != AttentionMask::kNone &&
+      options.mask != AttentionMask::kCausal) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".mask is not an AttentionMask (got ",
+                          static_cast<int>(options.mask), ")");
+  }
+  if (!std::isfinite(options.scale) || options.scale < 0.0f) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".scale must be finite and >= 0 (got ", options.scale,
+                          ")");
+  }
+  return Status::Ok();
+}
+
+float AttentionScale(const AttentionOptions& options, int64_t head_dim) {
+  if (options.scale != 0.0f) return options.scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
+                                const AttentionOptions& options) {
+  AttentionDims dims;
+  dims.n_heads = n_heads;
+  dims.n_kv_heads = cache.n_kv_heads();
+  dims.head_dim = cache.head_dim();
+  dims.row_stride = cache.row_stride();
+  dims.head_stride = cache.head_stride();
+  dims.scale = AttentionScale(options, cache.head_dim());
+  dims.causal = options.mask == AttentionMask::kCausal;
+  return dims;
+}
+
+AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
+                                int64_t q_pos0, int64_t kv_len,
+                                MatrixView<const float> q,
+                                MatrixView<float> out,
+                                MatrixView<const float> mask) {
+  AttentionWork work;
+  work.q = q.data;
+  work.q_stride = q.stride;
+  work.out = out.data;
+  work.out_stride = out.stride;
+  work.mask = mask.data;
+  work.mask_stride = mask.stride;
+  work.n_tokens = q.rows;
+  work.q_pos0 = q_pos0;
+  work.kv_len = kv_len;
+  // Head 0 of seq; head g is g * dims.head_stride further.
+  work.keys = cache.Keys(seq, 0).data;
+  work.values = cache.Values(seq, 0).data;
+  return work;
+}
+
+}  // namespace headway
