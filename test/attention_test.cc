@@ -202,8 +202,9 @@ class AttentionTest : public test::TargetTest {};
 
 const Layout kLayouts[] = {{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}};
 
-// Decode: one query token against caches around the key block (64) and chunk
-// sizes.
+// Decode: one query token against caches around half a key block and one (64,
+// 128: kAttentionKeyBlock in lib/attention/attention-inl.h) and longer than
+// the 512-key minimum chunk (700, 3001).
 TEST_P(AttentionTest, Decode) {
   uint64_t seed = 1;
   for (const Layout& layout : kLayouts) {
@@ -703,8 +704,8 @@ TEST_P(AttentionTest, LargeLogitsWithinTheBound) {
 
 // Decode (one query row: the narrow-tile path) with a NaN in q, in a visible K
 // row or in a visible V row: the NaN reaches the heads that read it and no
-// other, and no NaN is converted to an integer on the way (EMU128's Exp did;
-// the clang build's -fsanitize=undefined reports it).
+// other, and no NaN is converted to an integer on the way (as EMU128's Exp
+// would; the clang build's -fsanitize=undefined reports one).
 TEST_P(AttentionTest, DecodeWithNaNInQKOrV) {
   const int64_t d = 16, n_heads = 4, kv_len = 70;
   const float nan = std::numeric_limits<float>::quiet_NaN();

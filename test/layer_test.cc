@@ -29,7 +29,7 @@
 //      (sum_p |o_p W_o[p, j]| + |b_o[j]|) from its own rounding.
 // K and V in the cache are held to step 1's bound. The bound is the same on
 // every target; the observed errors are at least 30 times smaller, and a
-// mistake as small as a scale off by 3e-4 fails these tests (tried).
+// mistake as small as a scale off by 3e-4 fails these tests.
 //
 // Two runs that must agree (one-shot prefill and prefill then decode, a batch
 // and its sequences alone, shards and the whole layer) do the same float32
@@ -515,7 +515,8 @@ TEST_P(AttentionLayerTest, PartialBiasesMatchReference) {
   }
 }
 
-// One bigger case: more heads, a longer prefill, several key blocks.
+// One bigger case: more heads, a longer prefill (150 tokens: two key blocks of
+// at most 128).
 TEST_P(AttentionLayerTest, LongerPrefillMatchesReference) {
   ASSERT_NO_FATAL_FAILURE(RunParity(Config(128, 8, 2), "qkvo", 150, 2000));
 }

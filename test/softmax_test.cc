@@ -350,7 +350,8 @@ TEST_P(SoftmaxTest, ErrorBoundAtItsEdge) {
 }
 
 // All -inf rows in place and strided, on every tail and across blocks: zeros
-// (EMU128's MaxOfLanes once made their maximum -FLT_MAX, and the rows NaN).
+// (a maximum of -FLT_MAX instead of -inf, as EMU128's MaxOfLanes can give,
+// would make the rows NaN).
 TEST_P(SoftmaxTest, AllNegInfRowsInPlaceAndStridedAreZeros) {
   for (const int64_t cols : {1, 2, 3, 4, 8, 9, 4096 + 3}) {
     const int64_t stride = cols + 2;
