@@ -887,6 +887,30 @@ struct AttnQuery {
   bool invalid = false, out_of_range = false;
 };
 
+// What both attention ops consume first: n_heads for s.cache and the options,
+// with what follows from them. Not copyable: `options` points at `opts`.
+struct AttnCall {
+  AttnCall(FuzzedDataProvider& in, const Shadow& s) {
+    n_heads = ConsumeNHeads(in, s);
+    invalid = s.cache == nullptr || n_heads < 1 ||
+              n_heads % std::max<int64_t>(s.n_kv_heads, 1) != 0;
+    options = ConsumeOptions(in, &opts, &invalid);
+    width = std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
+    scale = ResolvedScale(options, s.head_dim);
+    causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
+  }
+  AttnCall(const AttnCall&) = delete;
+  AttnCall& operator=(const AttnCall&) = delete;
+
+  int64_t n_heads;
+  hw_attention_options opts{};
+  const hw_attention_options* options;  // &opts or NULL
+  bool invalid;                         // n_heads or the options are bad
+  int64_t width;                        // of q and out: n_heads * head_dim
+  float scale;                          // as the call resolves it
+  bool causal;
+};
+
 // A query on s.cache for `width` = n_heads * head_dim columns: mostly valid
 // (the last tokens, or earlier ones), sometimes past the cached rows or with
 // a bad seq, q_pos0, data, shape or stride.
@@ -982,9 +1006,11 @@ void ConsumeQuery(FuzzedDataProvider& in, const Shadow& s, int64_t width,
 
 // Checks a successful call's out (and weights, if given: [n_heads * n_tokens,
 // length] at w_stride) against float64 from the model's K and V.
-void CheckAttention(const Shadow& s, int64_t n_heads, float scale, bool causal,
-                    const AttnQuery& a, const std::vector<float>* weights,
-                    int64_t w_stride) {
+void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
+                    const std::vector<float>* weights, int64_t w_stride) {
+  const int64_t n_heads = call.n_heads;
+  const float scale = call.scale;
+  const bool causal = call.causal;
   const hw_attention_query& qy = a.query;
   const int64_t n = qy.q.rows, hd = s.head_dim, len = a.length;
   const int64_t group = n_heads / s.n_kv_heads, width = s.Width();
@@ -1116,20 +1142,15 @@ void CheckAttention(const Shadow& s, int64_t n_heads, float scale, bool causal,
 
 // hw_attention over 0..3 queries (of distinct or repeated sequences).
 void OpAttention(FuzzedDataProvider& in, Shadow& s) {
-  const int64_t n_heads = ConsumeNHeads(in, s);
-  const int64_t kvh = std::max<int64_t>(s.n_kv_heads, 1);
-  bool invalid = s.cache == nullptr || n_heads < 1 || n_heads % kvh != 0;
-  hw_attention_options opts{};
-  const hw_attention_options* options = ConsumeOptions(in, &opts, &invalid);
-  const int64_t width =
-      std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
+  const AttnCall call(in, s);
+  bool invalid = call.invalid;
   const int64_t n_queries = in.ConsumeIntegralInRange<int64_t>(0, 3);
   invalid |= n_queries < 1;
   std::vector<AttnQuery> qs(std::max<int64_t>(n_queries, 1));
   std::vector<hw_attention_query> raw(qs.size());
   bool out_of_range = false;
   for (int64_t i = 0; i < n_queries; ++i) {
-    ConsumeQuery(in, s, width, &qs[i]);
+    ConsumeQuery(in, s, call.width, &qs[i]);
     invalid |= qs[i].invalid;
     out_of_range |= qs[i].out_of_range;
     raw[i] = qs[i].query;
@@ -1145,8 +1166,8 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
     out_before.push_back(a.out);
   }
   ExpectStatus(
-      hw_attention(s.cache, n_heads, null_queries ? nullptr : raw.data(),
-                   n_queries, options),
+      hw_attention(s.cache, call.n_heads, null_queries ? nullptr : raw.data(),
+                   n_queries, call.options),
       want, "hw_attention", invalid && out_of_range ? HW_OUT_OF_RANGE : -1);
   for (size_t i = 0; i < qs.size(); ++i)
     Check(SameBits(qs[i].q, q_before[i]), "hw_attention changed q");
@@ -1155,25 +1176,17 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
       Check(SameBits(qs[i].out, out_before[i]), "hw_attention wrote on error");
     return;
   }
-  const float scale = ResolvedScale(options, s.head_dim);
-  const bool causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
   for (int64_t i = 0; i < n_queries; ++i)
-    CheckAttention(s, n_heads, scale, causal, qs[i], nullptr, 0);
+    CheckAttention(s, call, qs[i], nullptr, 0);
 }
 
 // hw_attention_with_weights on one query, with weights valid or not.
 void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
-  const int64_t n_heads = ConsumeNHeads(in, s);
-  const int64_t kvh = std::max<int64_t>(s.n_kv_heads, 1);
-  bool invalid = s.cache == nullptr || n_heads < 1 || n_heads % kvh != 0;
-  hw_attention_options opts{};
-  const hw_attention_options* options = ConsumeOptions(in, &opts, &invalid);
-  const int64_t width =
-      std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
+  const AttnCall call(in, s);
   AttnQuery a;
-  ConsumeQuery(in, s, width, &a);
-  invalid |= a.invalid;
-  int64_t w_rows = std::max<int64_t>(n_heads, 1) * a.query.q.rows;
+  ConsumeQuery(in, s, call.width, &a);
+  bool invalid = call.invalid || a.invalid;
+  int64_t w_rows = std::max<int64_t>(call.n_heads, 1) * a.query.q.rows;
   int64_t w_cols = a.length;
   const int w_choice = in.ConsumeIntegralInRange(0, 31);
   if (w_choice == 31) w_rows += 1;
@@ -1190,20 +1203,18 @@ void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
                                     : HW_OK;
   const std::vector<float> q_before = a.q, out_before = a.out,
                            w_before = weights;
-  ExpectStatus(
-      hw_attention_with_weights(s.cache, n_heads,
-                                null_query ? nullptr : &a.query, wm, options),
-      want, "hw_attention_with_weights",
-      invalid && a.out_of_range ? HW_OUT_OF_RANGE : -1);
+  ExpectStatus(hw_attention_with_weights(s.cache, call.n_heads,
+                                         null_query ? nullptr : &a.query, wm,
+                                         call.options),
+               want, "hw_attention_with_weights",
+               invalid && a.out_of_range ? HW_OUT_OF_RANGE : -1);
   Check(SameBits(a.q, q_before), "hw_attention_with_weights changed q");
   if (want != HW_OK) {
     Check(SameBits(a.out, out_before) && SameBits(weights, w_before),
           "hw_attention_with_weights wrote on error");
     return;
   }
-  const float scale = ResolvedScale(options, s.head_dim);
-  const bool causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
-  CheckAttention(s, n_heads, scale, causal, a, &weights, w_stride);
+  CheckAttention(s, call, a, &weights, w_stride);
 }
 
 void OpThreads(FuzzedDataProvider& in, Shadow&) {

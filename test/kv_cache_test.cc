@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "test/support/cache.h"
 #include "test/support/random.h"
+#include "test/support/status_matchers.h"
 
 namespace headway {
 namespace {
@@ -37,12 +39,7 @@ KvCacheConfig Config(int64_t n_sequences, int64_t n_kv_heads, int64_t head_dim,
   return config;
 }
 
-KvCache MakeCache(const KvCacheConfig& config) {
-  KvCache cache;
-  const Status status = KvCache::Create(config, &cache);
-  EXPECT_TRUE(status.ok()) << status.ToString();
-  return cache;
-}
+using test::MakeCache;
 
 // What a cache should hold: per sequence, the rows appended so far.
 class Model {
@@ -172,18 +169,6 @@ struct Snapshot {
   std::vector<float> keys, values;
 };
 
-// An error with this code, a message starting with "KvCache::<method>: " and
-// containing `expect`.
-void ExpectError(const Status& status, StatusCode code, const char* method,
-                 const std::string& expect) {
-  EXPECT_EQ(status.code(), code) << status.ToString();
-  const std::string prefix = std::string("KvCache::") + method + ": ";
-  EXPECT_EQ(status.message().rfind(prefix, 0), 0u)
-      << "message: " << status.message() << "\nexpected prefix: " << prefix;
-  EXPECT_NE(status.message().find(expect), std::string::npos)
-      << "message: " << status.message() << "\nexpected: " << expect;
-}
-
 // Appends random rows to the cache and the model; `pad` extra source columns.
 void AppendRandom(KvCache* cache, Model* model, int64_t seq, int64_t rows,
                   int64_t pad, uint64_t seed) {
@@ -289,23 +274,26 @@ TEST(KvCache, CapacityExceededChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 1, 3, 0, 2));
   const Snapshot before(cache);
   const Source three(3, model.width(), 1, 3);
-  ExpectError(cache.Append(0, three.k_view, three.v_view),
-              StatusCode::kOutOfRange, "Append",
-              "length (8) + k.rows (3) exceeds capacity (10) of seq 0");
+  EXPECT_TRUE(test::IsError(
+      cache.Append(0, three.k_view, three.v_view), StatusCode::kOutOfRange,
+      {"length (8) + k.rows (3) exceeds capacity (10) of seq 0"},
+      "KvCache::Append: "));
   EXPECT_TRUE(Snapshot(cache) == before);
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
   // Exactly full is fine; one more is not.
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 2, 0, 4));
   const Snapshot full(cache);
   const Source one(1, model.width(), 0, 5);
-  ExpectError(cache.Append(0, one.k_view, one.v_view), StatusCode::kOutOfRange,
-              "Append", "length (10) + k.rows (1) exceeds capacity (10)");
+  EXPECT_TRUE(test::IsError(
+      cache.Append(0, one.k_view, one.v_view), StatusCode::kOutOfRange,
+      {"length (10) + k.rows (1) exceeds capacity (10)"}, "KvCache::Append: "));
   EXPECT_TRUE(Snapshot(cache) == full);
   // A chunk larger than the whole capacity, into an emptier sequence.
   const Source big(11, model.width(), 0, 6);
-  ExpectError(cache.Append(1, big.k_view, big.v_view), StatusCode::kOutOfRange,
-              "Append",
-              "length (3) + k.rows (11) exceeds capacity (10) of seq 1");
+  EXPECT_TRUE(test::IsError(
+      cache.Append(1, big.k_view, big.v_view), StatusCode::kOutOfRange,
+      {"length (3) + k.rows (11) exceeds capacity (10) of seq 1"},
+      "KvCache::Append: "));
   EXPECT_TRUE(Snapshot(cache) == full);
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
@@ -410,7 +398,8 @@ TEST(KvCache, AppendRejectsBadArgumentsWithoutWriting) {
        "k.cols (5) must be"},
   };
   for (const Case& c : cases) {
-    ExpectError(cache.Append(c.seq, c.k, c.v), c.code, "Append", c.expect);
+    EXPECT_TRUE(test::IsError(cache.Append(c.seq, c.k, c.v), c.code, {c.expect},
+                              "KvCache::Append: "));
     EXPECT_TRUE(Snapshot(cache) == before) << c.expect;
   }
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
@@ -490,8 +479,9 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
   };
   for (const Case& c : cases) {
     MatrixView<float> k = untouched, v = untouched;
-    ExpectError(cache.PendingRows(c.seq, c.kv_head, c.n_new, &k, &v), c.code,
-                "PendingRows", c.expect);
+    EXPECT_TRUE(
+        test::IsError(cache.PendingRows(c.seq, c.kv_head, c.n_new, &k, &v),
+                      c.code, {c.expect}, "KvCache::PendingRows: "));
     EXPECT_EQ(k.data, untouched.data);
     EXPECT_EQ(k.rows, 7);
     EXPECT_EQ(v.data, untouched.data);
@@ -499,18 +489,21 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
     EXPECT_TRUE(Snapshot(cache) == before) << c.expect;
     // CommitAppend checks the same seq, n_new and capacity (it has no head).
     if (c.kv_head == 0 || c.code == StatusCode::kOutOfRange) {
-      ExpectError(cache.CommitAppend(c.seq, c.n_new), c.code, "CommitAppend",
-                  c.expect);
+      EXPECT_TRUE(test::IsError(cache.CommitAppend(c.seq, c.n_new), c.code,
+                                {c.expect}, "KvCache::CommitAppend: "));
       EXPECT_TRUE(Snapshot(cache) == before) << c.expect;
     }
   }
   MatrixView<float> k = untouched, v = untouched;
-  ExpectError(cache.PendingRows(0, 0, 1, nullptr, &v),
-              StatusCode::kInvalidArgument, "PendingRows", "k is null");
-  ExpectError(cache.PendingRows(0, 0, 1, &k, nullptr),
-              StatusCode::kInvalidArgument, "PendingRows", "v is null");
-  ExpectError(cache.PendingRows(0, 0, 1, &k, &k), StatusCode::kInvalidArgument,
-              "PendingRows", "k and v point to the same view");
+  EXPECT_TRUE(test::IsError(cache.PendingRows(0, 0, 1, nullptr, &v),
+                            StatusCode::kInvalidArgument, {"k is null"},
+                            "KvCache::PendingRows: "));
+  EXPECT_TRUE(test::IsError(cache.PendingRows(0, 0, 1, &k, nullptr),
+                            StatusCode::kInvalidArgument, {"v is null"},
+                            "KvCache::PendingRows: "));
+  EXPECT_TRUE(test::IsError(
+      cache.PendingRows(0, 0, 1, &k, &k), StatusCode::kInvalidArgument,
+      {"k and v point to the same view"}, "KvCache::PendingRows: "));
   EXPECT_EQ(k.data, untouched.data);
   EXPECT_EQ(v.data, untouched.data);
   EXPECT_TRUE(Snapshot(cache) == before);
@@ -558,18 +551,26 @@ TEST(KvCache, TruncateRejectsBadArguments) {
   Model model(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 5, 0, 1));
   const Snapshot before(cache);
-  ExpectError(cache.Truncate(-1, 0), StatusCode::kInvalidArgument, "Truncate",
-              "seq (-1) is out of range [0, 2)");
-  ExpectError(cache.Truncate(2, 0), StatusCode::kInvalidArgument, "Truncate",
-              "seq (2) is out of range [0, 2)");
-  ExpectError(cache.Truncate(0, -1), StatusCode::kOutOfRange, "Truncate",
-              "new_length (-1) is out of range [0, 5], the length of seq 0");
-  ExpectError(cache.Truncate(0, 6), StatusCode::kOutOfRange, "Truncate",
-              "new_length (6) is out of range [0, 5]");
-  ExpectError(cache.Truncate(1, 1), StatusCode::kOutOfRange, "Truncate",
-              "new_length (1) is out of range [0, 0], the length of seq 1");
-  ExpectError(cache.Truncate(0, kInt64Min), StatusCode::kOutOfRange, "Truncate",
-              "new_length (-9223372036854775808)");
+  EXPECT_TRUE(test::IsError(cache.Truncate(-1, 0), StatusCode::kInvalidArgument,
+                            {"seq (-1) is out of range [0, 2)"},
+                            "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(cache.Truncate(2, 0), StatusCode::kInvalidArgument,
+                            {"seq (2) is out of range [0, 2)"},
+                            "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(
+      cache.Truncate(0, -1), StatusCode::kOutOfRange,
+      {"new_length (-1) is out of range [0, 5], the length of seq 0"},
+      "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(cache.Truncate(0, 6), StatusCode::kOutOfRange,
+                            {"new_length (6) is out of range [0, 5]"},
+                            "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(
+      cache.Truncate(1, 1), StatusCode::kOutOfRange,
+      {"new_length (1) is out of range [0, 0], the length of seq 1"},
+      "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(
+      cache.Truncate(0, kInt64Min), StatusCode::kOutOfRange,
+      {"new_length (-9223372036854775808)"}, "KvCache::Truncate: "));
   EXPECT_TRUE(Snapshot(cache) == before);
 }
 
@@ -602,16 +603,21 @@ TEST(KvCache, CopySequenceForksIndependentSequences) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 
   const Snapshot before(cache);
-  ExpectError(cache.CopySequence(-1, 0), StatusCode::kInvalidArgument,
-              "CopySequence", "from (-1) is out of range [0, 4)");
-  ExpectError(cache.CopySequence(4, 0), StatusCode::kInvalidArgument,
-              "CopySequence", "from (4) is out of range [0, 4)");
-  ExpectError(cache.CopySequence(0, -1), StatusCode::kInvalidArgument,
-              "CopySequence", "to (-1) is out of range [0, 4)");
-  ExpectError(cache.CopySequence(0, 4), StatusCode::kInvalidArgument,
-              "CopySequence", "to (4) is out of range [0, 4)");
-  ExpectError(cache.CopySequence(7, 7), StatusCode::kInvalidArgument,
-              "CopySequence", "from (7) is out of range [0, 4)");
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(-1, 0), StatusCode::kInvalidArgument,
+      {"from (-1) is out of range [0, 4)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(4, 0), StatusCode::kInvalidArgument,
+      {"from (4) is out of range [0, 4)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(0, -1), StatusCode::kInvalidArgument,
+      {"to (-1) is out of range [0, 4)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(0, 4), StatusCode::kInvalidArgument,
+      {"to (4) is out of range [0, 4)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(7, 7), StatusCode::kInvalidArgument,
+      {"from (7) is out of range [0, 4)"}, "KvCache::CopySequence: "));
   EXPECT_TRUE(Snapshot(cache) == before);
 }
 
@@ -646,10 +652,12 @@ TEST(KvCache, ResetAndResetAll) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 
   const Snapshot before(cache);
-  ExpectError(cache.Reset(-1), StatusCode::kInvalidArgument, "Reset",
-              "seq (-1) is out of range [0, 3)");
-  ExpectError(cache.Reset(3), StatusCode::kInvalidArgument, "Reset",
-              "seq (3) is out of range [0, 3)");
+  EXPECT_TRUE(test::IsError(cache.Reset(-1), StatusCode::kInvalidArgument,
+                            {"seq (-1) is out of range [0, 3)"},
+                            "KvCache::Reset: "));
+  EXPECT_TRUE(test::IsError(cache.Reset(3), StatusCode::kInvalidArgument,
+                            {"seq (3) is out of range [0, 3)"},
+                            "KvCache::Reset: "));
   EXPECT_TRUE(Snapshot(cache) == before);
 
   cache.ResetAll();
@@ -691,8 +699,9 @@ TEST(KvCache, CreateRejectsBadConfigs) {
   const Snapshot before(out);
   const float* keys = out.Keys(0, 0).data;
 
-  ExpectError(KvCache::Create(good, nullptr), StatusCode::kInvalidArgument,
-              "Create", "out is null");
+  EXPECT_TRUE(test::IsError(KvCache::Create(good, nullptr),
+                            StatusCode::kInvalidArgument, {"out is null"},
+                            "KvCache::Create: "));
   struct Case {
     KvCacheConfig config;
     StatusCode code;
@@ -734,7 +743,8 @@ TEST(KvCache, CreateRejectsBadConfigs) {
   cases.push_back({Config(1, 1, 16, int64_t{1} << 46),
                    StatusCode::kResourceExhausted, "out of memory"});
   for (const Case& c : cases) {
-    ExpectError(KvCache::Create(c.config, &out), c.code, "Create", c.expect);
+    EXPECT_TRUE(test::IsError(KvCache::Create(c.config, &out), c.code,
+                              {c.expect}, "KvCache::Create: "));
     EXPECT_EQ(out.config().head_dim, 8) << c.expect;
     EXPECT_EQ(out.Keys(0, 0).data, keys);
     EXPECT_TRUE(Snapshot(out) == before) << c.expect;
@@ -771,19 +781,25 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_EQ(cache.ValueBuffer().rows, 0);
   float data[4] = {};
   const MatrixView<const float> row(data, 1, 4);
-  ExpectError(cache.Append(0, row, row), StatusCode::kInvalidArgument, "Append",
-              "seq (0) is out of range [0, 0)");
+  EXPECT_TRUE(
+      test::IsError(cache.Append(0, row, row), StatusCode::kInvalidArgument,
+                    {"seq (0) is out of range [0, 0)"}, "KvCache::Append: "));
   MatrixView<float> k, v;
-  ExpectError(cache.PendingRows(0, 0, 1, &k, &v), StatusCode::kInvalidArgument,
-              "PendingRows", "seq (0) is out of range [0, 0)");
-  ExpectError(cache.CommitAppend(0, 1), StatusCode::kInvalidArgument,
-              "CommitAppend", "seq (0) is out of range [0, 0)");
-  ExpectError(cache.Truncate(0, 0), StatusCode::kInvalidArgument, "Truncate",
-              "seq (0) is out of range [0, 0)");
-  ExpectError(cache.CopySequence(0, 0), StatusCode::kInvalidArgument,
-              "CopySequence", "from (0) is out of range [0, 0)");
-  ExpectError(cache.Reset(0), StatusCode::kInvalidArgument, "Reset",
-              "seq (0) is out of range [0, 0)");
+  EXPECT_TRUE(test::IsError(
+      cache.PendingRows(0, 0, 1, &k, &v), StatusCode::kInvalidArgument,
+      {"seq (0) is out of range [0, 0)"}, "KvCache::PendingRows: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CommitAppend(0, 1), StatusCode::kInvalidArgument,
+      {"seq (0) is out of range [0, 0)"}, "KvCache::CommitAppend: "));
+  EXPECT_TRUE(test::IsError(cache.Truncate(0, 0), StatusCode::kInvalidArgument,
+                            {"seq (0) is out of range [0, 0)"},
+                            "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(0, 0), StatusCode::kInvalidArgument,
+      {"from (0) is out of range [0, 0)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(cache.Reset(0), StatusCode::kInvalidArgument,
+                            {"seq (0) is out of range [0, 0)"},
+                            "KvCache::Reset: "));
   cache.ResetAll();
 }
 
@@ -840,8 +856,9 @@ TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
         Config(int64_t{1} << 62, 2, 16, 1), Config(1, kInt64Max, 1, kInt64Max),
         Config(kInt64Max, 1, 16, 1)}) {
     KvCache out;
-    ExpectError(KvCache::Create(bad, &out), StatusCode::kResourceExhausted,
-                "Create", "overflows");
+    EXPECT_TRUE(test::IsError(KvCache::Create(bad, &out),
+                              StatusCode::kResourceExhausted, {"overflows"},
+                              "KvCache::Create: "));
     EXPECT_EQ(out.n_sequences(), 0);
   }
   // Append: views whose byte span overflows; then more rows than fit.
@@ -850,26 +867,34 @@ TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
   const MatrixView<const float> good(rows.data(), 1, width);
   const MatrixView<const float> tall(rows.data(), kInt64Max, width);
   const MatrixView<const float> strided(rows.data(), 2, width, kInt64Max);
-  ExpectError(cache.Append(0, tall, tall), StatusCode::kResourceExhausted,
-              "Append", "k: rows (9223372036854775807)");
-  ExpectError(cache.Append(0, good, strided), StatusCode::kResourceExhausted,
-              "Append", "v: rows (2) x stride (9223372036854775807)");
+  EXPECT_TRUE(
+      test::IsError(cache.Append(0, tall, tall), StatusCode::kResourceExhausted,
+                    {"k: rows (9223372036854775807)"}, "KvCache::Append: "));
+  EXPECT_TRUE(test::IsError(
+      cache.Append(0, good, strided), StatusCode::kResourceExhausted,
+      {"v: rows (2) x stride (9223372036854775807)"}, "KvCache::Append: "));
   const MatrixView<const float> many(rows.data(), kInt64Max / (4 * width),
                                      width);
-  ExpectError(cache.Append(0, many, many), StatusCode::kOutOfRange, "Append",
-              "exceeds capacity");
+  EXPECT_TRUE(test::IsError(cache.Append(0, many, many),
+                            StatusCode::kOutOfRange, {"exceeds capacity"},
+                            "KvCache::Append: "));
   // Lengths: length + n_new past INT64_MAX.
   MatrixView<float> k, v;
-  ExpectError(cache.PendingRows(0, 0, kInt64Max, &k, &v),
-              StatusCode::kOutOfRange, "PendingRows", "exceeds capacity");
-  ExpectError(cache.CommitAppend(0, kInt64Max), StatusCode::kOutOfRange,
-              "CommitAppend", "exceeds capacity");
-  ExpectError(cache.Truncate(0, kInt64Max), StatusCode::kOutOfRange, "Truncate",
-              "new_length (9223372036854775807)");
-  ExpectError(cache.CopySequence(kInt64Max, 0), StatusCode::kInvalidArgument,
-              "CopySequence", "from (9223372036854775807)");
-  ExpectError(cache.Reset(kInt64Max), StatusCode::kInvalidArgument, "Reset",
-              "seq (9223372036854775807)");
+  EXPECT_TRUE(test::IsError(cache.PendingRows(0, 0, kInt64Max, &k, &v),
+                            StatusCode::kOutOfRange, {"exceeds capacity"},
+                            "KvCache::PendingRows: "));
+  EXPECT_TRUE(test::IsError(cache.CommitAppend(0, kInt64Max),
+                            StatusCode::kOutOfRange, {"exceeds capacity"},
+                            "KvCache::CommitAppend: "));
+  EXPECT_TRUE(test::IsError(
+      cache.Truncate(0, kInt64Max), StatusCode::kOutOfRange,
+      {"new_length (9223372036854775807)"}, "KvCache::Truncate: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CopySequence(kInt64Max, 0), StatusCode::kInvalidArgument,
+      {"from (9223372036854775807)"}, "KvCache::CopySequence: "));
+  EXPECT_TRUE(test::IsError(cache.Reset(kInt64Max),
+                            StatusCode::kInvalidArgument,
+                            {"seq (9223372036854775807)"}, "KvCache::Reset: "));
   EXPECT_TRUE(cache.Keys(kInt64Max, 0).data == nullptr);
   EXPECT_TRUE(cache.Values(0, kInt64Max).data == nullptr);
   EXPECT_TRUE(Snapshot(cache) == before);

@@ -29,7 +29,7 @@
 //      (sum_p |o_p W_o[p, j]| + |b_o[j]|) from its own rounding.
 // K and V in the cache are held to step 1's bound. The bound is the same on
 // every target; the observed errors are at least 30 times smaller, and a
-// mistake as small as a scale off by 3e-4 fails these tests (tried).
+// mistake as small as a scale off by 3e-4 fails these tests.
 //
 // Two runs that must agree (one-shot prefill and prefill then decode, a batch
 // and its sequences alone, shards and the whole layer) do the same float32
@@ -45,8 +45,6 @@
 #include "headway/layer.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +52,6 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
-#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,169 +64,19 @@
 #include "headway/targets.h"
 #include "headway/threads.h"
 #include "headway/view.h"
+#include "test/support/alloc_counter.h"
+#include "test/support/cache.h"
 #include "test/support/lanes.h"
 #include "test/support/random.h"
 #include "test/support/reference.h"
+#include "test/support/status_matchers.h"
 #include "test/support/target_test.h"
-
-// Allocation counting for DecodeAllocatesNothingWhenWarm: every global
-// operator new of this binary (the library is linked in statically, so its
-// allocations too) and, on glibc without a sanitizer, every C allocation
-// (hwy::AllocateAligned and other malloc users) bumps a counter. Counting is
-// always on; a test reads the counters around the call it checks.
-namespace {
-
-std::atomic<int64_t> g_operator_new_calls{0};
-std::atomic<int64_t> g_malloc_calls{0};
-
-void* CountedNew(std::size_t size) {
-  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(size == 0 ? 1 : size);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-void* CountedAlignedNew(std::size_t size, std::align_val_t align) {
-  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
-  const std::size_t alignment =
-      std::max(static_cast<std::size_t>(align), sizeof(void*));
-  void* p = nullptr;
-  if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0) {
-    throw std::bad_alloc();
-  }
-  return p;
-}
-
-}  // namespace
-
-void* operator new(std::size_t size) { return CountedNew(size); }
-void* operator new[](std::size_t size) { return CountedNew(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return CountedNew(size);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return CountedNew(size);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t size, std::align_val_t align) {
-  return CountedAlignedNew(size, align);
-}
-void* operator new[](std::size_t size, std::align_val_t align) {
-  return CountedAlignedNew(size, align);
-}
-void* operator new(std::size_t size, std::align_val_t align,
-                   const std::nothrow_t&) noexcept {
-  try {
-    return CountedAlignedNew(size, align);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t size, std::align_val_t align,
-                     const std::nothrow_t&) noexcept {
-  try {
-    return CountedAlignedNew(size, align);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::align_val_t,
-                     const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::align_val_t,
-                       const std::nothrow_t&) noexcept {
-  std::free(p);
-}
-
-// The C allocator: glibc lets an executable interpose malloc and friends and
-// exports its own as __libc_*. Sanitizers interpose them too, so not there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HEADWAY_LAYER_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define HEADWAY_LAYER_TEST_SANITIZED 1
-#endif
-#endif
-#if defined(__GLIBC__) && !defined(HEADWAY_LAYER_TEST_SANITIZED)
-#define HEADWAY_LAYER_TEST_COUNTS_MALLOC 1
-extern "C" {
-void* __libc_malloc(std::size_t size);
-void* __libc_calloc(std::size_t n, std::size_t size);
-void* __libc_realloc(void* p, std::size_t size);
-void* __libc_memalign(std::size_t align, std::size_t size);
-void* __libc_valloc(std::size_t size);
-void* __libc_pvalloc(std::size_t size);
-void __libc_free(void* p);
-
-void* malloc(std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_malloc(size);
-}
-void* calloc(std::size_t n, std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_calloc(n, size);
-}
-void* realloc(void* p, std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_realloc(p, size);
-}
-void* memalign(std::size_t align, std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_memalign(align, size);
-}
-void* aligned_alloc(std::size_t align, std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_memalign(align, size);
-}
-int posix_memalign(void** out, std::size_t align, std::size_t size) {
-  if (align < sizeof(void*) || (align & (align - 1)) != 0) return EINVAL;
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  void* p = __libc_memalign(align, size);
-  if (p == nullptr) return ENOMEM;
-  *out = p;
-  return 0;
-}
-void* valloc(std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_valloc(size);
-}
-void* pvalloc(std::size_t size) {
-  g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return __libc_pvalloc(size);
-}
-void free(void* p) { __libc_free(p); }
-}  // extern "C"
-#endif
 
 namespace headway {
 namespace {
 
 namespace ref = test::ref;
+using test::MakeCache;
 
 constexpr double kU = 1.0 / (1 << 24);
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -557,15 +404,6 @@ void ExpectCacheHolds(const KvCache& cache, int64_t seq, const Expected& e,
   }
 }
 
-KvCache MakeCache(const AttentionLayer& layer, int64_t n_sequences,
-                  int64_t capacity) {
-  KvCache cache;
-  const Status status =
-      KvCache::Create(layer.CacheConfig(n_sequences, capacity), &cache);
-  EXPECT_TRUE(status.ok()) << status.ToString();
-  return cache;
-}
-
 // Forward over dense x and y of sum(n_tokens) rows (y filled with kSentinel
 // first).
 Status RunLayer(AttentionLayer* layer, KvCache* cache,
@@ -597,7 +435,7 @@ void RunParity(const AttentionLayerConfig& config, const char* biases,
   AttentionLayer layer;
   const Status created = model.Create(config, &layer);
   ASSERT_TRUE(created.ok()) << what << ": " << created.ToString();
-  KvCache cache = MakeCache(layer, 1, n);
+  KvCache cache = MakeCache(layer.CacheConfig(1, n));
   const int64_t d = config.d_model, x_stride = d + 5, y_stride = d + 3;
   std::vector<float> x_strided((n - 1) * x_stride + d);
   test::FillRandomMatrix(x_strided.data(), n, d, x_stride, seed + 10);
@@ -679,7 +517,8 @@ TEST_P(AttentionLayerTest, PartialBiasesMatchReference) {
   }
 }
 
-// One bigger case: more heads, a longer prefill, several key blocks.
+// One bigger case: more heads, a longer prefill (150 tokens: two key blocks of
+// at most 128).
 TEST_P(AttentionLayerTest, LongerPrefillMatchesReference) {
   ASSERT_NO_FATAL_FAILURE(RunParity(Config(128, 8, 2), "qkvo", 150, 2000));
 }
@@ -706,7 +545,7 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
       const int64_t d = config.d_model;
       const std::vector<float> x = test::RandomVector(total * d, seed + 10);
       const Expected e = Reference(model, x, true, ScaleOf(config));
-      KvCache one_shot = MakeCache(layer, 1, total);
+      KvCache one_shot = MakeCache(layer.CacheConfig(1, total));
       std::vector<float> want;
       ASSERT_TRUE(RunLayer(&layer, &one_shot, {{0, total}}, x, &want).ok())
           << what;
@@ -721,7 +560,7 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
         }
         const std::string how =
             what + ", first chunk " + std::to_string(split[0]);
-        KvCache stepped = MakeCache(layer, 1, total);
+        KvCache stepped = MakeCache(layer.CacheConfig(1, total));
         std::vector<float> got(total * d, kSentinel), y;
         int64_t t0 = 0;
         for (const int64_t n : split) {
@@ -793,8 +632,8 @@ TEST_P(AttentionLayerTest, BatchEqualsSequencesAlone) {
     AttentionLayer layer;
     ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
     const int64_t d = config.d_model;
-    KvCache batched = MakeCache(layer, n_slots, capacity);
-    KvCache alone = MakeCache(layer, n_slots, capacity);
+    KvCache batched = MakeCache(layer.CacheConfig(n_slots, capacity));
+    KvCache alone = MakeCache(layer.CacheConfig(n_slots, capacity));
     // Per slot: every token's x and the batched and alone outputs.
     std::vector<std::vector<float>> xs(n_slots), ys_batched(n_slots),
         ys_alone(n_slots);
@@ -884,13 +723,13 @@ TEST_P(AttentionLayerTest, ShardsSumToWholeLayer) {
       EXPECT_EQ(shards[i].local_kv_heads(),
                 (config.head_end - config.head_begin) / shape.group());
       shard_weights += shards[i].n_weights();
-      caches.push_back(MakeCache(shards[i], 1, 16));
-      caches_no_b_o.push_back(MakeCache(shards_no_b_o[i], 1, 16));
+      caches.push_back(MakeCache(shards[i].CacheConfig(1, 16)));
+      caches_no_b_o.push_back(MakeCache(shards_no_b_o[i].CacheConfig(1, 16)));
       EXPECT_EQ(caches.back().n_kv_heads(), shards[i].local_kv_heads());
     }
     // Every parameter is in exactly one shard (b_o in shard 0's).
     EXPECT_EQ(shard_weights, whole.n_weights()) << what;
-    KvCache whole_cache = MakeCache(whole, 1, 16);
+    KvCache whole_cache = MakeCache(whole.CacheConfig(1, 16));
     std::vector<float> history;
     for (const int64_t n : {9, 1, 1}) {
       const std::vector<float> x = test::RandomVector(
@@ -1021,7 +860,7 @@ TEST_P(AttentionLayerTest, SizesAndConfig) {
               static_cast<size_t>(2 * layer.local_kv_heads() * row_stride) *
                   sizeof(float))
         << what;
-    const KvCache cache = MakeCache(layer, 3, 17);
+    const KvCache cache = MakeCache(layer.CacheConfig(3, 17));
     EXPECT_EQ(layer.cache_bytes_per_token(), cache.bytes_per_token()) << what;
   }
   // GQA and MQA hold fewer weights than MHA of the same d_model and heads.
@@ -1042,15 +881,8 @@ TEST_P(AttentionLayerTest, SizesAndConfig) {
 // ---------------------------------------------------------------------------
 // Allocation.
 
-struct AllocationCount {
-  int64_t operator_new;
-  int64_t malloc;
-};
-
-AllocationCount Allocations() {
-  return {g_operator_new_calls.load(std::memory_order_relaxed),
-          g_malloc_calls.load(std::memory_order_relaxed)};
-}
+using test::AllocationCount;
+using test::Allocations;
 
 // Calls Forward and returns how many allocations it made.
 AllocationCount CountForward(AttentionLayer* layer, KvCache* cache,
@@ -1065,9 +897,7 @@ AllocationCount CountForward(AttentionLayer* layer, KvCache* cache,
   *status =
       layer->Forward(cache, sequences.data(),
                      static_cast<int64_t>(sequences.size()), x_view, y_view);
-  const AllocationCount after = Allocations();
-  return {after.operator_new - before.operator_new,
-          after.malloc - before.malloc};
+  return Allocations() - before;
 }
 
 // After a first call of a given size, decode (and any call no bigger) makes
@@ -1084,7 +914,7 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
     int* volatile counted = new int(1);
     delete counted;
     EXPECT_GT(Allocations().operator_new, before.operator_new);
-#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+#if defined(HEADWAY_TEST_COUNTS_MALLOC)
     void* volatile block = std::malloc(64);
     std::free(block);
     EXPECT_GT(Allocations().malloc, before.malloc);
@@ -1094,7 +924,7 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
   Model model(ShapeOf(config), "qkvo", 7000);
   AttentionLayer layer;
   ASSERT_TRUE(model.Create(config, &layer).ok());
-  KvCache cache = MakeCache(layer, 4, 64);
+  KvCache cache = MakeCache(layer.CacheConfig(4, 64));
   const int64_t d = config.d_model;
   // Warm-up: prefills of the four sequences in one call (20 rows), then a
   // first decode step of all four.
@@ -1115,7 +945,7 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
       CountForward(&layer, &cache, decode, x1, &y1, &status);
   ASSERT_TRUE(status.ok()) << status.ToString();
   EXPECT_EQ(count.operator_new, 0) << "operator new calls in a warm decode";
-#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+#if defined(HEADWAY_TEST_COUNTS_MALLOC)
   EXPECT_EQ(count.malloc, 0) << "malloc calls in a warm decode (operator "
                                 "new above counts its own too)";
 #endif
@@ -1130,7 +960,7 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
     count = CountForward(&layer, &cache, sequences, xs, &ys, &status);
     ASSERT_TRUE(status.ok()) << status.ToString();
     EXPECT_EQ(count.operator_new, 0) << rows << " rows";
-#if defined(HEADWAY_LAYER_TEST_COUNTS_MALLOC)
+#if defined(HEADWAY_TEST_COUNTS_MALLOC)
     EXPECT_EQ(count.malloc, 0) << rows << " rows";
 #endif
   }
@@ -1147,7 +977,7 @@ TEST_P(AttentionLayerTest, NaNTokenHiddenFromEarlierTokens) {
       Model model(ShapeOf(config), "qkvo", 77);
       AttentionLayer layer;
       ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
-      KvCache cache = MakeCache(layer, 1, n);
+      KvCache cache = MakeCache(layer.CacheConfig(1, n));
       const int64_t d = config.d_model;
       std::vector<float> x = test::RandomVector(n * d, 78);
       x[(n - 1) * d + d / 2] = kNaN;
@@ -1216,24 +1046,6 @@ CacheSnapshot Snapshot(KvCache* cache) {
   return snap;
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// The status has `code`, starts with `prefix` and contains every part of
-// `expect` (the first one also names the case in the failure message).
-void ExpectError(const Status& status, StatusCode code,
-                 const std::vector<std::string>& expect, const char* prefix) {
-  const std::string expected = expect.empty() ? std::string() : expect[0];
-  EXPECT_EQ(status.code(), code)
-      << status.ToString() << " (expected " << expected << ")";
-  for (const std::string& part : expect) {
-    EXPECT_TRUE(Contains(status.message(), part))
-        << "message: " << status.message() << "\nexpected: " << part;
-  }
-  EXPECT_EQ(status.message().rfind(prefix, 0), 0u) << status.message();
-}
-
 TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   const AttentionLayerConfig good = Config(32, 4, 2);  // head_dim 8
   Model model(ShapeOf(good), "qkvo", 8000);
@@ -1244,7 +1056,7 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   const std::vector<float> x = test::RandomVector(3 * 32, 8001);
   std::vector<float> y_before;
   {
-    KvCache cache = MakeCache(layer, 1, 3);
+    KvCache cache = MakeCache(layer.CacheConfig(1, 3));
     ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}}, x, &y_before).ok());
   }
 
@@ -1362,12 +1174,13 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);
-    ExpectError(status, bad.code, bad.expect, "AttentionLayer::Create: ");
+    EXPECT_TRUE(test::IsError(status, bad.code, bad.expect,
+                              "AttentionLayer::Create: "));
     EXPECT_EQ(layer.config().d_model, 32) << status.ToString();
     EXPECT_EQ(layer.config().n_kv_heads, 2) << status.ToString();
   }
   // The layer is the one created first, bit for bit.
-  KvCache cache = MakeCache(layer, 1, 3);
+  KvCache cache = MakeCache(layer.CacheConfig(1, 3));
   std::vector<float> y_after;
   ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}}, x, &y_after).ok());
   EXPECT_EQ(0, std::memcmp(y_before.data(), y_after.data(),
@@ -1380,7 +1193,7 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
   AttentionLayer layer;
   ASSERT_TRUE(model.Create(config, &layer).ok());
   // Slots 0 (3 tokens) and 1 (7 of 8, one row left); 2 empty.
-  KvCache cache = MakeCache(layer, 3, 8);
+  KvCache cache = MakeCache(layer.CacheConfig(3, 8));
   std::vector<float> y;
   ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}, {1, 7}},
                        test::RandomVector(10 * 32, 9001), &y)
@@ -1490,7 +1303,8 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
     const Status status = bad.layer->Forward(
         bad.cache, bad.null_sequences ? nullptr : bad.sequences.data(),
         n_sequences, bad.x, bad.y);
-    ExpectError(status, bad.code, bad.expect, "AttentionLayer::Forward: ");
+    EXPECT_TRUE(test::IsError(status, bad.code, bad.expect,
+                              "AttentionLayer::Forward: "));
     EXPECT_EQ(out, out_before) << "y written: " << status.ToString();
     EXPECT_EQ(x, x_before) << "x written: " << status.ToString();
     EXPECT_TRUE(Snapshot(&cache) == before)
@@ -1519,7 +1333,7 @@ TEST(AttentionLayerErrors, EmptyAndMovedFromLayers) {
   Model model(ShapeOf(config), "", 9500);
   AttentionLayer a;
   ASSERT_TRUE(model.Create(config, &a).ok());
-  KvCache cache = MakeCache(a, 1, 4);
+  KvCache cache = MakeCache(a.CacheConfig(1, 4));
   const std::vector<float> x = test::RandomVector(32, 9501);
   std::vector<float> y;
   AttentionLayer b(std::move(a));
@@ -1560,7 +1374,7 @@ TEST(AttentionLayerTargets, ForwardNeedsTheVectorWidthOfCreate) {
       const bool same = test::ActiveFloatLanes() == lanes;
       const std::string what = std::string("created on ") + at_create.name +
                                ", run on " + at_forward.name;
-      KvCache cache = MakeCache(layer, 1, 5);
+      KvCache cache = MakeCache(layer.CacheConfig(1, 5));
       std::vector<float> y;
       const Status status = RunLayer(&layer, &cache, {{0, 5}}, x, &y);
       if (same) {
@@ -1635,8 +1449,8 @@ TEST(AttentionLayerThreads, TwoLayersOnDisjointSequencesOfOneCache) {
                          &ys->back());
     }
   };
-  KvCache serial = MakeCache(layers[0], 4, capacity);
-  KvCache shared = MakeCache(layers[0], 4, capacity);
+  KvCache serial = MakeCache(layers[0].CacheConfig(4, capacity));
+  KvCache shared = MakeCache(layers[0].CacheConfig(4, capacity));
   Outputs serial_ys[2], shared_ys[2];
   Status serial_status[2], shared_status[2];
   for (int i = 0; i < 2; ++i) {

@@ -21,6 +21,7 @@
 #include "test/support/lanes.h"
 #include "test/support/random.h"
 #include "test/support/reference.h"
+#include "test/support/status_matchers.h"
 #include "test/support/target_test.h"
 
 namespace headway {
@@ -503,9 +504,9 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
     if (width == packed.panel_width()) {
       EXPECT_TRUE(status.ok()) << other.name << ": " << status.ToString();
     } else {
-      EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << other.name;
-      EXPECT_NE(status.message().find("pack b again"), std::string::npos)
-          << status.message();
+      EXPECT_TRUE(test::IsError(status, StatusCode::kFailedPrecondition,
+                                {"pack b again"}))
+          << other.name;
       EXPECT_TRUE(BitIdentical(before, c)) << "written on error";
     }
   }
@@ -571,55 +572,62 @@ Status Mm(MatrixView<const float> a, MatrixView<const float> b,
   return Matmul(a, ta, b, tb, c, alpha, beta);
 }
 
-void ExpectError(const Status& status, StatusCode code, const char* needle) {
-  EXPECT_EQ(status.code(), code) << status.ToString();
-  EXPECT_NE(status.message().find(needle), std::string::npos)
-      << status.message();
-}
-
 TEST(MatmulErrors, Arguments) {
   std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 3.0f);
   const MatrixView<const float> a44(a.data(), 4, 4), b44(b.data(), 4, 4);
   const MatrixView<float> c44(c.data(), 4, 4);
-  ExpectError(Mm(MatrixView<const float>(nullptr, 4, 4), b44, c44),
-              StatusCode::kInvalidArgument, "a.data is null");
-  ExpectError(Mm(a44, MatrixView<const float>(nullptr, 4, 4), c44),
-              StatusCode::kInvalidArgument, "b.data is null");
-  ExpectError(Mm(a44, b44, MatrixView<float>(nullptr, 4, 4)),
-              StatusCode::kInvalidArgument, "c.data is null");
-  ExpectError(Mm(MatrixView<const float>(a.data(), 0, 4), b44, c44),
-              StatusCode::kInvalidArgument, "a.rows");
-  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, -1), c44),
-              StatusCode::kInvalidArgument, "b.cols");
-  ExpectError(Mm(MatrixView<const float>(a.data(), 4, 4, 3), b44, c44),
-              StatusCode::kInvalidArgument, "a.stride (3)");
-  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 4, 2)),
-              StatusCode::kInvalidArgument, "c.stride (2)");
-  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 3, 4), c44),
-              StatusCode::kInvalidArgument, "inner dimensions");
-  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 3)),
-              StatusCode::kInvalidArgument, "c is [4, 3]");
-  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, 2), c44,
-                 Transpose::kNo, Transpose::kYes),
-              StatusCode::kInvalidArgument, "inner dimensions");
-  ExpectError(Mm(a44, b44, c44, static_cast<Transpose>(2)),
-              StatusCode::kInvalidArgument, "ta is not");
-  ExpectError(Mm(a44, b44, c44, Transpose::kNo, static_cast<Transpose>(-1)),
-              StatusCode::kInvalidArgument, "tb is not");
-  ExpectError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, kNaN),
-              StatusCode::kInvalidArgument, "alpha must be finite");
-  ExpectError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, 1,
-                 std::numeric_limits<float>::infinity()),
-              StatusCode::kInvalidArgument, "beta must be finite");
+  EXPECT_TRUE(
+      test::IsError(Mm(MatrixView<const float>(nullptr, 4, 4), b44, c44),
+                    StatusCode::kInvalidArgument, {"a.data is null"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, MatrixView<const float>(nullptr, 4, 4), c44),
+                    StatusCode::kInvalidArgument, {"b.data is null"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, MatrixView<float>(nullptr, 4, 4)),
+                            StatusCode::kInvalidArgument, {"c.data is null"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(MatrixView<const float>(a.data(), 0, 4), b44, c44),
+                    StatusCode::kInvalidArgument, {"a.rows"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, MatrixView<const float>(b.data(), 4, -1), c44),
+                    StatusCode::kInvalidArgument, {"b.cols"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(MatrixView<const float>(a.data(), 4, 4, 3), b44, c44),
+                    StatusCode::kInvalidArgument, {"a.stride (3)"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 4, 2)),
+                            StatusCode::kInvalidArgument, {"c.stride (2)"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, MatrixView<const float>(b.data(), 3, 4), c44),
+                    StatusCode::kInvalidArgument, {"inner dimensions"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, MatrixView<float>(c.data(), 4, 3)),
+                            StatusCode::kInvalidArgument, {"c is [4, 3]"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, MatrixView<const float>(b.data(), 4, 2),
+                               c44, Transpose::kNo, Transpose::kYes),
+                            StatusCode::kInvalidArgument,
+                            {"inner dimensions"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, c44, static_cast<Transpose>(2)),
+                            StatusCode::kInvalidArgument, {"ta is not"}));
+  EXPECT_TRUE(test::IsError(
+      Mm(a44, b44, c44, Transpose::kNo, static_cast<Transpose>(-1)),
+      StatusCode::kInvalidArgument, {"tb is not"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, kNaN),
+                    StatusCode::kInvalidArgument, {"alpha must be finite"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, c44, Transpose::kNo, Transpose::kNo, 1,
+                               std::numeric_limits<float>::infinity()),
+                            StatusCode::kInvalidArgument,
+                            {"beta must be finite"}));
   // Aliasing: C overlapping A or B (even partly) is refused.
-  ExpectError(Mm(MatrixView<const float>(c.data(), 4, 4), b44, c44),
-              StatusCode::kInvalidArgument, "c overlaps a");
-  ExpectError(Mm(a44, MatrixView<const float>(c.data() + 15, 4, 4), c44),
-              StatusCode::kInvalidArgument, "c overlaps b");
+  EXPECT_TRUE(
+      test::IsError(Mm(MatrixView<const float>(c.data(), 4, 4), b44, c44),
+                    StatusCode::kInvalidArgument, {"c overlaps a"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, MatrixView<const float>(c.data() + 15, 4, 4), c44),
+                    StatusCode::kInvalidArgument, {"c overlaps b"}));
   // Byte counts that overflow.
   const int64_t huge = int64_t{1} << 62;
-  ExpectError(Mm(MatrixView<const float>(a.data(), 4, 4, huge), b44, c44),
-              StatusCode::kResourceExhausted, "overflows");
+  EXPECT_TRUE(
+      test::IsError(Mm(MatrixView<const float>(a.data(), 4, 4, huge), b44, c44),
+                    StatusCode::kResourceExhausted, {"overflows"}));
   for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
 }
 
@@ -630,62 +638,68 @@ TEST(MatmulErrors, PackedB) {
   PackedB empty;
   EXPECT_EQ(empty.rows(), 0);
   EXPECT_EQ(empty.bytes(), 0u);
-  ExpectError(Matmul(a44, Transpose::kNo, empty, c44),
-              StatusCode::kInvalidArgument, "b is empty");
-  ExpectError(PackedB::Pack(b44, Transpose::kNo, nullptr),
-              StatusCode::kInvalidArgument, "out is null");
-  ExpectError(PackedB::Pack(MatrixView<const float>(nullptr, 4, 4),
-                            Transpose::kNo, &empty),
-              StatusCode::kInvalidArgument, "b.data is null");
-  ExpectError(PackedB::Pack(b44, static_cast<Transpose>(5), &empty),
-              StatusCode::kInvalidArgument, "tb is not");
+  EXPECT_TRUE(test::IsError(Matmul(a44, Transpose::kNo, empty, c44),
+                            StatusCode::kInvalidArgument, {"b is empty"}));
+  EXPECT_TRUE(test::IsError(PackedB::Pack(b44, Transpose::kNo, nullptr),
+                            StatusCode::kInvalidArgument, {"out is null"}));
+  EXPECT_TRUE(
+      test::IsError(PackedB::Pack(MatrixView<const float>(nullptr, 4, 4),
+                                  Transpose::kNo, &empty),
+                    StatusCode::kInvalidArgument, {"b.data is null"}));
+  EXPECT_TRUE(
+      test::IsError(PackedB::Pack(b44, static_cast<Transpose>(5), &empty),
+                    StatusCode::kInvalidArgument, {"tb is not"}));
   // K * N * 4 overflows although the view itself (one huge row) is addressable.
-  ExpectError(
+  EXPECT_TRUE(test::IsError(
       PackedB::Pack(MatrixView<const float>(b.data(), int64_t{1} << 31,
                                             int64_t{1} << 31, int64_t{1} << 31),
                     Transpose::kNo, &empty),
-      StatusCode::kResourceExhausted, "overflows");
+      StatusCode::kResourceExhausted, {"overflows"}));
   EXPECT_EQ(empty.bytes(), 0u);
   // K * N * 4 = 2^50 bytes fits int64_t but not memory; b (a view that claims
   // as much) is read only after the allocation.
-  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), int64_t{1} << 24,
-                                                    int64_t{1} << 24),
-                            Transpose::kNo, &empty),
-              StatusCode::kResourceExhausted, "no memory");
+  EXPECT_TRUE(test::IsError(
+      PackedB::Pack(
+          MatrixView<const float>(b.data(), int64_t{1} << 24, int64_t{1} << 24),
+          Transpose::kNo, &empty),
+      StatusCode::kResourceExhausted, {"no memory"}));
   EXPECT_EQ(empty.bytes(), 0u);
 
   const MatrixView<const float> parts[2] = {b44, b44};
-  ExpectError(PackedB::PackColumns(parts, 2, nullptr),
-              StatusCode::kInvalidArgument, "out is null");
-  ExpectError(PackedB::PackColumns(nullptr, 2, &empty),
-              StatusCode::kInvalidArgument, "parts is null");
-  ExpectError(PackedB::PackColumns(parts, 0, &empty),
-              StatusCode::kInvalidArgument, "n_parts is 0");
-  ExpectError(PackedB::PackColumns(parts, PackedB::kMaxColumnParts + 1, &empty),
-              StatusCode::kInvalidArgument, "n_parts is 17");
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(parts, 2, nullptr),
+                            StatusCode::kInvalidArgument, {"out is null"}));
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(nullptr, 2, &empty),
+                            StatusCode::kInvalidArgument, {"parts is null"}));
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(parts, 0, &empty),
+                            StatusCode::kInvalidArgument, {"n_parts is 0"}));
+  EXPECT_TRUE(test::IsError(
+      PackedB::PackColumns(parts, PackedB::kMaxColumnParts + 1, &empty),
+      StatusCode::kInvalidArgument, {"n_parts is 17"}));
   const MatrixView<const float> bad_data[2] = {
       b44, MatrixView<const float>(nullptr, 4, 4)};
-  ExpectError(PackedB::PackColumns(bad_data, 2, &empty),
-              StatusCode::kInvalidArgument, "parts[1].data is null");
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(bad_data, 2, &empty),
+                            StatusCode::kInvalidArgument,
+                            {"parts[1].data is null"}));
   const MatrixView<const float> bad_rows[2] = {
       b44, MatrixView<const float>(b.data(), 3, 4)};
-  ExpectError(PackedB::PackColumns(bad_rows, 2, &empty),
-              StatusCode::kInvalidArgument,
-              "parts[1] has 3 rows but parts[0] has 4");
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(bad_rows, 2, &empty),
+                            StatusCode::kInvalidArgument,
+                            {"parts[1] has 3 rows but parts[0] has 4"}));
   EXPECT_EQ(empty.bytes(), 0u);
 
   PackedB packed;
   ASSERT_TRUE(PackedB::Pack(b44, Transpose::kNo, &packed).ok());
   EXPECT_GT(packed.bytes(), 0u);
-  ExpectError(Matmul(MatrixView<const float>(a.data(), 4, 3), Transpose::kNo,
-                     packed, c44),
-              StatusCode::kInvalidArgument, "inner dimensions");
-  ExpectError(
+  EXPECT_TRUE(test::IsError(Matmul(MatrixView<const float>(a.data(), 4, 3),
+                                   Transpose::kNo, packed, c44),
+                            StatusCode::kInvalidArgument,
+                            {"inner dimensions"}));
+  EXPECT_TRUE(test::IsError(
       Matmul(a44, Transpose::kNo, packed, MatrixView<float>(c.data(), 4, 5)),
-      StatusCode::kInvalidArgument, "c is [4, 5]");
-  ExpectError(Matmul(MatrixView<const float>(c.data(), 4, 4), Transpose::kNo,
-                     packed, c44),
-              StatusCode::kInvalidArgument, "c overlaps a");
+      StatusCode::kInvalidArgument, {"c is [4, 5]"}));
+  EXPECT_TRUE(test::IsError(Matmul(MatrixView<const float>(c.data(), 4, 4),
+                                   Transpose::kNo, packed, c44),
+                            StatusCode::kInvalidArgument, {"c overlaps a"}));
   for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
 
   // Moves transfer ownership.
@@ -712,32 +726,38 @@ TEST(MatmulErrors, HugeSizes) {
   // Four parts of `wide` columns: 2^63 - 4 columns in all, which the panel
   // rounding would take past INT64_MAX; five overflow the column count.
   const MatrixView<const float> rows[5] = {row, row, row, row, row};
-  ExpectError(PackedB::PackColumns(rows, 4, &packed),
-              StatusCode::kResourceExhausted, "overflows");
-  ExpectError(PackedB::PackColumns(rows, 5, &packed),
-              StatusCode::kResourceExhausted, "column count overflows");
-  ExpectError(PackedB::Pack(row, Transpose::kNo, &packed),
-              StatusCode::kResourceExhausted, "overflows");
-  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), wide, 1),
-                            Transpose::kYes, &packed),
-              StatusCode::kResourceExhausted, "overflows");
-  ExpectError(PackedB::Pack(MatrixView<const float>(b.data(), kMax, 1),
-                            Transpose::kNo, &packed),
-              StatusCode::kResourceExhausted, "b: rows");
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(rows, 4, &packed),
+                            StatusCode::kResourceExhausted, {"overflows"}));
+  EXPECT_TRUE(test::IsError(PackedB::PackColumns(rows, 5, &packed),
+                            StatusCode::kResourceExhausted,
+                            {"column count overflows"}));
+  EXPECT_TRUE(test::IsError(PackedB::Pack(row, Transpose::kNo, &packed),
+                            StatusCode::kResourceExhausted, {"overflows"}));
+  EXPECT_TRUE(
+      test::IsError(PackedB::Pack(MatrixView<const float>(b.data(), wide, 1),
+                                  Transpose::kYes, &packed),
+                    StatusCode::kResourceExhausted, {"overflows"}));
+  EXPECT_TRUE(
+      test::IsError(PackedB::Pack(MatrixView<const float>(b.data(), kMax, 1),
+                                  Transpose::kNo, &packed),
+                    StatusCode::kResourceExhausted, {"b: rows"}));
   EXPECT_EQ(packed.bytes(), 0u);
   // Views one element past the limit, and strides of INT64_MAX.
-  ExpectError(Mm(MatrixView<const float>(a.data(), 1, wide + 1), b44, c44),
-              StatusCode::kResourceExhausted, "a: rows");
-  ExpectError(Mm(a44, MatrixView<const float>(b.data(), 4, 4, kMax), c44),
-              StatusCode::kResourceExhausted, "b: rows (4) x stride");
-  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), kMax, 4)),
-              StatusCode::kResourceExhausted, "c: rows");
-  ExpectError(Mm(a44, b44, MatrixView<float>(c.data(), 2, 4, kMax)),
-              StatusCode::kResourceExhausted, "c: rows (2)");
+  EXPECT_TRUE(test::IsError(
+      Mm(MatrixView<const float>(a.data(), 1, wide + 1), b44, c44),
+      StatusCode::kResourceExhausted, {"a: rows"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, MatrixView<const float>(b.data(), 4, 4, kMax), c44),
+                    StatusCode::kResourceExhausted, {"b: rows (4) x stride"}));
+  EXPECT_TRUE(test::IsError(Mm(a44, b44, MatrixView<float>(c.data(), kMax, 4)),
+                            StatusCode::kResourceExhausted, {"c: rows"}));
+  EXPECT_TRUE(
+      test::IsError(Mm(a44, b44, MatrixView<float>(c.data(), 2, 4, kMax)),
+                    StatusCode::kResourceExhausted, {"c: rows (2)"}));
   ASSERT_TRUE(PackedB::Pack(b44, Transpose::kNo, &packed).ok());
-  ExpectError(Matmul(MatrixView<const float>(a.data(), kMax, 4), Transpose::kNo,
-                     packed, c44),
-              StatusCode::kResourceExhausted, "a: rows");
+  EXPECT_TRUE(test::IsError(Matmul(MatrixView<const float>(a.data(), kMax, 4),
+                                   Transpose::kNo, packed, c44),
+                            StatusCode::kResourceExhausted, {"a: rows"}));
   for (float x : c) EXPECT_EQ(x, 3.0f) << "c written on error";
 }
 

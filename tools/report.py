@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
-"""Summary table and charts of a headway_bench run.
+"""Charts of a headway_bench run.
 
-    tools/report.py [results/bench.json] [--out-dir DIR] [--no-table]
+    tools/report.py [results/bench.json] [--out-dir DIR]
 
 Reads Google Benchmark's JSON output of headway_bench and
-- prints the summary table (the one headway_bench prints at the end);
 - writes DIR/roofline.svg and .png: arithmetic intensity (flop/byte) against
   GFLOP/s, log-log, with the machine's measured ceilings as lines (FMA peak
   per target, flat; DRAM and L2 read bandwidth, slanted) and one point per
   benchmark row;
 - writes DIR/speedup.svg and .png: the speed-up over SCALAR of each
   instruction set, per kernel.
-DIR defaults to the JSON file's folder. The table needs only the standard
-library; the charts need matplotlib (Debian: python3-matplotlib). Without it
-the table is printed and the charts are skipped. docs/BENCHMARKS.md explains
-the figures.
+DIR defaults to the JSON file's folder. The charts need matplotlib (Debian:
+python3-matplotlib). The summary table is headway_bench's own, printed at the
+end of its run (bench/harness/reporter.cc). docs/BENCHMARKS.md explains the
+figures.
 """
 
 import argparse
@@ -23,10 +22,6 @@ import math
 import os
 import sys
 
-# Words of a family name that make it a peer of the family without them:
-# matmul_openblas of matmul, attention_prefill_materialized of
-# attention_prefill, layer_seed_decode of layer_decode.
-PEER_WORDS = {"openblas", "onednn", "materialized", "seed"}
 # Highway's x86 targets, best first (the context's headway_targets, if
 # present, says which this machine supports).
 KNOWN_TARGETS = ["AVX3_ZEN4", "AVX3_SPR", "AVX3_DL", "AVX3", "AVX2", "SSE4",
@@ -39,63 +34,26 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 class Row:
     """One benchmark row, parsed from its name
     (family/TARGET/arg:value/.../threads:N/real_time; a peer without a target
-    has its kernel's name in place of TARGET)."""
+    has its kernel's name in place of TARGET, and no target here)."""
 
     def __init__(self, entry, targets):
         parts = entry.get("run_name", entry["name"]).split("/")
         self.family = parts[0]
-        words = self.family.split("_")
-        self.base = "_".join(w for w in words if w not in PEER_WORDS)
-        self.peer = "_".join(w for w in words if w in PEER_WORDS)
-        self.target = ""
-        if len(parts) > 1:
-            if parts[1] in targets:
-                self.target = parts[1]
-            else:
-                self.peer += "/" + parts[1]
-        shape, peer_shape = [], []
-        self.packed = ""
+        self.target = parts[1] if len(parts) > 1 and parts[1] in targets else ""
+        shape = []
         self.threads = 0
         for arg in parts[2:]:
             if arg.startswith("threads:"):
                 self.threads = int(arg[len("threads:"):])
-            elif ":" not in arg or arg.startswith(SETTINGS):
-                continue
-            else:
+            elif ":" in arg and not arg.startswith(SETTINGS):
                 shape.append(arg)
-                if arg.startswith("packed:"):
-                    self.packed = arg
-                else:
-                    peer_shape.append(arg)
         self.shape = "/".join(shape)
-        self.peer_shape = "/".join(peer_shape)
         self.error = entry.get("error_message", "") if entry.get(
             "error_occurred") else ""
         self.seconds = entry.get("real_time", 0.0) * TIME_UNITS.get(
             entry.get("time_unit", "ns"), 1e-9)
         self.gflops = entry.get("GFLOP/s", 0.0)
         self.gbps = entry.get("GB/s", 0.0)
-        self.ceiling, self.percent = "", 0.0
-        for key, value in entry.items():
-            if key.startswith("%"):
-                self.ceiling, self.percent = key[1:], value
-
-    def variant(self):
-        text = self.target
-        if self.peer:
-            text = (text + " " if text else "") + self.peer
-        if self.packed and self.packed != "packed:0":
-            text += " packed"
-        return text
-
-    def figure(self):
-        """The rate that the bounding ceiling limits, as text."""
-        if self.ceiling == "FMA" or (not self.ceiling and not self.gbps
-                                     and self.gflops):
-            return "%8.1f GFLOP/s" % self.gflops
-        if self.ceiling or self.gbps:
-            return "%8.1f GB/s   " % self.gbps
-        return "%8.3f ms     " % (self.seconds * 1e3)
 
 
 def load(path):
@@ -118,74 +76,6 @@ def load(path):
             chosen[name] = entry
     rows = [Row(entry, targets) for entry in chosen.values()]
     return context, targets, rows
-
-
-def best_peer(row, rows):
-    """The fastest peer of `row` on its shape and thread count (on the same
-    target if the peer has targets), or None."""
-    if row.peer:
-        return None
-    peers = [p for p in rows
-             if p.peer and not p.error and p.base == row.base
-             and p.peer_shape == row.peer_shape and p.threads == row.threads
-             and (not p.target or p.target == row.target)]
-    return min(peers, key=lambda p: p.seconds) if peers else None
-
-
-def scalar_of(row, rows):
-    if not row.target:
-        return None
-    for other in rows:
-        if (other.target == "SCALAR" and not other.error
-                and other.family == row.family and other.shape == row.shape
-                and other.threads == row.threads):
-            return other
-    return None
-
-
-def print_table(rows, targets, out=sys.stdout):
-    if not rows:
-        return
-    groups = {}
-    for row in rows:
-        groups.setdefault((row.base, row.peer_shape), len(groups))
-    rank = {t: i for i, t in enumerate(targets)}
-
-    def order(item):
-        i, row = item
-        return (groups[(row.base, row.peer_shape)], row.threads,
-                1 if row.peer else 0, not row.target,
-                rank.get(row.target, 99), row.peer, row.packed, i)
-
-    out.write("\nSummary (figure: the rate that the bounding ceiling limits; "
-              "bound: its % of that\nceiling; vs peer, vs SCALAR: the fastest "
-              "peer's or SCALAR's time / this row's time\non the same shape "
-              "and thread count, so 2.00x is twice as fast)\n")
-    previous = None
-    for _, row in sorted(enumerate(rows), key=order):
-        group = (row.base, row.peer_shape)
-        if group != previous:
-            previous = group
-            title = " ".join([row.base] + [a for a in row.peer_shape.split("/")
-                                           if a])
-            out.write("\n%s\n  %-22s %3s %16s %9s %20s %9s\n" % (
-                title, "variant", "thr", "figure", "bound", "vs peer",
-                "vs SCALAR"))
-        if row.error:
-            out.write("  %-22s %3d  error: %s\n" % (row.variant(), row.threads,
-                                                   row.error))
-            continue
-        bound = "%3.0f%% %s" % (row.percent, row.ceiling) if row.ceiling else "-"
-        peer = best_peer(row, rows)
-        vs_peer = "-"
-        if peer:
-            vs_peer = "%6.2fx %-12s" % (peer.seconds / row.seconds,
-                                        peer.peer.split("/")[0])
-        scalar = scalar_of(row, rows)
-        vs_scalar = "%7.1fx" % (scalar.seconds / row.seconds) if scalar else "-"
-        out.write("  %-22s %3d %16s %9s %20s %9s\n" % (
-            row.variant(), row.threads, row.figure(), bound, vs_peer,
-            vs_scalar))
 
 
 def ceilings(context, targets):
@@ -408,26 +298,22 @@ def speedup_chart(plt, rows, targets, out_dir):
 
 def main():
     parser = argparse.ArgumentParser(
-        description="Summary table and roofline / speed-up charts of a "
-                    "headway_bench JSON file.")
+        description="Roofline and speed-up charts of a headway_bench JSON "
+                    "file.")
     parser.add_argument("json", nargs="?", default="results/bench.json",
                         help="Google Benchmark JSON output "
                              "(default: results/bench.json)")
     parser.add_argument("--out-dir",
                         help="where the charts go (default: the JSON's "
                              "folder)")
-    parser.add_argument("--no-table", action="store_true",
-                        help="charts only (headway_bench printed the table)")
     args = parser.parse_args()
     context, targets, rows = load(args.json)
-    if not args.no_table:
-        print_table(rows, targets)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("\nreport: matplotlib is missing, so no charts; "
+        print("report: matplotlib is missing, so no charts; "
               "`sudo apt-get install python3-matplotlib` gets them "
               "(for /usr/bin/python3).")
         return 0

@@ -67,9 +67,8 @@ std::string CapDispatch(const Target& target) {
            target.name;
   }
   // Highway 1.0.3's hwy::SupportedTargets() re-chooses the dispatch target
-  // without the cap; ActiveTarget() undoes that now, but capping again costs
-  // nothing and keeps the harness right either way. Then check what dispatch
-  // really runs, with a zero-round FMA loop.
+  // without the cap (ActiveTarget() restores it); capping again costs nothing.
+  // Then check what dispatch really runs, with a zero-round FMA loop.
   (void)SetMaxTarget(target.name);
   const int64_t dispatched = internal::FmaLoop(0, 0.0f, 0.0f).target;
   if (dispatched != target.bits) {

@@ -129,8 +129,8 @@ bool Check(benchmark::State& state, const Status& status);
 // Google Benchmark's timed loop. The untimed call comes every time a benchmark
 // function runs (each repetition): at these sizes the first iteration, Google
 // Benchmark's estimate, is often the only one timed, and a first call after
-// new buffers were allocated and filled ran up to 25% slower here (attention
-// prefill 1 thread: 131-146 GFLOP/s cold, 175 warm). False after skipping the
+// new buffers are allocated and filled runs up to 25% slower (attention
+// prefill, 1 thread: 131-146 GFLOP/s cold, 175 warm). False after skipping the
 // benchmark if a call fails.
 template <class Step>
 bool TimeSteps(benchmark::State& state, const Step& step) {
@@ -145,11 +145,11 @@ bool TimeSteps(benchmark::State& state, const Step& step) {
 // Runs body() on the calling thread; with threads == 1 pinned (Linux) to one
 // fixed CPU, the last one the process may use, so that every 1-thread
 // measurement, the ceilings' and the rows', runs on the same core. On the
-// 2-vCPU VM the vCPUs differ by 8% (CPU 0 slower), and the main thread ran on
-// either: after a 2-thread row it moved to CPU 0, so 1-thread rows ran about
-// 10% below a 1-thread ceiling measured on CPU 1 (matmul 2048^3: 163-167
-// against 181-191 GFLOP/s alone, the same as pinned to CPU 0 / CPU 1). Unpinned
-// when the affinity cannot be set.
+// 2-vCPU VM the vCPUs differ by 8% (CPU 0 slower) and an unpinned main thread
+// moves between them (to CPU 0 after a 2-thread row): its 1-thread rows then
+// run about 10% below a 1-thread ceiling measured on CPU 1 (matmul 2048^3:
+// 163-167 against 181-191 GFLOP/s, as pinned to CPU 0 / CPU 1). Unpinned when
+// the affinity cannot be set.
 void PinnedIfOneThread(int threads, const std::function<void()>& body);
 
 // -----------------------------------------------------------------------------

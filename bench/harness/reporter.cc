@@ -1,7 +1,7 @@
 // The display reporter of headway_bench: Google Benchmark's own (console, JSON
 // or CSV, as --benchmark_format says) wrapped to print a progress line while
-// the benchmarks run and a summary table at the end. tools/report.py prints
-// the same table from the JSON file; docs/BENCHMARKS.md describes both.
+// the benchmarks run and the summary table at the end (its one implementation:
+// tools/report.py draws only the charts). docs/BENCHMARKS.md describes it.
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
