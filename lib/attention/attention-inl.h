@@ -2,7 +2,7 @@
 // materialised path).
 //
 // Two tile kernels share one online softmax (Milakov & Gimelshein 2018; Dao et
-// al. 2022):
+// al. 2022), OnlineSoftmaxStep:
 //
 // - Lanes along queries ("wide"), when a tile has at least one vector of query
 //   rows (prefill, and decode of MQA and large GQA groups). A tile holds R
@@ -20,6 +20,11 @@
 //   lanes (decode of MHA and small GQA groups): scores are dot products of q
 //   rows with K rows (vectors along d), and O rows accumulate V rows. Decode is
 //   bound by reading K and V, which this streams once.
+//
+// One home per rule, which every path asks: VisibleKeys (which keys a query
+// sees), MaskedScore (the additive mask), KvRows (how stored K and V rows are
+// read), OnlineSoftmaxStep (the softmax update) and RowNormalizer (the
+// result of a row, zeros for a row that saw no key).
 //
 // Work items are (sequence, KV head, group of up to 4 consecutive query tiles,
 // key chunk); a group runs key block by key block over all its tiles, so that
@@ -48,24 +53,68 @@
 
 namespace headway {
 
-// Keys per block: the scores of a block for a tile are 128 x 32 floats = 16 KiB
-// on AVX-512. 128 rather than 64 halves the per-block costs (softmax
-// bookkeeping, rescaling the output tile): causal prefill 5-15% faster in an
-// A/B run here (noisy machine).
+// Keys per block: 128 is better than 64 (causal prefill 5-15% faster: half the
+// per-block softmax and rescaling work). A tile's block of scores is 128 x 32
+// floats = 16 KiB on AVX-512.
 inline constexpr int64_t kAttentionKeyBlock = 128;
 // Chunking aims at this many work items in a call, so that up to 64 threads
 // have work however few (sequence, KV head) pairs there are (it depends on
 // shapes only, never on threads).
 inline constexpr int64_t kAttentionMinItems = 64;
 // A wide work item runs up to this many consecutive query tiles of one KV head
-// (128 query rows on AVX-512) over each key block in turn: the K and V block
-// (128 KiB at head_dim 128) comes from memory once for all of them and from L2
-// for the others. One tile per item read all of K and V for every 32 rows:
-// MHA prefill at 2048 tokens (64 MiB of K and V) then waited on memory.
+// (128 query rows on AVX-512) over each key block in turn, so that a K and V
+// block (128 KiB at head_dim 128) comes from memory once per 4 tiles: with one
+// tile per item, MHA prefill at 2048 tokens waits on memory.
 inline constexpr int64_t kAttentionGroupTiles = 4;
 // A chunk has at least this many keys: shorter ones cost more in merging than
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
+
+// Key positions [begin, end).
+struct KeyRange {
+  int64_t begin;
+  int64_t end;
+  // Whether [first, last_end) lies inside this range.
+  bool Contains(int64_t first, int64_t last_end) const {
+    return begin <= first && last_end <= end;
+  }
+};
+
+// The keys that query token t of `work` sees before the additive mask: the one
+// home of the causal rule, and of any future window (begin > 0). Both ends are
+// nondecreasing in t and the ranges of consecutive tokens overlap, which
+// KeysSeenByAny and KeysSeenByAll rely on.
+inline KeyRange VisibleKeys(const AttentionDims& dims,
+                            const AttentionWork& work, int64_t t) {
+  return {0, dims.causal ? std::min(work.kv_len, work.q_pos0 + t + 1)
+                         : work.kv_len};
+}
+
+// The union of the visible ranges of tokens [t0, t0 + nt), nt >= 1: the keys
+// a tile of them reads.
+inline KeyRange KeysSeenByAny(const AttentionDims& dims,
+                              const AttentionWork& work, int64_t t0,
+                              int64_t nt) {
+  return {VisibleKeys(dims, work, t0).begin,
+          VisibleKeys(dims, work, t0 + nt - 1).end};
+}
+
+// The intersection of the visible ranges of tokens [t0, t0 + nt), nt >= 1: a
+// key block inside it needs no per-row cut.
+inline KeyRange KeysSeenByAll(const AttentionDims& dims,
+                              const AttentionWork& work, int64_t t0,
+                              int64_t nt) {
+  return {VisibleKeys(dims, work, t0 + nt - 1).begin,
+          VisibleKeys(dims, work, t0).end};
+}
+
+// Whether some token in [t0, t0 + nt) does not see some key in [k0, k0 + n):
+// the blocks that need the per-row cut of VisibleKeys.
+inline bool SomeTokenMissesBlock(const AttentionDims& dims,
+                                 const AttentionWork& work, int64_t t0,
+                                 int64_t nt, int64_t k0, int64_t n) {
+  return !KeysSeenByAll(dims, work, t0, nt).Contains(k0, k0 + n);
+}
 
 // The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
 inline ScratchBuffer& ThreadAttentionScratch() {
@@ -228,49 +277,8 @@ HWY_INLINE void NarrowAccumulate(const float* a, size_t a_si, size_t a_sk,
   }
 }
 
-// Running statistics of the online softmax for one query row (lane).
-struct OnlineSoftmaxState {
-  float* max;  // m: the largest score so far (-inf: none)
-  float* sum;  // l: sum of exp(score - m)
-};
-
-// The geometry of one query tile: rows r = t * group + h for tokens t in [t0,
-// t0 + nt).
-struct AttentionTile {
-  const AttentionWork* work;
-  int64_t kv_head;
-  int64_t t0;
-  int64_t nt;
-  int64_t rows;  // nt * group
-  int64_t key_begin,
-      key_end;  // this item's key chunk, already cut at the causal limit
-};
-
-// Row r of a tile is query head kv_head * group + r % group of token t0 + r /
-// group: its head_dim floats in q and in out.
-HWY_INLINE int64_t TileRowOffset(const AttentionTile& tile, int64_t group,
-                                 int64_t head_dim, int64_t r, int64_t stride) {
-  return (tile.t0 + r / group) * stride +
-         (tile.kv_head * group + r % group) * head_dim;
-}
-HWY_INLINE const float* TileQRow(const AttentionDims& dims,
-                                 const AttentionTile& tile, int64_t r) {
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  return tile.work->q +
-         TileRowOffset(tile, group, dims.head_dim, r, tile.work->q_stride);
-}
-HWY_INLINE float* TileOutRow(const AttentionDims& dims,
-                             const AttentionTile& tile, int64_t r) {
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-  return tile.work->out +
-         TileRowOffset(tile, group, dims.head_dim, r, tile.work->out_stride);
-}
-
-// Position of the tile's row r (or -1 for padding rows, which then see no key).
-HWY_INLINE int64_t RowPosition(const AttentionTile& tile, int64_t group,
-                               int64_t r) {
-  return r < tile.rows ? tile.work->q_pos0 + tile.t0 + r / group : -1;
-}
+// ---------------------------------------------------------------------------------------------
+// The rules every path asks: visible keys, the additive mask, K/V reads.
 
 // The additive mask's rule, for every path: a -inf entry hides the key
 // (whatever its score, NaN included); any other entry is added to the score in
@@ -279,12 +287,13 @@ HWY_INLINE float MaskedScore(float score, float mask) {
   return mask == -std::numeric_limits<float>::infinity() ? mask : score + mask;
 }
 
-// Whether the query token t of `work` must not see key `key`: past its
-// position (causal) or hidden by a -inf mask entry. A hidden key contributes
-// nothing to the query, not even a NaN of its K or V row.
+// Whether the query token t of `work` must not see key `key`: outside its
+// VisibleKeys or hidden by a -inf mask entry. A hidden key contributes nothing
+// to the query, not even a NaN of its K or V row.
 HWY_INLINE bool KeyHidden(const AttentionDims& dims, const AttentionWork& work,
                           int64_t t, int64_t key) {
-  return (dims.causal && key > work.q_pos0 + t) ||
+  const KeyRange visible = VisibleKeys(dims, work, t);
+  return key < visible.begin || key >= visible.end ||
          (work.mask != nullptr && work.mask[t * work.mask_stride + key] ==
                                       -std::numeric_limits<float>::infinity());
 }
@@ -292,42 +301,100 @@ HWY_INLINE bool KeyHidden(const AttentionDims& dims, const AttentionWork& work,
 // Whether some query token in [t0, t0 + nt) cannot see some key in [k0, k0 +
 // n_keys): the blocks where P V must not let 0 * NaN through.
 HWY_INLINE bool BlockMayHide(const AttentionDims& dims,
-                             const AttentionWork& work, int64_t t0, int64_t k0,
-                             int64_t n_keys) {
+                             const AttentionWork& work, int64_t t0, int64_t nt,
+                             int64_t k0, int64_t n_keys) {
   return work.mask != nullptr ||
-         (dims.causal && k0 + n_keys - 1 > work.q_pos0 + t0);
+         SomeTokenMissesBlock(dims, work, t0, nt, k0, n_keys);
+}
+
+// Sets row[s], the score of key k0 + s for s in [0, n), to -inf for the keys
+// outside `visible`.
+HWY_INLINE void HideOutside(KeyRange visible, int64_t k0, size_t n,
+                            float* HWY_RESTRICT row) {
+  const int64_t n_keys = static_cast<int64_t>(n);
+  const int64_t begin = std::clamp<int64_t>(visible.begin - k0, 0, n_keys);
+  const int64_t end = std::clamp<int64_t>(visible.end - k0, begin, n_keys);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::fill(row, row + begin, neg_inf);
+  std::fill(row + end, row + n_keys, neg_inf);
+}
+
+// Read access to the stored K or V rows of one KV head of one sequence,
+// [capacity][row_stride]: every kernel reads K and V through this, so that a
+// new storage type specialises it alone. float32 storage hands out pointers
+// into the cache (no copy); a narrower type would convert the rows asked for
+// into per-thread scratch of its own (a key block for prefill, a row at a time
+// for decode) and return that, valid until its next call.
+class KvRows {
+ public:
+  KvRows(const float* head, int64_t row_stride)
+      : head_(head), row_stride_(static_cast<size_t>(row_stride)) {}
+
+  size_t row_stride() const { return row_stride_; }
+  // Rows [k0, k0 + n) as floats: [n][row_stride], the padding zero.
+  const float* Block(int64_t k0, size_t /*n*/) const {
+    return head_ + static_cast<size_t>(k0) * row_stride_;
+  }
+  // Hints that row k (which may lie past the cache: prefetches never fault)
+  // is read soon, one prefetch per 64-byte line.
+  void Prefetch(int64_t k) const {
+    const float* row = head_ + static_cast<size_t>(k) * row_stride_;
+    for (size_t p = 0; p < row_stride_; p += 16) hwy::Prefetch(row + p);
+  }
+
+ private:
+  const float* head_;
+  size_t row_stride_;
+};
+
+HWY_INLINE KvRows KeyRows(const AttentionDims& dims, const AttentionWork& work,
+                          int64_t kv_head) {
+  return KvRows(work.keys + kv_head * dims.head_stride, dims.row_stride);
+}
+HWY_INLINE KvRows ValueRows(const AttentionDims& dims,
+                            const AttentionWork& work, int64_t kv_head) {
+  return KvRows(work.values + kv_head * dims.head_stride, dims.row_stride);
 }
 
 // Whether rows [0, n_rows) of v (row stride `stride`, a multiple of the vector
-// length; columns past the head's are zero) are all finite.
-HWY_INLINE bool RowsFinite(const float* HWY_RESTRICT v, size_t n_rows,
-                           size_t stride) {
+// length; columns past the head's are zero) are all finite. Not inlined:
+// inlined into a work item, GCC 12 reloads a pointer from the stack in its loop
+// (25% more instructions on AVX2).
+inline HWY_NOINLINE bool RowsFinite(const float* HWY_RESTRICT v, size_t n_rows,
+                                    size_t stride) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
   // x * 0 is 0 for finite x and NaN for +-inf and NaN.
   auto acc = hn::Zero(d);
-  for (size_t i = 0; i < n_rows * stride; i += N) {
-    acc = hn::MulAdd(hn::Load(d, v + i), hn::Zero(d), acc);
-  }
+  const float* end = v + n_rows * stride;
+  for (; v < end; v += N) acc = hn::MulAdd(hn::Load(d, v), hn::Zero(d), acc);
   return hn::AllTrue(d, hn::Eq(acc, hn::Zero(d)));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Wide tiles: queries along the lanes.
+// The online softmax, shared by both tile kinds.
 
-// Wide tiles keep their scores in base 2: QT carries scale * log2(e), so a
-// score s2 = s * log2(e) and exp(s - m) = exp2(s2 - m2). exp2 then needs no
-// range reduction by ln(2), and Exp2NonPositive below is about half the
-// operations of hn::Exp: the softmax step was 13% of causal prefill time.
+// Scores are in base 2 (q carries scale * log2(e), so exp(s - m) = exp2(s2 -
+// m2)) where they can be: exp2 needs no range reduction by ln(2), and
+// Exp2NonPositive is about half the operations of hn::Exp (the softmax step is
+// 13% of causal prefill time with hn::Exp).
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
 
-// A tile with an additive mask keeps natural units instead (QT carries scale
-// only, the mask is added, exp2 takes (s - m) * log2(e)): a mask of -FLT_MAX
-// times log2(e) would overflow to -inf and hide a row that the mask leaves
-// visible.
-HWY_INLINE bool WideScoresInBase2(const AttentionWork& work) {
+// A call with an additive mask keeps natural units (q carries scale only, the
+// mask is added, exp2 takes (s - m) * log2(e)): a mask of -FLT_MAX times
+// log2(e) would overflow to -inf and hide a key that the mask leaves visible.
+HWY_INLINE bool ScoresInBase2(const AttentionWork& work) {
   return work.mask == nullptr;
+}
+// The factor on q: scale, times log2(e) for base-2 scores.
+HWY_INLINE float QueryScale(const AttentionDims& dims,
+                            const AttentionWork& work) {
+  return ScoresInBase2(work) ? dims.scale * kLog2e : dims.scale;
+}
+// The factor that turns a running max into natural units.
+HWY_INLINE float MaxToNatural(const AttentionWork& work) {
+  return ScoresInBase2(work) ? kLn2 : 1.0f;
 }
 
 // 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
@@ -355,63 +422,162 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   return hn::Mul(p, hn::BitCast(d, bits));
 }
 
-// Online-softmax step on a block of scores st [n_keys, rp] (lanes = query
-// rows; base 2, or natural units when !kBase2): masks applied already (-inf).
-// Replaces st by P = exp(st - m_new), rescales ot [d, rp] by alpha and updates
-// m, l (m in the scores' units). A lane whose scores are all -inf so far keeps
-// m = -inf and P = 0.
+// Running statistics of the online softmax for one query row (lane).
+struct OnlineSoftmaxState {
+  float* max;  // m: the largest score so far (-inf: none), in the scores' units
+  float* sum;  // l: sum of exp(score - m)
+};
+
+// One online-softmax step for the query rows in the lanes of m_old (their
+// running max before a key block) and m_new (after it, m_old included); the
+// wide tile has a row per lane, the narrow one a row broadcast. Scores are
+// base 2 (kBase2) or natural units; -inf scores are hidden keys.
+template <bool kBase2, class D, class V = hn::Vec<D>>
+struct OnlineSoftmaxStep {
+  HWY_INLINE OnlineSoftmaxStep(D d, V m_old, V m_new)
+      // -inf - (-inf) would be NaN: a row with no score yet subtracts 0.
+      : m_use(hn::IfThenZeroElse(
+            hn::Eq(m_new, hn::Set(d, -std::numeric_limits<float>::infinity())),
+            m_new)),
+        alpha(Weight(d, m_old)) {}
+
+  // exp(score - m_new): 0 for -inf, NaN where score - m_new is NaN (a NaN
+  // score, or +inf - +inf), so that a NaN reaches the output.
+  HWY_INLINE V Weight(D d, V score) const {
+    const V x = hn::Sub(score, m_use);
+    const V e = Exp2NonPositive(d, kBase2 ? x : hn::Mul(x, hn::Set(d, kLog2e)));
+    return hn::IfThenElse(hn::IsNaN(x), x, e);
+  }
+  // The running sum after the block: sum_old * alpha + the block's weights.
+  HWY_INLINE V Sum(V sum_old, V block_sum) const {
+    return hn::MulAdd(sum_old, alpha, block_sum);
+  }
+
+  V m_use;  // m_new, or 0 for a row with no score yet
+  V alpha;  // exp(m_old - m_new): rescales the old sum and output
+};
+
+// The result of a query row from its unnormalised output o and softmax sum l,
+// for the rows in the lanes of l, the one rule of every tile and chunk: o / l
+// (as o * (1 / l)); zeros for a row that saw no key (l == 0), whatever o
+// holds; NaN for a NaN l (the row saw a NaN or a +inf score). MergedRow is the
+// same rule for merged chunks.
+template <class D, class V = hn::Vec<D>>
+struct RowNormalizer {
+  HWY_INLINE RowNormalizer(D d, V l)
+      : keep(hn::Or(hn::Gt(l, hn::Zero(d)), hn::IsNaN(l))),
+        inv(hn::Div(hn::Set(d, 1.0f), l)) {}
+  HWY_INLINE V operator()(V o) const {
+    return hn::IfThenElseZero(keep, hn::Mul(o, inv));
+  }
+
+  hn::Mask<D> keep;
+  V inv;
+};
+
+// RowNormalizer's rule after a merge: acc / total, where total sums the
+// weights of the chunks that saw keys; zeros when none did (total == 0); NaN
+// when one saw a NaN (nan).
+HWY_INLINE float MergedRow(double acc, double total, bool nan) {
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  return total > 0.0 ? static_cast<float>(acc / total) : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiles.
+
+// The geometry of one query tile: rows r = t * group + h for tokens t in [t0,
+// t0 + nt), and the keys it reads in its work item's chunk.
+struct AttentionTile {
+  const AttentionWork* work;
+  int64_t kv_head;
+  int64_t t0;
+  int64_t nt;
+  int64_t rows;  // nt * group
+  // [key_begin, key_end): the union of the rows' VisibleKeys within the chunk,
+  // key_begin on the chunk's block grid (empty: key_begin == key_end).
+  int64_t key_begin, key_end;
+};
+
+// A finished tile's unnormalised output o(r, p) = o[r * row_step + p *
+// col_step] (wide: OT, row_step 1; narrow: O, col_step 1) and softmax state.
+struct TileResult {
+  float* o;
+  size_t row_step;
+  size_t col_step;
+  OnlineSoftmaxState state;
+};
+
+// Row r of a tile is query head kv_head * group + r % group of token t0 + r /
+// group: its head_dim floats in q and in out.
+HWY_INLINE int64_t TileRowOffset(const AttentionTile& tile, int64_t group,
+                                 int64_t head_dim, int64_t r, int64_t stride) {
+  return (tile.t0 + r / group) * stride +
+         (tile.kv_head * group + r % group) * head_dim;
+}
+HWY_INLINE const float* TileQRow(const AttentionDims& dims,
+                                 const AttentionTile& tile, int64_t r) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  return tile.work->q +
+         TileRowOffset(tile, group, dims.head_dim, r, tile.work->q_stride);
+}
+HWY_INLINE float* TileOutRow(const AttentionDims& dims,
+                             const AttentionTile& tile, int64_t r) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  return tile.work->out +
+         TileRowOffset(tile, group, dims.head_dim, r, tile.work->out_stride);
+}
+
+// The VisibleKeys of the tile's row r (none for padding rows, r >= rows).
+HWY_INLINE KeyRange RowVisibleKeys(const AttentionDims& dims,
+                                   const AttentionTile& tile, int64_t group,
+                                   int64_t r) {
+  return r < tile.rows ? VisibleKeys(dims, *tile.work, tile.t0 + r / group)
+                       : KeyRange{0, 0};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wide tiles: queries along the lanes.
+
+// The online-softmax step on a block of scores st [n_keys, rp] (lanes = query
+// rows, hidden keys -inf): replaces st by P = exp(st - m_new), rescales ot
+// [d, rp] by alpha and updates m, l.
 template <bool kBase2>
 HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
                                 size_t rp, float* HWY_RESTRICT ot, size_t dim,
                                 OnlineSoftmaxState state) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
-  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const auto to_base2 = hn::Set(d, kLog2e);
-  // exp(a - b), NaN where a - b is NaN (a NaN score, or +inf - +inf).
-  const auto exp_of_difference = [&](auto a, auto b) HWY_ATTR {
-    const auto x = hn::Sub(a, b);
-    const auto e = Exp2NonPositive(d, kBase2 ? x : hn::Mul(x, to_base2));
-    return hn::IfThenElse(hn::IsNaN(x), x, e);
-  };
   for (size_t j = 0; j < rp; j += N) {
     const auto m_old = hn::Load(d, state.max + j);
     auto m_new = m_old;
     for (size_t s = 0; s < n_keys; ++s) {
       m_new = hn::Max(m_new, hn::Load(d, st + s * rp + j));
     }
-    // -inf - (-inf) would be NaN: a lane with no score yet subtracts 0
-    // instead.
-    const auto m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-    const auto alpha = exp_of_difference(m_old, m_use);
+    const OnlineSoftmaxStep<kBase2, AttnD> step(d, m_old, m_new);
     auto sum = hn::Zero(d);
     for (size_t s = 0; s < n_keys; ++s) {
-      const auto score = hn::Load(d, st + s * rp + j);
-      // A NaN score stays NaN so that it reaches the output.
-      const auto p = exp_of_difference(score, m_use);
+      const auto p = step.Weight(d, hn::Load(d, st + s * rp + j));
       hn::Store(p, d, st + s * rp + j);
       sum = hn::Add(sum, p);
     }
-    hn::Store(hn::MulAdd(hn::Load(d, state.sum + j), alpha, sum), d,
-              state.sum + j);
+    hn::Store(step.Sum(hn::Load(d, state.sum + j), sum), d, state.sum + j);
     hn::Store(m_new, d, state.max + j);
     for (size_t p = 0; p < dim; ++p) {
-      hn::Store(hn::Mul(hn::Load(d, ot + p * rp + j), alpha), d,
+      hn::Store(hn::Mul(hn::Load(d, ot + p * rp + j), step.alpha), d,
                 ot + p * rp + j);
     }
   }
 }
 
-// Starts a wide tile: QT [d, rp] from the queries (scale * log2(e) * q, or
-// scale * q in natural units), OT
+// Starts a wide tile: QT [d, rp] = QueryScale * q (0 for padding rows), OT
 // [d, rp] = 0, m = -inf, l = 0 per lane.
 HWY_INLINE void WideTileBegin(const AttentionDims& dims,
                               const AttentionTile& tile, float* HWY_RESTRICT qt,
                               float* HWY_RESTRICT ot, size_t rp,
                               OnlineSoftmaxState state) {
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  const float qscale =
-      WideScoresInBase2(*tile.work) ? dims.scale * kLog2e : dims.scale;
+  const float qscale = QueryScale(dims, *tile.work);
   // QT[p, r] = qscale * q row r (TileQRow) [p]; 0 for padding.
   const auto q_row = [&](size_t r) {
     return TileQRow(dims, tile, static_cast<int64_t>(r));
@@ -451,11 +617,14 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
   std::fill(state.sum, state.sum + rp, 0.0f);
 }
 
-// One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile:
-// scores into st [n_keys, rp], masks, online softmax, OT += V^T P.
+// One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile, its K
+// and V rows k_block and v_block [n_keys, row_stride] (KvRows::Block): scores
+// into st [n_keys, rp], masks, online softmax, OT += V^T P.
 HWY_INLINE void WideTileBlock(const AttentionDims& dims,
                               const AttentionTile& tile, int64_t k0,
-                              size_t n_keys, const float* HWY_RESTRICT qt,
+                              size_t n_keys, const float* HWY_RESTRICT k_block,
+                              const float* HWY_RESTRICT v_block,
+                              const float* HWY_RESTRICT qt,
                               float* HWY_RESTRICT st, float* HWY_RESTRICT ot,
                               size_t rp, OnlineSoftmaxState state) {
   const AttnD d;
@@ -464,30 +633,31 @@ HWY_INLINE void WideTileBlock(const AttentionDims& dims,
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const AttentionWork& work = *tile.work;
-  const int64_t first_pos = work.q_pos0 + tile.t0;
-  const float* keys = work.keys + tile.kv_head * dims.head_stride;
-  const float* values = work.values + tile.kv_head * dims.head_stride;
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
 
   // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
-  OuterProductBlock(keys + k0 * dims.row_stride, row_stride, 1, qt, rp, dim, st,
-                    rp, n_keys, rp / N, /*accumulate=*/false);
-  // Causal mask, only on blocks that cross the diagonal of some lane.
-  const bool crossing =
-      dims.causal && k0 + static_cast<int64_t>(n_keys) - 1 > first_pos;
+  OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys, rp / N,
+                    /*accumulate=*/false);
+  // Each lane's VisibleKeys, only on blocks that some row does not wholly see.
+  const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
+                                             static_cast<int64_t>(n_keys));
   if (crossing) {
     for (size_t j = 0; j < rp; j += N) {
-      // Positions of the lanes (-1 for padding rows, which see no key).
-      HWY_ALIGN int32_t pos[hn::MaxLanes(di)];
+      HWY_ALIGN int32_t first[hn::MaxLanes(di)];
+      HWY_ALIGN int32_t last[hn::MaxLanes(di)];
       for (size_t lane = 0; lane < N; ++lane) {
-        pos[lane] = static_cast<int32_t>(
-            RowPosition(tile, group, static_cast<int64_t>(j + lane)));
+        const KeyRange visible =
+            RowVisibleKeys(dims, tile, group, static_cast<int64_t>(j + lane));
+        first[lane] = static_cast<int32_t>(visible.begin);
+        last[lane] = static_cast<int32_t>(visible.end - 1);
       }
-      const auto vpos = hn::Load(di, pos);
+      const auto vfirst = hn::Load(di, first);
+      const auto vlast = hn::Load(di, last);
       for (size_t s = 0; s < n_keys; ++s) {
         const auto key = hn::Set(di, static_cast<int32_t>(k0 + s));
-        const auto hidden = hn::RebindMask(d, hn::Gt(key, vpos));
+        const auto hidden =
+            hn::RebindMask(d, hn::Or(hn::Gt(vfirst, key), hn::Gt(key, vlast)));
         float* row = st + s * rp + j;
         hn::Store(hn::IfThenElse(hidden, neg_inf, hn::Load(d, row)), d, row);
       }
@@ -502,14 +672,14 @@ HWY_INLINE void WideTileBlock(const AttentionDims& dims,
         st[s * rp + r] = MaskedScore(st[s * rp + r], mask_row[s]);
     }
   }
-  if (WideScoresInBase2(work)) {
+  if (ScoresInBase2(work)) {
     WideSoftmaxStep<true>(st, n_keys, rp, ot, dim, state);
   } else {
     WideSoftmaxStep<false>(st, n_keys, rp, ot, dim, state);
   }
   // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
-  const float* v_block = values + k0 * dims.row_stride;
-  if (!BlockMayHide(dims, work, tile.t0, k0, static_cast<int64_t>(n_keys)) ||
+  if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
+                    static_cast<int64_t>(n_keys)) ||
       RowsFinite(v_block, n_keys, row_stride)) {
     OuterProductBlock(v_block, 1, row_stride, st, rp, n_keys, ot, rp, dim,
                       rp / N, /*accumulate=*/true);
@@ -562,33 +732,67 @@ HWY_INLINE float DotPadded(const float* HWY_RESTRICT a,
 }
 
 // Scores sc[r * bkp + s] = qs_r . K[k0 + s] of a key block, key by key. With
-// kPrefetch (several query rows: the dot products take long enough per key
-// that the hardware prefetchers fall behind), K rows 16 keys ahead and the
-// block's V rows are prefetched as the keys go by. Measured on Zen 5, decode at
-// 16384 keys: GQA-8 (4 rows) 67/73% -> 82/100% of the read bandwidth (1/2
-// threads); for MHA (1 row) it cost 6-9%, so one row does without.
+// kPrefetch (several query rows, whose dot products let the hardware
+// prefetchers fall behind), K rows 16 keys ahead and the block's V rows are
+// prefetched as the keys go by: GQA-8 decode at 16384 keys reads at 82/100%
+// of the bandwidth with it, 67/73% without (1/2 threads, Zen 5). One row does
+// without: there it costs 6-9%.
 template <bool kPrefetch>
-HWY_INLINE void NarrowScores(const float* HWY_RESTRICT keys,
-                             const float* HWY_RESTRICT values, int64_t k0,
-                             size_t n_keys, const float* HWY_RESTRICT qs,
-                             size_t rows, size_t row_stride,
+HWY_INLINE void NarrowScores(const KvRows& keys, const KvRows& values,
+                             int64_t k0, size_t n_keys,
+                             const float* HWY_RESTRICT qs, size_t rows,
                              float* HWY_RESTRICT sc, size_t bkp) {
+  const size_t row_stride = keys.row_stride();
+  const float* k_block = keys.Block(k0, n_keys);
   for (size_t s = 0; s < n_keys; ++s) {
-    const float* k_row = keys + (static_cast<size_t>(k0) + s) * row_stride;
     if constexpr (kPrefetch) {
-      const float* v_row = values + (static_cast<size_t>(k0) + s) * row_stride;
-      for (size_t p = 0; p < row_stride; p += 16) {
-        hwy::Prefetch(k_row + 16 * row_stride + p);
-        hwy::Prefetch(v_row + p);
-      }
+      const int64_t key = k0 + static_cast<int64_t>(s);
+      keys.Prefetch(key + 16);
+      values.Prefetch(key);
     }
+    const float* k_row = k_block + s * row_stride;
     for (size_t r = 0; r < rows; ++r) {
       sc[r * bkp + s] = DotPadded(qs + r * row_stride, k_row, row_stride);
     }
   }
 }
 
-// One work item on a narrow tile. qs [rows, row_stride]: scale * q,
+// The online-softmax step on the scores sc [rows, bkp] of a key block (along
+// each row; hidden keys and padding -inf): replaces sc by P = exp(sc - m_new),
+// rescales o [rows, row_stride] by alpha and updates m, l.
+template <bool kBase2>
+HWY_INLINE void NarrowSoftmaxStep(float* HWY_RESTRICT sc, size_t rows,
+                                  size_t bkp, float* HWY_RESTRICT o,
+                                  size_t row_stride, OnlineSoftmaxState state) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  for (size_t r = 0; r < rows; ++r) {
+    float* sc_row = sc + r * bkp;
+    const auto m_old = hn::Set(d, state.max[r]);
+    auto vmax = m_old;
+    for (size_t s = 0; s < bkp; s += N)
+      vmax = hn::Max(vmax, hn::Load(d, sc_row + s));
+    const auto m_new = hn::Set(d, MaxLane(d, vmax));
+    const OnlineSoftmaxStep<kBase2, AttnD> step(d, m_old, m_new);
+    auto sum = hn::Zero(d);
+    for (size_t s = 0; s < bkp; s += N) {
+      const auto p = step.Weight(d, hn::Load(d, sc_row + s));
+      hn::Store(p, d, sc_row + s);
+      sum = hn::Add(sum, p);
+    }
+    state.sum[r] =
+        hn::GetLane(step.Sum(hn::Set(d, state.sum[r]), hn::SumOfLanes(d, sum)));
+    state.max[r] = hn::GetLane(m_new);
+    // o[r] *= alpha; the sum over this block's keys comes after the step for
+    // all rows at once.
+    float* o_row = o + r * row_stride;
+    for (size_t p = 0; p < row_stride; p += N) {
+      hn::Store(hn::Mul(hn::Load(d, o_row + p), step.alpha), d, o_row + p);
+    }
+  }
+}
+
+// One work item on a narrow tile. qs [rows, row_stride]: QueryScale * q,
 // zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
 // vectors); o [rows, row_stride] unnormalised output.
 HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
@@ -603,19 +807,19 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
+  const float qscale = QueryScale(dims, work);
   for (size_t r = 0; r < rows; ++r) {
     const float* q_row = TileQRow(dims, tile, static_cast<int64_t>(r));
     float* qs_row = qs + r * row_stride;
-    for (int64_t p = 0; p < dims.head_dim; ++p)
-      qs_row[p] = dims.scale * q_row[p];
+    for (int64_t p = 0; p < dims.head_dim; ++p) qs_row[p] = qscale * q_row[p];
     std::fill(qs_row + dims.head_dim, qs_row + row_stride, 0.0f);
   }
   std::fill(o, o + rows * row_stride, 0.0f);
   std::fill(state.max, state.max + rows, neg_inf);
   std::fill(state.sum, state.sum + rows, 0.0f);
 
-  const float* keys = work.keys + tile.kv_head * dims.head_stride;
-  const float* values = work.values + tile.kv_head * dims.head_stride;
+  const KvRows keys = KeyRows(dims, work, tile.kv_head);
+  const KvRows values = ValueRows(dims, work, tile.kv_head);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
@@ -624,13 +828,13 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     // row while it is in L1 (row by row, the first row would stream K and the
     // others re-read it).
     if (rows > 1) {
-      NarrowScores<true>(keys, values, k0, n_keys, qs, rows, row_stride, sc,
-                         bkp);
+      NarrowScores<true>(keys, values, k0, n_keys, qs, rows, sc, bkp);
     } else {
-      NarrowScores<false>(keys, values, k0, n_keys, qs, rows, row_stride, sc,
-                          bkp);
+      NarrowScores<false>(keys, values, k0, n_keys, qs, rows, sc, bkp);
     }
-    // Masks: the additive one, then -inf past each row's position (causal).
+    // Masks: the additive one, each row's VisibleKeys, -inf for the padding.
+    const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
+                                               static_cast<int64_t>(n_keys));
     for (size_t r = 0; r < rows; ++r) {
       const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
       float* sc_row = sc + r * bkp;
@@ -639,48 +843,18 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
         for (size_t s = 0; s < n_keys; ++s)
           sc_row[s] = MaskedScore(sc_row[s], mask_row[s]);
       }
-      if (dims.causal) {
-        const int64_t visible_end = std::max<int64_t>(
-            0, std::min<int64_t>(n_keys, work.q_pos0 + t + 1 - k0));
-        std::fill(sc_row + visible_end, sc_row + n_keys, neg_inf);
-      }
-    }
-    for (size_t r = 0; r < rows; ++r) {
-      float* sc_row = sc + r * bkp;
+      if (crossing) HideOutside(VisibleKeys(dims, work, t), k0, n_keys, sc_row);
       std::fill(sc_row + n_keys, sc_row + bkp, neg_inf);
-
-      // Online softmax along the row (vectors along keys).
-      auto vmax = hn::Set(d, neg_inf);
-      for (size_t s = 0; s < bkp; s += N)
-        vmax = hn::Max(vmax, hn::Load(d, sc_row + s));
-      const float m_old = state.max[r];
-      const float m_new = std::max(m_old, MaxLane(d, vmax));
-      const float m_use = m_new == neg_inf ? 0.0f : m_new;
-      const auto vm_use = hn::Set(d, m_use);
-      auto vsum = hn::Zero(d);
-      for (size_t s = 0; s < bkp; s += N) {
-        // NaN where score - m is NaN (a NaN score, or +inf - +inf).
-        const auto x = hn::Sub(hn::Load(d, sc_row + s), vm_use);
-        const auto p = hn::IfThenElse(hn::IsNaN(x), x, ExpNaNToZero(d, x));
-        hn::Store(p, d, sc_row + s);
-        vsum = hn::Add(vsum, p);
-      }
-      const float alpha = m_old == neg_inf ? 0.0f : std::exp(m_old - m_use);
-      state.sum[r] =
-          state.sum[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
-      state.max[r] = m_new;
-
-      // o[r] *= alpha; the sum over this block's keys comes below for all rows
-      // at once.
-      float* o_row = o + r * row_stride;
-      const auto valpha = hn::Set(d, alpha);
-      for (size_t p = 0; p < row_stride; p += N) {
-        hn::Store(hn::Mul(hn::Load(d, o_row + p), valpha), d, o_row + p);
-      }
+    }
+    if (ScoresInBase2(work)) {
+      NarrowSoftmaxStep<true>(sc, rows, bkp, o, row_stride, state);
+    } else {
+      NarrowSoftmaxStep<false>(sc, rows, bkp, o, row_stride, state);
     }
     // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride].
-    const float* v_block = values + k0 * dims.row_stride;
-    if (!BlockMayHide(dims, work, tile.t0, k0, static_cast<int64_t>(n_keys)) ||
+    const float* v_block = values.Block(k0, n_keys);
+    if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
+                      static_cast<int64_t>(n_keys)) ||
         RowsFinite(v_block, n_keys, row_stride)) {
       NarrowAccumulate(sc, bkp, 1, v_block, row_stride, n_keys, o, row_stride,
                        rows, row_stride / N);
@@ -705,7 +879,7 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Planning and the parallel loop.
+// Planning.
 
 HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
                                         const AttentionWork& work,
@@ -738,113 +912,288 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   return split;
 }
 
-// Query tile `index` of a sequence's KV head (its key range left to the
-// caller).
+// Fills plan: each sequence's split (chunked so that the call has about
+// kAttentionMinItems items; shapes only), the item and partial index ranges
+// per sequence, and the partials' buffer.
+HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
+                              const AttentionDims& dims, AttentionPlan* plan) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  std::vector<AttentionSplit>& splits = plan->splits;
+  splits.resize(n_works);
+  int64_t items = 0;
+  for (size_t i = 0; i < n_works; ++i) {
+    splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
+    items += dims.n_kv_heads * splits[i].n_groups;
+  }
+  for (size_t i = 0; i < n_works; ++i) {
+    splits[i] = SplitSequence(dims, works[i], items);
+  }
+  plan->first_item.assign(n_works + 1, 0);
+  plan->first_partial.assign(n_works + 1, 0);
+  plan->merge_first.assign(n_works + 1, 0);
+  plan->partial_rows = 1;
+  for (size_t i = 0; i < n_works; ++i) {
+    const AttentionSplit& sp = splits[i];
+    const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
+    const bool chunked = sp.n_chunks > 1;
+    plan->first_item[i + 1] =
+        plan->first_item[i] + dims.n_kv_heads * sp.n_groups * sp.n_chunks;
+    plan->first_partial[i + 1] =
+        plan->first_partial[i] + (chunked ? tiles * sp.n_chunks : 0);
+    plan->merge_first[i + 1] = plan->merge_first[i] + (chunked ? tiles : 0);
+    plan->partial_rows = std::max(plan->partial_rows, sp.tile_tokens * group);
+  }
+  plan->partial_floats = static_cast<size_t>(plan->partial_rows) *
+                         (2 + static_cast<size_t>(dims.head_dim));
+  if (plan->first_partial[n_works] > 0) {
+    plan->partials.Get(static_cast<size_t>(plan->first_partial[n_works]) *
+                       plan->partial_floats);
+  }
+}
+
+// One work item: tiles [tile_begin, tile_begin + n_tiles) of one KV head of
+// sequence `work`, over key chunk `chunk`.
+struct AttentionItem {
+  size_t work;
+  int64_t kv_head;
+  int64_t tile_begin;
+  int64_t n_tiles;
+  int64_t chunk;
+};
+
+HWY_INLINE AttentionItem LocateItem(const AttentionPlan& plan, int64_t item) {
+  AttentionItem it;
+  it.work = static_cast<size_t>(
+      std::upper_bound(plan.first_item.begin(), plan.first_item.end(), item) -
+      plan.first_item.begin() - 1);
+  const AttentionSplit& sp = plan.splits[it.work];
+  const int64_t local = item - plan.first_item[it.work];
+  it.chunk = local % sp.n_chunks;
+  const int64_t group_index = local / sp.n_chunks;
+  it.kv_head = group_index / sp.n_groups;
+  it.tile_begin = (group_index % sp.n_groups) * sp.group_tiles;
+  it.n_tiles = std::min(sp.group_tiles, sp.n_tiles - it.tile_begin);
+  return it;
+}
+
+// Query tile `index` of a sequence's KV head, reading key chunk `chunk`.
 HWY_INLINE AttentionTile MakeTile(const AttentionDims& dims,
                                   const AttentionWork& work,
                                   const AttentionSplit& split, int64_t kv_head,
-                                  int64_t index) {
+                                  int64_t index, int64_t chunk) {
   AttentionTile tile;
   tile.work = &work;
   tile.kv_head = kv_head;
   tile.t0 = index * split.tile_tokens;
   tile.nt = std::min(split.tile_tokens, work.n_tokens - tile.t0);
   tile.rows = tile.nt * (dims.n_heads / dims.n_kv_heads);
-  tile.key_begin = tile.key_end = 0;
+  const int64_t chunk_begin = chunk * split.chunk;
+  const int64_t chunk_end = std::min(work.kv_len, chunk_begin + split.chunk);
+  const KeyRange seen = KeysSeenByAny(dims, work, tile.t0, tile.nt);
+  tile.key_begin =
+      chunk_begin + std::max<int64_t>(0, seen.begin - chunk_begin) /
+                        kAttentionKeyBlock * kAttentionKeyBlock;
+  tile.key_end = std::max(tile.key_begin, std::min(chunk_end, seen.end));
   return tile;
 }
 
-// Writes the normalised output of a finished tile (one chunk) to out, or zeros
-// for rows that saw no key. o(r, p) = o[r * o_rs + p * o_ps].
-HWY_INLINE void WriteTileOutput(const AttentionDims& dims,
-                                const AttentionTile& tile, const float* o,
-                                size_t o_rs, size_t o_ps, const float* sum) {
-  const auto out_row = [&](int64_t r) { return TileOutRow(dims, tile, r); };
-  for (int64_t r = 0; r < tile.rows; ++r) {
-    float* out = out_row(r);
-    const float l = sum[r];
-    const float inv = l > 0.0f || std::isnan(l) ? 1.0f / l : 0.0f;
-    for (int64_t p = 0; p < dims.head_dim; ++p) {
-      out[p] = l > 0.0f || std::isnan(l) ? o[r * o_rs + p * o_ps] * inv : 0.0f;
-    }
-  }
-}
-
-// WriteTileOutput for a wide tile, OT [d, rp] (o(r, p) = ot[p * rp + r]):
-// normalises OT in place, by lanes, then transposes it into the output rows
-// in 4 x 4 blocks. Same values as WriteTileOutput.
-HWY_INLINE void WriteWideTileOutput(const AttentionDims& dims,
-                                    const AttentionTile& tile,
-                                    float* HWY_RESTRICT ot, size_t rp,
-                                    const float* sum) {
-#if HWY_TARGET == HWY_SCALAR
-  WriteTileOutput(dims, tile, ot, 1, rp, sum);
-#else
-  const AttnD d;
-  const size_t N = hn::Lanes(d);
-  const size_t dim = static_cast<size_t>(dims.head_dim);
-  for (size_t j = 0; j < rp; j += N) {
-    const auto l = hn::Load(d, sum + j);
-    // Rows that saw no key (l == 0) are zeros; a NaN sum stays NaN.
-    const auto keep = hn::Or(hn::Gt(l, hn::Zero(d)), hn::IsNaN(l));
-    const auto inv = hn::Div(hn::Set(d, 1.0f), l);
-    for (size_t p = 0; p < dim; ++p) {
-      float* row = ot + p * rp + j;
-      hn::Store(hn::IfThenElseZero(keep, hn::Mul(hn::Load(d, row), inv)), d,
-                row);
-    }
-  }
-  const auto out_row = [&](int64_t r) { return TileOutRow(dims, tile, r); };
-  int64_t r = 0;
-  for (; r + 4 <= tile.rows; r += 4) {
-    float* out0 = out_row(r);
-    float* out1 = out_row(r + 1);
-    float* out2 = out_row(r + 2);
-    float* out3 = out_row(r + 3);
-    const float* col = ot + r;
-    size_t p = 0;
-    for (; p + 4 <= dim; p += 4) {
-      Transpose4x4(col + p * rp, col + (p + 1) * rp, col + (p + 2) * rp,
-                   col + (p + 3) * rp, 1.0f, out0 + p, out1 + p, out2 + p,
-                   out3 + p);
-    }
-    for (; p < dim; ++p) {
-      out0[p] = col[p * rp];
-      out1[p] = col[p * rp + 1];
-      out2[p] = col[p * rp + 2];
-      out3[p] = col[p * rp + 3];
-    }
-  }
-  for (; r < tile.rows; ++r) {
-    float* out = out_row(r);
-    for (size_t p = 0; p < dim; ++p) out[p] = ot[p * rp + r];
-  }
-#endif
-}
-
-// A chunk's result kept for merging: m, l and the normalised output [rows, d].
+// The partial result of chunk `chunk` of tile `tile_index` (kv_head * n_tiles
+// + tile) of sequence w: m, l and the normalised output [rows, d].
 struct AttentionPartial {
   float* max;
   float* sum;
   float* out;
 };
+HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
+                                      int64_t tile_index, int64_t chunk) {
+  const int64_t index =
+      plan.first_partial[w] + tile_index * plan.splits[w].n_chunks + chunk;
+  float* base = plan.partials.buffer.get() +
+                static_cast<size_t>(index) * plan.partial_floats;
+  return {base, base + plan.partial_rows, base + 2 * plan.partial_rows};
+}
 
-// max_scale converts the tile's m to natural units (kLn2 for the base-2 wide
-// tiles, 1 for narrow ones).
-HWY_INLINE void SavePartial(const AttentionDims& dims,
-                            const AttentionTile& tile, const float* o,
-                            size_t o_rs, size_t o_ps, OnlineSoftmaxState state,
-                            float max_scale, AttentionPartial partial) {
-  for (int64_t r = 0; r < tile.rows; ++r) {
-    partial.max[r] = max_scale * state.max[r];
-    partial.sum[r] = state.sum[r];
-    const float l = state.sum[r];
-    const float inv = l > 0.0f || std::isnan(l) ? 1.0f / l : 0.0f;
-    for (int64_t p = 0; p < dims.head_dim; ++p) {
-      partial.out[r * dims.head_dim + p] = o[r * o_rs + p * o_ps] * inv;
+// ---------------------------------------------------------------------------------------------
+// Running a work item.
+
+// A wide group: tiles[0, n) over their key ranges, key block by key block
+// with the tiles inside, so that each K and V block is read (KvRows::Block)
+// once and serves all the tiles while it is in cache (every tile sees the
+// same blocks as it would alone).
+HWY_INLINE void RunWideGroup(const AttentionDims& dims,
+                             const AttentionTile* tiles, int64_t n,
+                             TileResult* results) {
+  const size_t N = hn::Lanes(AttnD());
+  const size_t rp = RoundUp(static_cast<size_t>(tiles[0].rows), N);
+  const size_t dim = static_cast<size_t>(dims.head_dim);
+  // [tile][QT, OT, m, l], then ST shared by the tiles.
+  const size_t tile_floats = 2 * dim * rp + 2 * rp;
+  float* buf = ThreadAttentionScratch().Get(
+      static_cast<size_t>(n) * tile_floats + kAttentionKeyBlock * rp);
+  float* st = buf + static_cast<size_t>(n) * tile_floats;
+  float* qt[kAttentionGroupTiles];
+  int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
+  for (int64_t i = 0; i < n; ++i) {
+    qt[i] = buf + static_cast<size_t>(i) * tile_floats;
+    float* ot = qt[i] + dim * rp;
+    results[i] = {ot, 1, rp, {ot + dim * rp, ot + dim * rp + rp}};
+    WideTileBegin(dims, tiles[i], qt[i], ot, rp, results[i].state);
+    key_begin = std::min(key_begin, tiles[i].key_begin);
+    key_end = std::max(key_end, tiles[i].key_end);
+  }
+  const KvRows keys = KeyRows(dims, *tiles[0].work, tiles[0].kv_head);
+  const KvRows values = ValueRows(dims, *tiles[0].work, tiles[0].kv_head);
+  for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
+    const size_t n_block =
+        static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
+    const float* k_block = keys.Block(k0, n_block);
+    const float* v_block = values.Block(k0, n_block);
+    for (int64_t i = 0; i < n; ++i) {
+      if (k0 < tiles[i].key_begin || k0 >= tiles[i].key_end) continue;
+      const size_t n_keys = static_cast<size_t>(
+          std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
+      WideTileBlock(dims, tiles[i], k0, n_keys, k_block, v_block, qt[i], st,
+                    results[i].o, rp, results[i].state);
     }
   }
 }
+
+// A narrow tile: [qs, o, sc, m, l] in the thread's scratch.
+HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
+                              const AttentionTile& tile, TileResult* result) {
+  const size_t N = hn::Lanes(AttnD());
+  const size_t rows = static_cast<size_t>(tile.rows);
+  const size_t rp = RoundUp(rows, N);
+  const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
+  float* qs =
+      ThreadAttentionScratch().Get(2 * rows * row_stride + rows * bkp + 2 * rp);
+  float* o = qs + rows * row_stride;
+  float* sc = o + rows * row_stride;
+  *result = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
+  NarrowTile(dims, tile, qs, sc, o, result->state);
+}
+
+// Applies RowNormalizer to a finished tile's output, in place.
+HWY_INLINE void NormalizeTile(const AttentionDims& dims,
+                              const AttentionTile& tile,
+                              const TileResult& result) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  if (result.row_step == 1) {
+    // Wide: OT [d, rp], a row per lane.
+    const size_t rp = RoundUp(static_cast<size_t>(tile.rows), N);
+    for (size_t j = 0; j < rp; j += N) {
+      const RowNormalizer<AttnD> normalize(d,
+                                           hn::Load(d, result.state.sum + j));
+      for (int64_t p = 0; p < dims.head_dim; ++p) {
+        float* o = result.o + static_cast<size_t>(p) * result.col_step + j;
+        hn::Store(normalize(hn::Load(d, o)), d, o);
+      }
+    }
+    return;
+  }
+  // Narrow: O [rows, row_stride], a row broadcast.
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const RowNormalizer<AttnD> normalize(d, hn::Set(d, result.state.sum[r]));
+    float* o_row = result.o + static_cast<size_t>(r) * result.row_step;
+    for (size_t p = 0; p < result.row_step; p += N) {
+      hn::Store(normalize(hn::Load(d, o_row + p)), d, o_row + p);
+    }
+  }
+}
+
+// Copies the rows of a normalised tile to row(r) (head_dim floats each); a
+// wide tile (o transposed) in 4 x 4 blocks.
+template <class RowPointer>
+HWY_INLINE void CopyTileRows(const AttentionDims& dims, int64_t rows,
+                             const TileResult& result, const RowPointer& row) {
+  const size_t dim = static_cast<size_t>(dims.head_dim);
+  int64_t r = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if (result.row_step == 1) {
+    const size_t rp = result.col_step;
+    for (; r + 4 <= rows; r += 4) {
+      float* out0 = row(r);
+      float* out1 = row(r + 1);
+      float* out2 = row(r + 2);
+      float* out3 = row(r + 3);
+      const float* col = result.o + r;
+      size_t p = 0;
+      for (; p + 4 <= dim; p += 4) {
+        Transpose4x4(col + p * rp, col + (p + 1) * rp, col + (p + 2) * rp,
+                     col + (p + 3) * rp, 1.0f, out0 + p, out1 + p, out2 + p,
+                     out3 + p);
+      }
+      for (; p < dim; ++p) {
+        out0[p] = col[p * rp];
+        out1[p] = col[p * rp + 1];
+        out2[p] = col[p * rp + 2];
+        out3[p] = col[p * rp + 3];
+      }
+    }
+  }
+#endif
+  for (; r < rows; ++r) {
+    float* out = row(r);
+    const float* o = result.o + static_cast<size_t>(r) * result.row_step;
+    for (size_t p = 0; p < dim; ++p) out[p] = o[p * result.col_step];
+  }
+}
+
+// Writes a normalised tile to its rows of out.
+HWY_INLINE void WriteTileOutput(const AttentionDims& dims,
+                                const AttentionTile& tile,
+                                const TileResult& result) {
+  CopyTileRows(dims, tile.rows, result,
+               [&](int64_t r) { return TileOutRow(dims, tile, r); });
+}
+
+// Keeps a normalised tile's chunk for MergePartials, with m in natural units.
+HWY_INLINE void SavePartial(const AttentionDims& dims,
+                            const AttentionTile& tile, const TileResult& result,
+                            AttentionPartial partial) {
+  const float max_scale = MaxToNatural(*tile.work);
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    partial.max[r] = max_scale * result.state.max[r];
+    partial.sum[r] = result.state.sum[r];
+  }
+  CopyTileRows(dims, tile.rows, result,
+               [&](int64_t r) { return partial.out + r * dims.head_dim; });
+}
+
+// Runs work item `item`: its wide group or narrow tile, then writes each
+// tile's output, or saves it as a partial when the sequence is chunked.
+HWY_INLINE void RunWorkItem(const AttentionWork* works,
+                            const AttentionDims& dims, AttentionPlan& plan,
+                            int64_t item) {
+  const AttentionItem it = LocateItem(plan, item);
+  const AttentionSplit& sp = plan.splits[it.work];
+  AttentionTile tiles[kAttentionGroupTiles];
+  for (int64_t i = 0; i < it.n_tiles; ++i) {
+    tiles[i] = MakeTile(dims, works[it.work], sp, it.kv_head, it.tile_begin + i,
+                        it.chunk);
+  }
+  TileResult results[kAttentionGroupTiles];
+  if (sp.wide) {
+    RunWideGroup(dims, tiles, it.n_tiles, results);
+  } else {
+    RunNarrowTile(dims, tiles[0], &results[0]);
+  }
+  for (int64_t i = 0; i < it.n_tiles; ++i) {
+    NormalizeTile(dims, tiles[i], results[i]);
+    if (sp.n_chunks == 1) {
+      WriteTileOutput(dims, tiles[i], results[i]);
+    } else {
+      const int64_t tile_index = it.kv_head * sp.n_tiles + it.tile_begin + i;
+      SavePartial(dims, tiles[i], results[i],
+                  PartialAt(plan, it.work, tile_index, it.chunk));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merging chunks.
 
 // Merges a tile's chunks in chunk order by log-sum-exp and writes the output.
 HWY_INLINE void MergePartials(const AttentionDims& dims,
@@ -875,176 +1224,15 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
         if (weights[c] > 0.0)
           acc += weights[c] * partials[c].out[r * dims.head_dim + p];
       }
-      out_row[p] = nan ? std::numeric_limits<float>::quiet_NaN()
-                       : (total > 0.0 ? static_cast<float>(acc / total) : 0.0f);
+      out_row[p] = MergedRow(acc, total, nan);
     }
   }
 }
 
-// The fused attention over all sequences of a call.
-HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
-                               const AttentionDims& dims, AttentionPlan* plan) {
-  const size_t N = hn::Lanes(AttnD());
-  const int64_t group = dims.n_heads / dims.n_kv_heads;
-
-  // Count items before chunking (depends on shapes only), then split each
-  // sequence.
-  std::vector<AttentionSplit>& splits = plan->splits;
-  splits.resize(n_works);
-  int64_t items = 0;
-  for (size_t i = 0; i < n_works; ++i) {
-    splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
-    items += dims.n_kv_heads * splits[i].n_groups;
-  }
-  for (size_t i = 0; i < n_works; ++i) {
-    splits[i] = SplitSequence(dims, works[i], items);
-  }
-  // Item index ranges per sequence, and partial buffers for chunked tiles.
-  std::vector<int64_t>& first_item = plan->first_item;
-  std::vector<int64_t>& first_partial = plan->first_partial;
-  first_item.assign(n_works + 1, 0);
-  first_partial.assign(n_works + 1, 0);
-  for (size_t i = 0; i < n_works; ++i) {
-    const AttentionSplit& sp = splits[i];
-    const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
-    first_item[i + 1] =
-        first_item[i] + dims.n_kv_heads * sp.n_groups * sp.n_chunks;
-    first_partial[i + 1] =
-        first_partial[i] + (sp.n_chunks > 1 ? tiles * sp.n_chunks : 0);
-  }
-  const int64_t max_rows = [&] {
-    int64_t rows = 1;
-    for (size_t i = 0; i < n_works; ++i) {
-      rows = std::max(rows, splits[i].tile_tokens * group);
-    }
-    return rows;
-  }();
-  const size_t partial_floats =
-      static_cast<size_t>(max_rows) * (2 + static_cast<size_t>(dims.head_dim));
-  float* partial_buffer =
-      first_partial[n_works] > 0
-          ? plan->partials.Get(static_cast<size_t>(first_partial[n_works]) *
-                               partial_floats)
-          : nullptr;
-  const auto partial_at = [&](int64_t index) {
-    float* base = partial_buffer + static_cast<size_t>(index) * partial_floats;
-    return AttentionPartial{base, base + max_rows, base + 2 * max_rows};
-  };
-
-  // Phase 1: every (sequence, KV head, tile, chunk).
-  const int64_t n_items = first_item[n_works];
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, n_items, 1),
-      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
-        for (int64_t item = range.begin(); item < range.end(); ++item) {
-          const size_t w = static_cast<size_t>(
-              std::upper_bound(first_item.begin(), first_item.end(), item) -
-              first_item.begin() - 1);
-          const AttentionSplit& sp = splits[w];
-          const int64_t local = item - first_item[w];
-          const int64_t chunk = local % sp.n_chunks;
-          const int64_t group_index = local / sp.n_chunks;
-          const int64_t kv_head = group_index / sp.n_groups;
-          const int64_t tile_begin =
-              (group_index % sp.n_groups) * sp.group_tiles;
-          const int64_t n_group =
-              std::min(sp.group_tiles, sp.n_tiles - tile_begin);
-          AttentionTile tiles[kAttentionGroupTiles];
-          int64_t key_end = 0;
-          for (int64_t i = 0; i < n_group; ++i) {
-            AttentionTile& tile = tiles[i];
-            tile = MakeTile(dims, works[w], sp, kv_head, tile_begin + i);
-            tile.key_begin = chunk * sp.chunk;
-            tile.key_end = std::min(works[w].kv_len, tile.key_begin + sp.chunk);
-            if (dims.causal) {
-              // Keys after the tile's last position are skipped entirely.
-              tile.key_end =
-                  std::min(tile.key_end, works[w].q_pos0 + tile.t0 + tile.nt);
-            }
-            key_end = std::max(key_end, tile.key_end);
-          }
-          const int64_t key_begin = chunk * sp.chunk;
-          const size_t rows = static_cast<size_t>(tiles[0].rows);
-          const size_t rp = RoundUp(rows, N);
-          const size_t dim = static_cast<size_t>(dims.head_dim);
-          const size_t row_stride = static_cast<size_t>(dims.row_stride);
-          const size_t bkp =
-              RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
-          ScratchBuffer& scratch = ThreadAttentionScratch();
-          // Per tile: its output o, the layout of o and its softmax state.
-          float* o[kAttentionGroupTiles];
-          OnlineSoftmaxState state[kAttentionGroupTiles];
-          size_t o_rs, o_ps;
-          if (sp.wide) {
-            // [tile][QT, OT, m, l], then ST shared by the tiles.
-            const size_t tile_floats = 2 * dim * rp + 2 * rp;
-            float* buf =
-                scratch.Get(static_cast<size_t>(n_group) * tile_floats +
-                            kAttentionKeyBlock * rp);
-            float* st = buf + static_cast<size_t>(n_group) * tile_floats;
-            float* qt[kAttentionGroupTiles];
-            for (int64_t i = 0; i < n_group; ++i) {
-              qt[i] = buf + static_cast<size_t>(i) * tile_floats;
-              o[i] = qt[i] + dim * rp;
-              state[i] = {o[i] + dim * rp, o[i] + dim * rp + rp};
-              WideTileBegin(dims, tiles[i], qt[i], o[i], rp, state[i]);
-            }
-            // Key blocks outside, tiles inside: each K and V block serves all
-            // the tiles while it is in cache. Every tile sees the same blocks
-            // as it would alone.
-            for (int64_t k0 = key_begin; k0 < key_end;
-                 k0 += kAttentionKeyBlock) {
-              for (int64_t i = 0; i < n_group; ++i) {
-                if (k0 >= tiles[i].key_end) continue;
-                const size_t n_keys = static_cast<size_t>(
-                    std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
-                WideTileBlock(dims, tiles[i], k0, n_keys, qt[i], st, o[i], rp,
-                              state[i]);
-              }
-            }
-            o_rs = 1;
-            o_ps = rp;
-          } else {
-            float* buf =
-                scratch.Get(2 * rows * row_stride + rows * bkp + 2 * rp);
-            float* qs = buf;
-            o[0] = qs + rows * row_stride;
-            float* sc = o[0] + rows * row_stride;
-            state[0] = {sc + rows * bkp, sc + rows * bkp + rp};
-            if (tiles[0].key_begin < tiles[0].key_end) {
-              NarrowTile(dims, tiles[0], qs, sc, o[0], state[0]);
-            } else {
-              std::fill(state[0].max, state[0].max + rows, -INFINITY);
-              std::fill(state[0].sum, state[0].sum + rows, 0.0f);
-            }
-            o_rs = row_stride;
-            o_ps = 1;
-          }
-          for (int64_t i = 0; i < n_group; ++i) {
-            if (sp.n_chunks == 1 && sp.wide) {
-              WriteWideTileOutput(dims, tiles[i], o[i], o_ps, state[i].sum);
-            } else if (sp.n_chunks == 1) {
-              WriteTileOutput(dims, tiles[i], o[i], o_rs, o_ps, state[i].sum);
-            } else {
-              const int64_t tile_index = kv_head * sp.n_tiles + tile_begin + i;
-              SavePartial(dims, tiles[i], o[i], o_rs, o_ps, state[i],
-                          sp.wide && WideScoresInBase2(works[w]) ? kLn2 : 1.0f,
-                          partial_at(first_partial[w] +
-                                     tile_index * sp.n_chunks + chunk));
-            }
-          }
-        }
-      });
-
-  // Phase 2: merge the chunks of chunked tiles, in chunk order.
-  if (first_partial[n_works] == 0) return;
-  std::vector<int64_t>& merge_first = plan->merge_first;
-  merge_first.assign(n_works + 1, 0);
-  for (size_t i = 0; i < n_works; ++i) {
-    merge_first[i + 1] =
-        merge_first[i] +
-        (splits[i].n_chunks > 1 ? dims.n_kv_heads * splits[i].n_tiles : 0);
-  }
+// Merges the chunks of every chunked tile of the call, tiles in parallel.
+HWY_INLINE void MergeChunks(const AttentionWork* works, size_t n_works,
+                            const AttentionDims& dims, AttentionPlan& plan) {
+  const std::vector<int64_t>& merge_first = plan.merge_first;
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, merge_first[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
@@ -1054,18 +1242,32 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
           const size_t w = static_cast<size_t>(
               std::upper_bound(merge_first.begin(), merge_first.end(), m) -
               merge_first.begin() - 1);
-          const AttentionSplit& sp = splits[w];
+          const AttentionSplit& sp = plan.splits[w];
           const int64_t tile_index = m - merge_first[w];
           const AttentionTile tile =
               MakeTile(dims, works[w], sp, tile_index / sp.n_tiles,
-                       tile_index % sp.n_tiles);
+                       tile_index % sp.n_tiles, /*chunk=*/0);
           for (int64_t c = 0; c < sp.n_chunks; ++c) {
-            partials[c] =
-                partial_at(first_partial[w] + tile_index * sp.n_chunks + c);
+            partials[c] = PartialAt(plan, w, tile_index, c);
           }
           MergePartials(dims, tile, partials, sp.n_chunks);
         }
       });
+}
+
+// The fused attention over all sequences of a call: plan, run every work item
+// (sequence, KV head, tile group, key chunk), merge the chunked tiles.
+HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
+                               const AttentionDims& dims, AttentionPlan* plan) {
+  PlanAttention(works, n_works, dims, plan);
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, plan->first_item[n_works], 1),
+      [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+        for (int64_t item = range.begin(); item < range.end(); ++item) {
+          RunWorkItem(works, dims, *plan, item);
+        }
+      });
+  if (plan->merge_first[n_works] > 0) MergeChunks(works, n_works, dims, *plan);
 }
 
 // The materialised path for one sequence, as the seed's numpy code does it with
@@ -1084,14 +1286,14 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
   std::vector<int64_t> bad_keys;
   for (int64_t h = 0; h < dims.n_heads; ++h) {
     const int64_t g = h / group;
-    const float* keys = work.keys + g * dims.head_stride;
-    const float* values = work.values + g * dims.head_stride;
+    const float* keys = KeyRows(dims, work, g).Block(0, kv_len);
+    const float* values = ValueRows(dims, work, g).Block(0, kv_len);
     float* w = weights + h * work.n_tokens * w_stride;
     MatmulUnpackedT(
         work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),
         /*trans_a=*/false, keys, row_stride, /*trans_b=*/true, n_tokens, kv_len,
         dim, w, static_cast<size_t>(w_stride), dims.scale, 0.0f);
-    if (dims.causal || work.mask != nullptr) {
+    if (BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len)) {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, work.n_tokens),
           [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
@@ -1102,11 +1304,7 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
                 for (int64_t s = 0; s < work.kv_len; ++s)
                   row[s] = MaskedScore(row[s], mask_row[s]);
               }
-              if (dims.causal) {
-                for (int64_t s = work.q_pos0 + t + 1; s < work.kv_len; ++s) {
-                  row[s] = -std::numeric_limits<float>::infinity();
-                }
-              }
+              HideOutside(VisibleKeys(dims, work, t), 0, kv_len, row);
             }
           });
     }
@@ -1119,7 +1317,7 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     if (h % group == 0) {
       // The rows of V_g with a NaN or inf, where some query must not see them.
       bad_keys.clear();
-      if (BlockMayHide(dims, work, 0, 0, work.kv_len)) {
+      if (BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len)) {
         for (int64_t s = 0; s < work.kv_len; ++s) {
           if (!RowsFinite(values + s * dims.row_stride, 1, row_stride)) {
             bad_keys.push_back(s);

@@ -1,5 +1,5 @@
-// The call-wide structures of an attention call, filled by the entry points
-// (attention.cc, layer.cc) after their argument checks and read by the
+// The call-wide structures of an attention call, filled by the one builder
+// (attention_build.cc) after the entry points' argument checks and read by the
 // kernels (attention-inl.h), and the plan the kernels keep between calls.
 #ifndef HEADWAY_LIB_ATTENTION_ATTENTION_CALL_H_
 #define HEADWAY_LIB_ATTENTION_ATTENTION_CALL_H_
@@ -58,7 +58,11 @@ struct AttentionPlan {
   std::vector<int64_t> first_item;     // [n_works + 1]
   std::vector<int64_t> first_partial;  // [n_works + 1]
   std::vector<int64_t> merge_first;    // [n_works + 1]
-  ScratchBuffer partials;              // the chunks' partial results
+  // The chunks' partial results: [first_partial[n_works]] blocks of
+  // partial_floats = partial_rows * (2 + head_dim) floats (m, l, out).
+  ScratchBuffer partials;
+  int64_t partial_rows = 0;
+  size_t partial_floats = 0;
 };
 
 }  // namespace headway
