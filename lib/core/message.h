@@ -24,8 +24,7 @@ inline void AppendPiece(std::string* out, const char* text) {
 inline void AppendPiece(std::string* out, const std::string& text) {
   out->append(text);
 }
-template <typename T,
-          typename = std::enable_if_t<std::is_arithmetic<T>::value>>
+template <typename T, typename = std::enable_if_t<std::is_arithmetic<T>::value>>
 void AppendPiece(std::string* out, T value) {
   if constexpr (std::is_same<T, bool>::value) {
     out->append(value ? "true" : "false");
