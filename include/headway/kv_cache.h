@@ -36,7 +36,13 @@
 
 namespace headway {
 
-enum class KvDtype : int { kFloat32 = 0 };
+// The element type of stored K and V (lib/core/storage.h has the rounding).
+enum class KvDtype : int {
+  kFloat32 = 0,   // 4 bytes
+  kBFloat16 = 1,  // 2 bytes, round to nearest even
+  kFloat16 = 2,   // 2 bytes (IEEE half), round to nearest even
+  kInt8 = 3,      // 1 byte, plus one float scale per (token, KV head) row
+};
 
 struct KvCacheConfig {
   int64_t n_sequences = 1;  // sequence slots, 0 .. n_sequences - 1
