@@ -52,11 +52,16 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const hwy::float16_t* HWY_RESTRICT p) {
   const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du32, 0x8000u)));
   const auto exp = hn::And(h, hn::Set(du32, 0x7C00u));
   const auto em = hn::ShiftLeft<13>(hn::And(h, hn::Set(du32, 0x7FFFu)));
-  // Normal: rebias 15 -> 127; inf and NaN: exponent 255.
+  // Normal: rebias 15 -> 127; inf and NaN: exponent 255, NaN made quiet (as
+  // F16C does: FloatFromF16).
   const auto is_special = hn::Eq(exp, hn::Set(du32, 0x7C00u));
+  const auto is_nan = hn::RebindMask(
+      du32, hn::Gt(hn::BitCast(di32, hn::And(h, hn::Set(du32, 0x7FFFu))),
+                   hn::Set(di32, 0x7C00)));
   const auto normal =
-      hn::Add(em, hn::IfThenElse(is_special, hn::Set(du32, 0x70000000u),
-                                 hn::Set(du32, 0x38000000u)));
+      hn::Or(hn::Add(em, hn::IfThenElse(is_special, hn::Set(du32, 0x70000000u),
+                                        hn::Set(du32, 0x38000000u))),
+             hn::IfThenElseZero(is_nan, hn::Set(du32, 0x400000u)));
   // Subnormal (and zero): mantissa * 2^-24.
   const auto sub = hn::Mul(
       hn::ConvertTo(d, hn::BitCast(di32, hn::And(h, hn::Set(du32, 0x3FFu)))),

@@ -171,7 +171,8 @@ inline float FloatFromF16(hwy::float16_t x) {
   const uint32_t mant = x.bits & 0x3FFu;
   float mag;
   if (exp == 0x7C00u) {
-    mag = BitsFloat(0x7F800000u | (mant << 13));  // inf or NaN
+    // inf, or a NaN made quiet (as F16C's vcvtph2ps does).
+    mag = BitsFloat(0x7F800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
   } else if (exp == 0) {
     mag = static_cast<float>(mant) * (1.0f / 16777216.0f);  // mant * 2^-24
   } else {
