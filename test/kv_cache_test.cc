@@ -1,9 +1,9 @@
-// KvCache tests, once per stored type (KvDtype): layout and byte counts,
-// appends (whole-view and through PendingRows + StoreKvRows), the sequence
-// operations (Truncate, CopySequence, Reset), the documented results for NaN,
-// inf, all-zero, huge and tiny rows, StoreKvRows and LoadKvRows, and every
-// error, which must leave the cache bit-identical (lengths, both buffers and
-// the int8 scales, padding and rows past the lengths included).
+// KvCache tests, once per stored type (KvDtype) and target: layout and byte
+// counts, appends (whole-view and through PendingRows + StoreKvRows), the
+// sequence operations (Truncate, CopySequence, Reset), the documented results
+// for NaN, inf, all-zero, huge and tiny rows, StoreKvRows and LoadKvRows, and
+// every error, which must leave the cache bit-identical (lengths, both buffers
+// and the int8 scales, padding and rows past the lengths included).
 //
 // Every check compares against a plain model: per sequence, the appended K and
 // V rows [tokens, n_kv_heads * head_dim] as floats; each cache row must hold
@@ -21,14 +21,17 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "headway/targets.h"
 #include "lib/core/storage.h"
 #include "test/support/cache.h"
 #include "test/support/random.h"
 #include "test/support/status_matchers.h"
+#include "test/support/target_test.h"
 
 namespace headway {
 namespace {
@@ -57,15 +60,36 @@ bool IsInt8(KvDtype dtype) { return dtype == KvDtype::kInt8; }
 int64_t ScaleBytes(KvDtype dtype) { return IsInt8(dtype) ? 4 : 0; }
 int64_t Size(KvDtype dtype) { return static_cast<int64_t>(KvDtypeSize(dtype)); }
 
-// Every test of KvCacheTest runs once per dtype, named by it.
-class KvCacheTest : public ::testing::TestWithParam<KvDtype> {
+// Every test of KvCacheTest runs once per dtype and target (Append converts
+// with the target's StoreRowVec), named by both: "int8_AVX2".
+class KvCacheTest
+    : public ::testing::TestWithParam<std::tuple<KvDtype, Target>> {
  protected:
-  KvDtype dtype() const { return GetParam(); }
+  void SetUp() override {
+    const Target target = std::get<1>(GetParam());
+    ASSERT_TRUE(SetMaxTarget(target.name).ok()) << target.name;
+    ASSERT_EQ(ActiveTarget(), target) << target.name;
+  }
+  void TearDown() override { ResetMaxTarget(); }
+
+  KvDtype dtype() const { return std::get<0>(GetParam()); }
   KvCacheConfig Config(int64_t n_sequences, int64_t n_kv_heads,
                        int64_t head_dim, int64_t capacity) const {
-    return ConfigOf(GetParam(), n_sequences, n_kv_heads, head_dim, capacity);
+    return ConfigOf(dtype(), n_sequences, n_kv_heads, head_dim, capacity);
   }
 };
+
+std::string ParamName(
+    const ::testing::TestParamInfo<std::tuple<KvDtype, Target>>& info) {
+  return std::string(internal::KvDtypeName(std::get<0>(info.param))) + "_" +
+         std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, KvCacheTest,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::ValuesIn(SupportedTargets())),
+    ParamName);
 
 }  // namespace
 
@@ -76,13 +100,6 @@ void PrintTo(KvDtype dtype, std::ostream* os) {
 }
 
 namespace {
-
-std::string DtypeParamName(const ::testing::TestParamInfo<KvDtype>& info) {
-  return internal::KvDtypeName(info.param);
-}
-
-INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheTest, ::testing::ValuesIn(kDtypes),
-                         DtypeParamName);
 
 using test::FloatRows;
 using test::MakeCache;

@@ -65,6 +65,25 @@ void LoadI8T(const int8_t* p, size_t n, float* out, float* out_capped) {
   LoadStoredAll(p, n, out, out_capped);
 }
 
+// StoreRowVec with full vectors of this target.
+void StoreF32T(const float* src, size_t n, float* dst, float* scale) {
+  headway::HWY_NAMESPACE::StoreRowVec(hn::ScalableTag<float>(), src, n, dst,
+                                      scale);
+}
+void StoreBF16T(const float* src, size_t n, hwy::bfloat16_t* dst,
+                float* scale) {
+  headway::HWY_NAMESPACE::StoreRowVec(hn::ScalableTag<float>(), src, n, dst,
+                                      scale);
+}
+void StoreF16T(const float* src, size_t n, hwy::float16_t* dst, float* scale) {
+  headway::HWY_NAMESPACE::StoreRowVec(hn::ScalableTag<float>(), src, n, dst,
+                                      scale);
+}
+void StoreI8T(const float* src, size_t n, int8_t* dst, float* scale) {
+  headway::HWY_NAMESPACE::StoreRowVec(hn::ScalableTag<float>(), src, n, dst,
+                                      scale);
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace test
@@ -86,6 +105,10 @@ HWY_EXPORT(LoadF32T);
 HWY_EXPORT(LoadBF16T);
 HWY_EXPORT(LoadF16T);
 HWY_EXPORT(LoadI8T);
+HWY_EXPORT(StoreF32T);
+HWY_EXPORT(StoreBF16T);
+HWY_EXPORT(StoreF16T);
+HWY_EXPORT(StoreI8T);
 
 namespace {
 
@@ -474,6 +497,91 @@ TEST_P(StorageTest, LoadStoredEqualsFloatFromForEveryPattern) {
   }
   HWY_DYNAMIC_DISPATCH(LoadF32T)(f32.get(), 1024, out.get(), out_capped.get());
   ExpectLoads(f32.get(), 1024, out.get(), out_capped.get());
+}
+
+// StoreRowVec(src [n]) with T's exported entry point, against StoreRow:
+// the same bytes and scale (NaN scales: both NaN), nothing written past n.
+template <class T, class Fn>
+void ExpectStoreRowVec(Fn store, const std::vector<float>& src, size_t offset,
+                       const char* what) {
+  const size_t n = src.size();
+  std::vector<T> want(n);
+  float want_scale = -1.0f;
+  headway::internal::StoreRow(src.data(), n, want.data(), &want_scale);
+  // dst `offset` elements into its buffer, a sentinel after it.
+  std::vector<unsigned char> buffer((offset + n + 4) * sizeof(T), 0xA5);
+  T* dst = reinterpret_cast<T*>(buffer.data()) + offset;
+  float scale = -1.0f;
+  store(src.data(), n, dst, &scale);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::memcmp(dst + i, &want[i], sizeof(T)), 0)
+        << what << ", n " << n << ", element " << i << " of "
+        << FloatBits(src[i]);
+  }
+  for (size_t b = (offset + n) * sizeof(T); b < buffer.size(); ++b) {
+    ASSERT_EQ(buffer[b], 0xA5) << what << ": written past n " << n;
+  }
+  if (headway::internal::kKvScaled<T>) {
+    ASSERT_TRUE(FloatBits(scale) == FloatBits(want_scale) ||
+                (std::isnan(scale) && std::isnan(want_scale)))
+        << what << ", n " << n << ": " << scale << " != " << want_scale;
+  }
+}
+
+// Rows of every length up to 5 vectors of AVX-512, from misaligned sources
+// and into misaligned rows: random bit patterns (every exponent, NaN, inf,
+// subnormals), the edge floats, and for int8 rows of every magnitude plus
+// the documented special rows.
+TEST_P(StorageTest, StoreRowVecEqualsStoreRow) {
+  const auto store_f32 = HWY_DYNAMIC_DISPATCH(StoreF32T);
+  const auto store_bf16 = HWY_DYNAMIC_DISPATCH(StoreBF16T);
+  const auto store_f16 = HWY_DYNAMIC_DISPATCH(StoreF16T);
+  const auto store_i8 = HWY_DYNAMIC_DISPATCH(StoreI8T);
+  SplitMix64 rng(6);
+  const std::vector<float> edges = EdgeFloats();
+  for (size_t n = 1; n <= 80; ++n) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> bits(n + 3);
+      for (float& x : bits) {
+        x = trial % 4 == 0 ? edges[rng.Next() % edges.size()]
+                           : BitsFloat(static_cast<uint32_t>(rng.Next()));
+      }
+      const std::vector<float> src(bits.begin() + trial % 4,
+                                   bits.begin() + trial % 4 + n);
+      const size_t offset = trial % 3;
+      ExpectStoreRowVec<float>(store_f32, src, offset, "float32");
+      ExpectStoreRowVec<hwy::bfloat16_t>(store_bf16, src, offset, "bf16");
+      ExpectStoreRowVec<hwy::float16_t>(store_f16, src, offset, "f16");
+      ExpectStoreRowVec<int8_t>(store_i8, src, offset, "int8 bits");
+
+      // int8: finite rows of one magnitude.
+      std::vector<float> row(n);
+      const float magnitude =
+          std::ldexp(1.0f, static_cast<int>(rng.Next() % 250) - 125);
+      for (float& x : row) x = magnitude * rng.Uniform(-1.0f, 1.0f);
+      ExpectStoreRowVec<int8_t>(store_i8, row, offset, "int8 random");
+      ExpectStoreRowVec<hwy::float16_t>(store_f16, row, offset, "f16 random");
+    }
+    // Special int8 rows, the special element at every position class.
+    const size_t at = n / 2;
+    std::vector<float> row(n, 0.0f);
+    ExpectStoreRowVec<int8_t>(store_i8, row, 1, "int8 zero");
+    for (const float special : {kNaN, kInf, -kInf, FLT_MAX, -FLT_MAX,
+                                0x1.0p-140f, 127.0f * FLT_MIN}) {
+      for (size_t i = 0; i < n; ++i) row[i] = 0.25f * static_cast<float>(i % 5);
+      row[at] = special;
+      ExpectStoreRowVec<int8_t>(store_i8, row, 2, "int8 special");
+      for (size_t i = 0; i < n; ++i) row[i] *= 1e-38f;
+      row[at] = special;
+      ExpectStoreRowVec<int8_t>(store_i8, row, 0, "int8 special tiny");
+    }
+    // Quotients just under a half and exact ties: max 127 gives scale 1.
+    for (size_t i = 0; i < n; ++i) {
+      row[i] = i % 3 == 0 ? 0.49999997f : (i % 3 == 1 ? 2.5f : -0.5f);
+    }
+    row[0] = 127.0f;
+    ExpectStoreRowVec<int8_t>(store_i8, row, 0, "int8 ties");
+  }
 }
 
 HEADWAY_INSTANTIATE_TARGET_TEST(StorageTest);
