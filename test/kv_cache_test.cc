@@ -1538,6 +1538,44 @@ TEST_P(KvCacheTest, AppendWhatLoadKvRowsReadBack) {
   }
 }
 
+// Serializing as kv_cache.h says: the stored bytes and int8 scales of each
+// head, copied out of Keys and Values and back through PendingRows and
+// CommitAppend, give the same sequence.
+TEST_P(KvCacheTest, SaveAndRestoreStoredBits) {
+  const KvCacheConfig config = Config(2, 3, 20, 9);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 7, 1, 81));
+  const int64_t rows = cache.length(0);
+  const size_t bytes =
+      static_cast<size_t>(rows * cache.row_stride()) * KvDtypeSize(dtype());
+  std::vector<std::vector<unsigned char>> saved;
+  std::vector<std::vector<float>> saved_scales;
+  for (int64_t g = 0; g < 3; ++g) {
+    for (const KvView& view : {cache.Keys(0, g), cache.Values(0, g)}) {
+      const auto* data = static_cast<const unsigned char*>(view.data);
+      saved.emplace_back(data, data + bytes);
+      saved_scales.emplace_back(
+          view.scales, view.scales + (view.scales != nullptr ? rows : 0));
+    }
+  }
+  for (int64_t g = 0; g < 3; ++g) {
+    KvMutableView k, v;
+    ASSERT_TRUE(cache.PendingRows(1, g, rows, &k, &v).ok());
+    int i = 0;
+    for (const KvMutableView& view : {k, v}) {
+      const size_t at = static_cast<size_t>(2 * g + i++);
+      std::memcpy(view.data, saved[at].data(), bytes);
+      if (view.scales != nullptr) {
+        std::memcpy(view.scales, saved_scales[at].data(), rows * sizeof(float));
+      }
+    }
+  }
+  ASSERT_TRUE(cache.CommitAppend(1, rows).ok());
+  model.Copy(0, 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+}
+
 // Create rejects an unknown dtype, whatever the sizes.
 TEST(KvCache, CreateRejectsUnknownDtypes) {
   for (const int dtype : {-1, 4, 1000}) {

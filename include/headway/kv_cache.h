@@ -24,7 +24,8 @@
 //                                   with a NaN or inf has scale NaN and q = 0
 //                                   (every element reads back as NaN)
 //
-// NaN and inf are stored, never an error; they change only their own row.
+// NaN and inf are stored, never an error; they change only their own element
+// (int8: their own row of one token and KV head).
 //
 // Layout: K and V in two separate buffers, each
 // [sequence][kv_head][capacity][row_stride] elements of the stored type,
@@ -45,9 +46,10 @@
 //
 // Reading the rows (a host that inspects or serializes the cache): Keys and
 // Values give a KvView of the stored elements and, for int8, their scales;
-// LoadKvRows converts a KvView to floats (scale * q for int8). To save and
-// restore the exact stored bits, copy rows * row_stride * KvDtypeSize bytes
-// from data and, for int8, rows floats from scales.
+// LoadKvRows converts a KvView to floats (scale * q for int8). To save the
+// exact stored bits, copy rows * row_stride * KvDtypeSize bytes from data
+// and, for int8, rows floats from scales; to restore them, copy them into
+// PendingRows' views of an empty sequence and CommitAppend.
 //
 // Writing rows directly (a producer that computes K and V into the cache):
 // PendingRows gives a KvMutableView; StoreKvRows converts float rows into it
