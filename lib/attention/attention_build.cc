@@ -35,6 +35,8 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
   dims.head_dim = cache.head_dim();
   dims.row_stride = cache.row_stride();
   dims.head_stride = cache.head_stride();
+  dims.dtype = cache.config().dtype;
+  dims.scale_head_stride = 0;
   dims.scale = AttentionScale(options, cache.head_dim());
   dims.causal = options.mask == AttentionMask::kCausal;
   return dims;
@@ -58,6 +60,8 @@ AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
   // Head 0 of seq; head g is g * dims.head_stride further.
   work.keys = cache.Keys(seq, 0).data;
   work.values = cache.Values(seq, 0).data;
+  work.key_scales = nullptr;
+  work.value_scales = nullptr;
   return work;
 }
 
