@@ -15,11 +15,18 @@
 //   Both products are the same register-blocked outer-product kernel
 //   (OuterProduct below), the softmax's max and sum run down the columns (no
 //   horizontal reductions) and the rescaling factor alpha is one vector per
-//   lane group. K and V are read in their cache layout.
+//   lane group. K and V are read in their cache layout, as float rows: a
+//   narrower stored type is converted once per key block for the group's 4
+//   tiles (KvRows::Block).
 // - Lanes along head_dim ("narrow"), when the tile has fewer query rows than
 //   lanes (decode of MHA and small GQA groups): scores are dot products of q
-//   rows with K rows (vectors along d), and O rows accumulate V rows. Decode is
-//   bound by reading K and V, which this streams once.
+//   rows with K rows (vectors along d), and O rows accumulate V rows
+//   (ScoreRows, AccumulateRows: decode-inl.h), on the stored rows converted on
+//   the fly. Decode is bound by reading K and V, which this streams once.
+//
+// Every path is a template on the stored type T of K and V (float, bf16, f16,
+// int8 with a float scale per row) and accumulates in float32; the entry
+// points switch on the cache's KvDtype once per call (VisitKvDtype).
 //
 // One home per rule, which every path asks: VisibleKeys (which keys a query
 // sees), MaskedScore (the additive mask), KvRows (how stored K and V rows are
