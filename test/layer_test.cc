@@ -1129,10 +1129,6 @@ void ExpectStoredCache(const KvCache& cache, int64_t seq, const Expected& e,
   }
 }
 
-// Whether the attention kernels read K and V of the stored types yet (the
-// `attn` branch); until then only float32 outputs are checked.
-constexpr bool kAttentionReadsStoredKv = false;
-
 constexpr KvDtype kAllDtypes[] = {KvDtype::kFloat32, KvDtype::kBFloat16,
                                   KvDtype::kFloat16, KvDtype::kInt8};
 
@@ -1183,7 +1179,6 @@ void RunStoredSteps(const AttentionLayerConfig& config,
         std::vector<double> k, v;
         ASSERT_NO_FATAL_FAILURE(ExpectStoredCache(
             cache, seq, e, model.shape.kv_cols(), 0, how, &k, &v));
-        if (dtype != KvDtype::kFloat32 && !kAttentionReadsStoredKv) continue;
         const Expected stored =
             Reference(model, xs[seq], causal, ScaleOf(config), &k, &v);
         ASSERT_NO_FATAL_FAILURE(

@@ -40,14 +40,19 @@ void FusedAttentionT(const AttentionWork* works, size_t n_works,
   // and reuses the same plan.
   thread_local ThreadAttentionPlan thread_plan;
   if (plan == nullptr) plan = &thread_plan.plan;
-  tbb::this_task_arena::isolate(
-      [&]() HWY_ATTR { FusedAttention(works, n_works, dims, plan); });
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    internal::VisitKvDtype(dims.dtype, [&](auto stored) HWY_ATTR {
+      FusedAttention<decltype(stored)>(works, n_works, dims, plan);
+    });
+  });
 }
 
 void MaterializedAttentionT(const AttentionWork& work,
                             const AttentionDims& dims, float* weights,
                             int64_t w_stride) {
-  MaterializedAttention(dims, work, weights, w_stride);
+  internal::VisitKvDtype(dims.dtype, [&](auto stored) HWY_ATTR {
+    MaterializedAttention<decltype(stored)>(dims, work, weights, w_stride);
+  });
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
