@@ -147,8 +147,7 @@ class HEADWAY_API AttentionLayer {
   // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
   // empty layer or a dispatch target of another vector width than at Create;
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache
-  // whose n_kv_heads or head_dim differ from CacheConfig's (the message
-  // names the cache's dtype too), a bad seq, a seq
+  // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
   // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
   // sequence's length + n_tokens exceeds the cache capacity;

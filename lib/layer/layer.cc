@@ -538,10 +538,13 @@ constexpr size_t kLayerScratchFloats = size_t{128} << 10;
 
 // Chunk geometry for `tokens` rows and `segments` K and V heads of head_dim
 // columns, panels of panel_width: *cols, the scratch's row length, covers
-// the panels of any chunk's segments.
-void LayerChunks(size_t tokens, size_t head_dim, size_t segments,
-                 size_t panel_width, size_t* rows, size_t* chunk_segments,
-                 size_t* cols) {
+// the panels of any chunk's segments. Returns the floats to reserve for the
+// scratch: at least rows * cols, and never less for fewer tokens (so that a
+// smaller Forward call allocates nothing), at most 512 KiB + 2 panels a row
+// (or one head and 2 panels a row for a head wider than 512 KiB / rows).
+size_t LayerChunks(size_t tokens, size_t head_dim, size_t segments,
+                   size_t panel_width, size_t* rows, size_t* chunk_segments,
+                   size_t* cols) {
   *rows = std::min(tokens, kLayerChunkRows);
   const size_t per_row = kLayerScratchFloats / *rows;
   *chunk_segments =
@@ -551,6 +554,11 @@ void LayerChunks(size_t tokens, size_t head_dim, size_t segments,
   *chunk_segments = std::min(*chunk_segments, segments);
   *cols = (*chunk_segments * head_dim + 2 * panel_width - 2) / panel_width *
           panel_width;
+  // rows * cols <= both bounds, each growing with rows.
+  const size_t margin = 2 * panel_width * *rows;
+  return std::min(*rows * segments * head_dim,
+                  std::max(*rows * head_dim, kLayerScratchFloats)) +
+         margin;
 }
 
 }  // namespace
@@ -634,10 +642,10 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->kv_head_bytes =
       static_cast<size_t>(cache->head_stride()) * KvDtypeSize(dtype);
   step->scale_head_stride = static_cast<size_t>(cache->scale_head_stride());
-  LayerChunks(t_rows, hd, 2 * static_cast<size_t>(local_kv_heads), panel_width,
-              &step->chunk_rows, &step->chunk_segments, &step->scratch_cols);
-  step->scratch =
-      stored ? kv_chunk.Get(step->chunk_rows * step->scratch_cols) : nullptr;
+  const size_t scratch_floats = LayerChunks(
+      t_rows, hd, 2 * static_cast<size_t>(local_kv_heads), panel_width,
+      &step->chunk_rows, &step->chunk_segments, &step->scratch_cols);
+  step->scratch = stored ? kv_chunk.Get(scratch_floats) : nullptr;
   MatmulOut& out = step->qkv_out;
   if (stored) {  // Q only, plain (AddBias)
     out.c = q_buf;
@@ -689,12 +697,10 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
   if (!status.ok()) return status;
   if (cache->n_kv_heads() != impl.local_kv_heads ||
       cache->head_dim() != c.head_dim) {
-    return Fail(StatusCode::kInvalidArgument, kFn, "cache (",
-                internal::KvDtypeName(cache->config().dtype),
-                ") has n_kv_heads ", cache->n_kv_heads(), " and head_dim ",
-                cache->head_dim(), " but the layer needs n_kv_heads ",
-                impl.local_kv_heads, " and head_dim ", c.head_dim,
-                " (see CacheConfig; any dtype)");
+    return Fail(StatusCode::kInvalidArgument, kFn, "cache has n_kv_heads ",
+                cache->n_kv_heads(), " and head_dim ", cache->head_dim(),
+                " but the layer needs n_kv_heads ", impl.local_kv_heads,
+                " and head_dim ", c.head_dim, " (see CacheConfig)");
   }
   try {
     int64_t tokens = 0;
