@@ -66,6 +66,7 @@
 #include "headway/threads.h"
 #include "headway/view.h"
 #include "lib/core/storage.h"
+#include "tbb/task_arena.h"
 #include "test/support/alloc_counter.h"
 #include "test/support/cache.h"
 #include "test/support/lanes.h"
@@ -1028,6 +1029,53 @@ TEST_P(AttentionLayerTest, NaNTokenHiddenFromEarlierTokens) {
   }
 }
 
+// Every seq's rows of every head (their stored bytes and int8 scales),
+// capacity and padding included (rows past the length read through
+// PendingRows, which writes nothing), and lengths.
+struct CacheSnapshot {
+  std::vector<int64_t> lengths;
+  std::vector<char> bytes;
+
+  bool operator==(const CacheSnapshot& other) const {
+    return lengths == other.lengths && bytes == other.bytes;
+  }
+};
+
+CacheSnapshot Snapshot(KvCache* cache) {
+  CacheSnapshot snap;
+  const size_t element = KvDtypeSize(cache->config().dtype);
+  const size_t width = static_cast<size_t>(cache->row_stride()) * element;
+  auto add = [&](const KvView& view) {
+    const char* data = static_cast<const char*>(view.data);
+    for (int64_t r = 0; r < view.rows; ++r) {
+      const char* row = data + static_cast<size_t>(r * view.stride) * element;
+      snap.bytes.insert(snap.bytes.end(), row, row + width);
+    }
+    if (view.scales != nullptr) {
+      const char* scales = reinterpret_cast<const char*>(view.scales);
+      snap.bytes.insert(snap.bytes.end(), scales,
+                        scales + view.rows * sizeof(float));
+    }
+  };
+  for (int64_t seq = 0; seq < cache->n_sequences(); ++seq) {
+    const int64_t length = cache->length(seq);
+    snap.lengths.push_back(length);
+    for (int64_t g = 0; g < cache->n_kv_heads(); ++g) {
+      add(cache->Keys(seq, g));
+      add(cache->Values(seq, g));
+      if (length < cache->capacity()) {
+        KvMutableView k, v;
+        EXPECT_TRUE(
+            cache->PendingRows(seq, g, cache->capacity() - length, &k, &v)
+                .ok());
+        add(k);
+        add(v);
+      }
+    }
+  }
+  return snap;
+}
+
 // ---------------------------------------------------------------------------
 // Caches of stored types: bf16, f16 and int8 K and V.
 //
@@ -1198,6 +1246,51 @@ void RunStoredSteps(const AttentionLayerConfig& config,
   }
 }
 
+// The same calls on 1, 2 and 7 threads (task arenas of that size) give the
+// same bits, outputs and stored K, V and scales, for every dtype: a prefill
+// of several chunks (300 tokens of two sequences), then decode.
+TEST_P(AttentionLayerTest, StoredKvBitIdenticalOnAnyThreadCount) {
+  const AttentionLayerConfig config = Config(64, 8, 4, 72);
+  Model model(ShapeOf(config), "qkvo", 7500);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok());
+  const std::vector<std::vector<LayerSequence>> steps = {{{1, 200}, {0, 100}},
+                                                         {{0, 1}, {1, 1}}};
+  for (const KvDtype dtype : kAllDtypes) {
+    std::vector<float> first_y;
+    CacheSnapshot first_cache;
+    for (const int threads : {1, 2, 7}) {
+      const std::string what = std::string(internal::KvDtypeName(dtype)) +
+                               ", " + std::to_string(threads) + " threads";
+      KvCache cache = MakeCache(layer.CacheConfig(2, 301, dtype));
+      std::vector<float> ys;
+      uint64_t seed = 7600;
+      for (const std::vector<LayerSequence>& step : steps) {
+        int64_t rows = 0;
+        for (const LayerSequence& s : step) rows += s.n_tokens;
+        const std::vector<float> x =
+            test::RandomVector(rows * config.d_model, seed++);
+        std::vector<float> y;
+        Status status;
+        tbb::task_arena arena(threads);
+        arena.execute([&] { status = RunLayer(&layer, &cache, step, x, &y); });
+        ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+        ys.insert(ys.end(), y.begin(), y.end());
+      }
+      const CacheSnapshot snap = Snapshot(&cache);
+      if (threads == 1) {
+        first_y = ys;
+        first_cache = snap;
+        continue;
+      }
+      EXPECT_EQ(
+          0, std::memcmp(ys.data(), first_y.data(), ys.size() * sizeof(float)))
+          << what << ": outputs";
+      EXPECT_TRUE(snap == first_cache) << what << ": cache";
+    }
+  }
+}
+
 // MHA, GQA, MQA and an odd head_dim; prefill, chunked prefill, decode and
 // several sequences per call.
 TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
@@ -1230,53 +1323,6 @@ HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
 
 // ---------------------------------------------------------------------------
 // Errors.
-
-// Every seq's rows of every head (their stored bytes and int8 scales),
-// capacity and padding included (rows past the length read through
-// PendingRows, which writes nothing), and lengths.
-struct CacheSnapshot {
-  std::vector<int64_t> lengths;
-  std::vector<char> bytes;
-
-  bool operator==(const CacheSnapshot& other) const {
-    return lengths == other.lengths && bytes == other.bytes;
-  }
-};
-
-CacheSnapshot Snapshot(KvCache* cache) {
-  CacheSnapshot snap;
-  const size_t element = KvDtypeSize(cache->config().dtype);
-  const size_t width = static_cast<size_t>(cache->row_stride()) * element;
-  auto add = [&](const KvView& view) {
-    const char* data = static_cast<const char*>(view.data);
-    for (int64_t r = 0; r < view.rows; ++r) {
-      const char* row = data + static_cast<size_t>(r * view.stride) * element;
-      snap.bytes.insert(snap.bytes.end(), row, row + width);
-    }
-    if (view.scales != nullptr) {
-      const char* scales = reinterpret_cast<const char*>(view.scales);
-      snap.bytes.insert(snap.bytes.end(), scales,
-                        scales + view.rows * sizeof(float));
-    }
-  };
-  for (int64_t seq = 0; seq < cache->n_sequences(); ++seq) {
-    const int64_t length = cache->length(seq);
-    snap.lengths.push_back(length);
-    for (int64_t g = 0; g < cache->n_kv_heads(); ++g) {
-      add(cache->Keys(seq, g));
-      add(cache->Values(seq, g));
-      if (length < cache->capacity()) {
-        KvMutableView k, v;
-        EXPECT_TRUE(
-            cache->PendingRows(seq, g, cache->capacity() - length, &k, &v)
-                .ok());
-        add(k);
-        add(v);
-      }
-    }
-  }
-  return snap;
-}
 
 TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   const AttentionLayerConfig good = Config(32, 4, 2);  // head_dim 8
