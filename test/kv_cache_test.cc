@@ -1,46 +1,143 @@
-// KvCache tests: layout, appends (whole-view and through PendingRows), the
-// sequence operations (Truncate, CopySequence, Reset), and every error, which
-// must leave the cache bit-identical (lengths and both buffers, padding and
-// rows past the lengths included).
+// KvCache tests, once per stored type (KvDtype) and target: layout and byte
+// counts, appends (whole-view and through PendingRows + StoreKvRows), the
+// sequence operations (Truncate, CopySequence, Reset), the documented results
+// for NaN, inf, all-zero, huge and tiny rows, StoreKvRows and LoadKvRows, and
+// every error, which must leave the cache bit-identical (lengths, both buffers
+// and the int8 scales, padding and rows past the lengths included).
 //
 // Every check compares against a plain model: per sequence, the appended K and
-// V rows [tokens, n_kv_heads * head_dim]. Source views are strided with NaN
-// padding (FillRandomMatrix), so copying a source's padding shows up as NaN in
-// the cache rows or their padding, which must stay exactly zero.
+// V rows [tokens, n_kv_heads * head_dim] as floats; each cache row must hold
+// exactly the bits (and int8 scale) lib/core/storage.h's StoreRow gives for
+// the model's row. Source views are strided with NaN padding
+// (FillRandomMatrix), so copying a source's padding shows up as NaN in the
+// cache rows or their padding, which must stay exactly zero.
 #include "headway/kv_cache.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "headway/targets.h"
+#include "lib/core/storage.h"
 #include "test/support/cache.h"
 #include "test/support/random.h"
 #include "test/support/status_matchers.h"
+#include "test/support/target_test.h"
 
 namespace headway {
 namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-KvCacheConfig Config(int64_t n_sequences, int64_t n_kv_heads, int64_t head_dim,
-                     int64_t capacity) {
+constexpr KvDtype kDtypes[] = {KvDtype::kFloat32, KvDtype::kBFloat16,
+                               KvDtype::kFloat16, KvDtype::kInt8};
+
+KvCacheConfig ConfigOf(KvDtype dtype, int64_t n_sequences, int64_t n_kv_heads,
+                       int64_t head_dim, int64_t capacity) {
   KvCacheConfig config;
   config.n_sequences = n_sequences;
   config.n_kv_heads = n_kv_heads;
   config.head_dim = head_dim;
   config.capacity = capacity;
+  config.dtype = dtype;
   return config;
 }
 
+bool IsInt8(KvDtype dtype) { return dtype == KvDtype::kInt8; }
+// Bytes of one stored row's int8 scale: 4 for int8, else 0.
+int64_t ScaleBytes(KvDtype dtype) { return IsInt8(dtype) ? 4 : 0; }
+int64_t Size(KvDtype dtype) { return static_cast<int64_t>(KvDtypeSize(dtype)); }
+
+// Every test of KvCacheTest runs once per dtype and target (Append converts
+// with the target's StoreRowVec), named by both: "int8_AVX2".
+class KvCacheTest
+    : public ::testing::TestWithParam<std::tuple<KvDtype, Target>> {
+ protected:
+  void SetUp() override {
+    const Target target = std::get<1>(GetParam());
+    ASSERT_TRUE(SetMaxTarget(target.name).ok()) << target.name;
+    ASSERT_EQ(ActiveTarget(), target) << target.name;
+  }
+  void TearDown() override { ResetMaxTarget(); }
+
+  KvDtype dtype() const { return std::get<0>(GetParam()); }
+  KvCacheConfig Config(int64_t n_sequences, int64_t n_kv_heads,
+                       int64_t head_dim, int64_t capacity) const {
+    return ConfigOf(dtype(), n_sequences, n_kv_heads, head_dim, capacity);
+  }
+};
+
+std::string ParamName(
+    const ::testing::TestParamInfo<std::tuple<KvDtype, Target>>& info) {
+  return std::string(internal::KvDtypeName(std::get<0>(info.param))) + "_" +
+         std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, KvCacheTest,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::ValuesIn(SupportedTargets())),
+    ParamName);
+
+}  // namespace
+
+// Prints a dtype by name in gtest messages (found by argument-dependent
+// lookup).
+void PrintTo(KvDtype dtype, std::ostream* os) {
+  *os << internal::KvDtypeName(dtype);
+}
+
+namespace {
+
 using test::FloatRows;
 using test::MakeCache;
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+// int8 scales: the same bits, or both NaN (the documented scale of a row with
+// a NaN or inf; its payload is not part of the contract).
+bool SameScale(float a, float b) {
+  return SameBits(a, b) || (std::isnan(a) && std::isnan(b));
+}
+
+// One row as StoreRow stores it: n elements of dtype as bytes, and the int8
+// scale (0 for other dtypes).
+struct StoredRow {
+  std::vector<unsigned char> bytes;
+  float scale = 0.0f;
+};
+StoredRow StoreOne(KvDtype dtype, const float* x, size_t n) {
+  StoredRow row;
+  row.bytes.resize(n * KvDtypeSize(dtype));
+  internal::VisitKvDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> out(n);
+    internal::StoreRow<T>(x, n, out.data(), &row.scale);
+    std::memcpy(row.bytes.data(), out.data(), n * sizeof(T));
+  });
+  return row;
+}
+
+// The floats a stored view stands for, [rows * cols], through LoadKvRows.
+std::vector<float> Load(const KvView& view) {
+  std::vector<float> out(static_cast<size_t>(view.rows * view.cols) + 1);
+  const Status status = LoadKvRows(
+      view, MatrixView<float>(out.data(), view.rows, view.cols, view.cols));
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  out.pop_back();
+  return out;
+}
 
 // What a cache should hold: per sequence, the rows appended so far.
 class Model {
@@ -55,12 +152,10 @@ class Model {
   int64_t length(int64_t seq) const {
     return static_cast<int64_t>(keys_[seq].size()) / width();
   }
-  // Element c of head g of token t.
-  float Key(int64_t seq, int64_t t, int64_t g, int64_t c) const {
-    return keys_[seq][t * width() + g * head_dim_ + c];
-  }
-  float Value(int64_t seq, int64_t t, int64_t g, int64_t c) const {
-    return values_[seq][t * width() + g * head_dim_ + c];
+  // Head g of token t: [head_dim].
+  const float* Row(bool is_key, int64_t seq, int64_t t, int64_t g) const {
+    const std::vector<float>& rows = is_key ? keys_[seq] : values_[seq];
+    return rows.data() + t * width() + g * head_dim_;
   }
 
   // Appends the logical [rows, width] matrices of two views.
@@ -87,59 +182,89 @@ class Model {
   std::vector<std::vector<float>> keys_, values_;  // [seq][token * width]
 };
 
-// Strided K and V source matrices [rows, width], NaN between rows.
+// Strided K and V source matrices [rows, width], NaN between rows, starting
+// `offset` floats into their buffers (1 to 3: not 8- or 16-byte aligned).
 struct Source {
-  Source(int64_t rows, int64_t width, int64_t pad, uint64_t seed)
+  Source(int64_t rows, int64_t width, int64_t pad, uint64_t seed,
+         int64_t offset = 0)
       : stride(width + pad),
-        k(rows * stride),
-        v(rows * stride),
-        k_view(k.data(), rows, width, stride),
-        v_view(v.data(), rows, width, stride) {
-    test::FillRandomMatrix(k.data(), rows, width, stride, seed);
-    test::FillRandomMatrix(v.data(), rows, width, stride, seed + 1000);
+        k(offset + rows * stride),
+        v(offset + rows * stride),
+        k_view(k.data() + offset, rows, width, stride),
+        v_view(v.data() + offset, rows, width, stride) {
+    test::FillRandomMatrix(k.data() + offset, rows, width, stride, seed);
+    test::FillRandomMatrix(v.data() + offset, rows, width, stride, seed + 1000);
   }
   // The views point into k and v: a move keeps those buffers, a copy would not.
   Source(Source&&) = default;
   Source(const Source&) = delete;
   Source& operator=(const Source&) = delete;
 
+  // Multiplies element (r, c) of K and V by scale(r, c).
+  template <class F>
+  void Scale(F scale) {
+    for (int64_t r = 0; r < k_view.rows; ++r) {
+      for (int64_t c = 0; c < k_view.cols; ++c) {
+        k[k_view.data - k.data() + r * stride + c] *= scale(r, c);
+        v[v_view.data - v.data() + r * stride + c] *= scale(r, c);
+      }
+    }
+  }
+
   int64_t stride;
   std::vector<float> k, v;
   MatrixView<const float> k_view, v_view;
 };
 
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
-
-// The cache holds exactly the model's rows, with zero padding and the views'
-// documented shape and alignment.
+// The cache holds exactly StoreRow of the model's rows (and their int8
+// scales), with zero padding and the views' documented shape, alignment and
+// scale pointers.
 void ExpectMatchesModel(const KvCache& cache, const Model& model) {
+  const KvDtype dtype = cache.config().dtype;
   const int64_t head_dim = cache.head_dim();
   const int64_t row_stride = cache.row_stride();
+  const int64_t size = Size(dtype);
   for (int64_t seq = 0; seq < cache.n_sequences(); ++seq) {
     ASSERT_EQ(cache.length(seq), model.length(seq)) << "seq " << seq;
     for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
       for (const bool is_key : {true, false}) {
-        const MatrixView<const float> view =
-            FloatRows(is_key ? cache.Keys(seq, g) : cache.Values(seq, g));
+        const KvView view = is_key ? cache.Keys(seq, g) : cache.Values(seq, g);
+        const KvView buffer = is_key ? cache.KeyBuffer() : cache.ValueBuffer();
         const char* name = is_key ? "K" : "V";
+        ASSERT_EQ(view.dtype, dtype);
         ASSERT_NE(view.data, nullptr);
-        ASSERT_EQ(reinterpret_cast<uintptr_t>(view.data) % 64, 0u);
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(view.data) % (16 * size), 0u);
         ASSERT_EQ(view.rows, model.length(seq));
         ASSERT_EQ(view.cols, head_dim);
         ASSERT_EQ(view.stride, row_stride);
+        const int64_t first_row = (seq * cache.n_kv_heads() + g) *
+                                  cache.capacity();  // in the whole buffer
+        ASSERT_EQ(view.data, static_cast<const char*>(buffer.data) +
+                                 first_row * row_stride * size);
+        if (IsInt8(dtype)) {
+          ASSERT_EQ(view.scales, buffer.scales + first_row);
+        } else {
+          ASSERT_EQ(view.scales, nullptr);
+        }
         for (int64_t t = 0; t < view.rows; ++t) {
-          const float* row = view.data + t * row_stride;
-          for (int64_t c = 0; c < head_dim; ++c) {
-            const float want =
-                is_key ? model.Key(seq, t, g, c) : model.Value(seq, t, g, c);
-            ASSERT_TRUE(SameBits(row[c], want))
+          const unsigned char* row =
+              static_cast<const unsigned char*>(view.data) +
+              t * row_stride * size;
+          const StoredRow want = StoreOne(dtype, model.Row(is_key, seq, t, g),
+                                          static_cast<size_t>(head_dim));
+          for (int64_t b = 0; b < head_dim * size; ++b) {
+            ASSERT_EQ(row[b], want.bytes[b])
                 << name << " seq " << seq << " head " << g << " token " << t
-                << " col " << c << ": " << row[c] << " != " << want;
+                << " col " << b / size;
           }
-          for (int64_t c = head_dim; c < row_stride; ++c) {
-            ASSERT_TRUE(SameBits(row[c], 0.0f))
-                << name << " padding, seq " << seq << " head " << g << " token "
-                << t << " col " << c << ": " << row[c];
+          for (int64_t b = head_dim * size; b < row_stride * size; ++b) {
+            ASSERT_EQ(row[b], 0) << name << " padding, seq " << seq << " head "
+                                 << g << " token " << t << " col " << b / size;
+          }
+          if (IsInt8(dtype)) {
+            ASSERT_TRUE(SameScale(view.scales[t], want.scale))
+                << name << " scale, seq " << seq << " head " << g << " token "
+                << t << ": " << view.scales[t] << " != " << want.scale;
           }
         }
       }
@@ -147,29 +272,36 @@ void ExpectMatchesModel(const KvCache& cache, const Model& model) {
   }
 }
 
-// Everything a call could change: the lengths and both whole buffers.
+// Everything a call could change: the lengths, both whole buffers and the
+// int8 scales, as bytes.
 struct Snapshot {
   explicit Snapshot(const KvCache& cache) {
     for (int64_t seq = 0; seq < cache.n_sequences(); ++seq) {
       lengths.push_back(cache.length(seq));
     }
-    if (cache.n_sequences() > 0) {
-      // Keys(0, 0) starts at the start of its buffer.
-      const size_t n = cache.bytes() / 2 / sizeof(float);
-      const float* k = FloatRows(cache.Keys(0, 0)).data;
-      const float* v = FloatRows(cache.Values(0, 0)).data;
-      keys.assign(k, k + n);
-      values.assign(v, v + n);
+    for (const KvView& buffer : {cache.KeyBuffer(), cache.ValueBuffer()}) {
+      if (buffer.data == nullptr) continue;
+      const auto* data = static_cast<const unsigned char*>(buffer.data);
+      bytes.insert(bytes.end(), data,
+                   data + buffer.rows * buffer.stride * Size(buffer.dtype));
+      if (buffer.scales != nullptr) {
+        const auto* scales =
+            reinterpret_cast<const unsigned char*>(buffer.scales);
+        bytes.insert(bytes.end(), scales, scales + buffer.rows * 4);
+      }
     }
   }
   bool operator==(const Snapshot& other) const {
-    return lengths == other.lengths && keys.size() == other.keys.size() &&
-           std::memcmp(keys.data(), other.keys.data(), keys.size() * 4) == 0 &&
-           std::memcmp(values.data(), other.values.data(), values.size() * 4) ==
-               0;
+    return lengths == other.lengths && bytes == other.bytes;
+  }
+  bool AllZero() const {
+    for (unsigned char b : bytes) {
+      if (b != 0) return false;
+    }
+    return true;
   }
   std::vector<int64_t> lengths;
-  std::vector<float> keys, values;
+  std::vector<unsigned char> bytes;  // K, its scales, V, its scales
 };
 
 // Appends random rows to the cache and the model; `pad` extra source columns.
@@ -181,7 +313,8 @@ void AppendRandom(KvCache* cache, Model* model, int64_t seq, int64_t rows,
   model->Append(seq, src.k_view, src.v_view);
 }
 
-TEST(KvCache, CreateLayout) {
+TEST_P(KvCacheTest, CreateLayout) {
+  const int64_t size = Size(dtype());
   const std::pair<int64_t, int64_t> stride_of[] = {
       {1, 16},  {15, 16}, {16, 16},   {17, 32},  {72, 80},
       {80, 80}, {96, 96}, {128, 128}, {256, 256}};
@@ -194,57 +327,100 @@ TEST(KvCache, CreateLayout) {
       EXPECT_EQ(cache.n_kv_heads(), n_kv_heads);
       EXPECT_EQ(cache.head_dim(), head_dim);
       EXPECT_EQ(cache.capacity(), 5);
-      EXPECT_EQ(cache.config().dtype, KvDtype::kFloat32);
+      EXPECT_EQ(cache.config().dtype, dtype());
       EXPECT_EQ(cache.config().head_dim, head_dim);
+      EXPECT_EQ(cache.head_stride(), 5 * row_stride);
+      EXPECT_EQ(cache.scale_head_stride(), IsInt8(dtype()) ? 5 : 0);
+      const int64_t row_bytes = row_stride * size + ScaleBytes(dtype());
       EXPECT_EQ(cache.bytes_per_token(),
-                static_cast<size_t>(2 * n_kv_heads * row_stride * 4));
+                static_cast<size_t>(2 * n_kv_heads * row_bytes));
+      EXPECT_EQ(KvCache::BytesPerToken(config), cache.bytes_per_token());
       EXPECT_EQ(cache.bytes(),
-                static_cast<size_t>(2 * 2 * n_kv_heads * 5 * row_stride * 4));
+                static_cast<size_t>(2 * 2 * n_kv_heads * 5 * row_bytes));
       EXPECT_EQ(cache.bytes(), 2 * 5 * cache.bytes_per_token());
       for (int64_t seq = 0; seq < 2; ++seq) {
         EXPECT_EQ(cache.length(seq), 0);
         for (int64_t g = 0; g < n_kv_heads; ++g) {
-          for (const MatrixView<const float> view :
-               {FloatRows(cache.Keys(seq, g)),
-                FloatRows(cache.Values(seq, g))}) {
+          for (const KvView& view :
+               {cache.Keys(seq, g), cache.Values(seq, g)}) {
+            EXPECT_EQ(view.dtype, dtype());
             ASSERT_NE(view.data, nullptr);
-            EXPECT_EQ(reinterpret_cast<uintptr_t>(view.data) % 64, 0u);
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(view.data) % (16 * size), 0u);
             EXPECT_EQ(view.rows, 0);
             EXPECT_EQ(view.cols, head_dim);
             EXPECT_EQ(view.stride, row_stride);
+            EXPECT_EQ(view.scales != nullptr, IsInt8(dtype()));
           }
           // [sequence][kv_head][capacity][row_stride]: heads follow each
-          // other, capacity rows apart.
-          EXPECT_EQ(FloatRows(cache.Keys(seq, g)).data,
-                    FloatRows(cache.Keys(0, 0)).data +
-                        (seq * n_kv_heads + g) * 5 * row_stride);
-          EXPECT_EQ(FloatRows(cache.Values(seq, g)).data,
-                    FloatRows(cache.Values(0, 0)).data +
-                        (seq * n_kv_heads + g) * 5 * row_stride);
+          // other, capacity rows apart; int8 scales [sequence][kv_head]
+          // [capacity].
+          const int64_t head = seq * n_kv_heads + g;
+          EXPECT_EQ(cache.Keys(seq, g).data,
+                    static_cast<const char*>(cache.Keys(0, 0).data) +
+                        head * cache.head_stride() * size);
+          EXPECT_EQ(cache.Values(seq, g).data,
+                    static_cast<const char*>(cache.Values(0, 0).data) +
+                        head * cache.head_stride() * size);
+          if (IsInt8(dtype())) {
+            EXPECT_EQ(
+                cache.Keys(seq, g).scales,
+                cache.Keys(seq, 0).scales + g * cache.scale_head_stride());
+            EXPECT_EQ(cache.Values(seq, g).scales,
+                      cache.Values(0, 0).scales + head * 5);
+          }
         }
       }
-      // KeyBuffer and ValueBuffer: each whole buffer, padding included.
+      // KeyBuffer and ValueBuffer: each whole buffer, padding and scales
+      // included.
       const int64_t buffer_rows = 2 * n_kv_heads * 5;
-      const MatrixView<const float> buffers[2][2] = {
-          {FloatRows(cache.KeyBuffer()), FloatRows(cache.Keys(0, 0))},
-          {FloatRows(cache.ValueBuffer()), FloatRows(cache.Values(0, 0))}};
+      const KvView buffers[2][2] = {{cache.KeyBuffer(), cache.Keys(0, 0)},
+                                    {cache.ValueBuffer(), cache.Values(0, 0)}};
       for (const auto& [buffer, first] : buffers) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data) % 64, 0u);
+        EXPECT_EQ(buffer.dtype, dtype());
         EXPECT_EQ(buffer.data, first.data);
+        EXPECT_EQ(buffer.scales, first.scales);
         EXPECT_EQ(buffer.rows, buffer_rows);
         EXPECT_EQ(buffer.cols, row_stride);
         EXPECT_EQ(buffer.stride, row_stride);
-        EXPECT_EQ(static_cast<size_t>(buffer.rows * buffer.stride) * 4,
+        EXPECT_EQ(static_cast<size_t>(buffer.rows * buffer.stride * size +
+                                      buffer.rows * ScaleBytes(dtype())),
                   cache.bytes() / 2);
       }
-      // Both buffers are all zeros, padding and unused rows included.
-      const Snapshot snapshot(cache);
-      for (float x : snapshot.keys) ASSERT_TRUE(SameBits(x, 0.0f));
-      for (float x : snapshot.values) ASSERT_TRUE(SameBits(x, 0.0f));
+      // Both buffers and the scales are all zeros, padding and unused rows
+      // included.
+      EXPECT_TRUE(Snapshot(cache).AllZero());
     }
   }
 }
 
-TEST(KvCache, AppendInChunks) {
+// Exact byte counts of a typical config (8 KV heads of 128): 2 x 8 x 128 x
+// 4 bytes for float32, half that for bf16 and f16, and 2 x 8 x (128 + 4) for
+// int8 with its scales.
+TEST(KvCache, BytesPerTokenOfEachDtype) {
+  const std::pair<KvDtype, size_t> bytes_of[] = {{KvDtype::kFloat32, 8192},
+                                                 {KvDtype::kBFloat16, 4096},
+                                                 {KvDtype::kFloat16, 4096},
+                                                 {KvDtype::kInt8, 2112}};
+  for (const auto& [dtype, bytes] : bytes_of) {
+    const KvCacheConfig config = ConfigOf(dtype, 3, 8, 128, 7);
+    EXPECT_EQ(KvCache::BytesPerToken(config), bytes);
+    const KvCache cache = MakeCache(config);
+    EXPECT_EQ(cache.bytes_per_token(), bytes);
+    EXPECT_EQ(cache.bytes(), 3 * 7 * bytes);
+  }
+  EXPECT_EQ(KvDtypeSize(KvDtype::kFloat32), 4u);
+  EXPECT_EQ(KvDtypeSize(KvDtype::kBFloat16), 2u);
+  EXPECT_EQ(KvDtypeSize(KvDtype::kFloat16), 2u);
+  EXPECT_EQ(KvDtypeSize(KvDtype::kInt8), 1u);
+  EXPECT_EQ(KvDtypeSize(static_cast<KvDtype>(4)), 0u);
+  EXPECT_EQ(KvDtypeSize(static_cast<KvDtype>(-1)), 0u);
+  // head_dim 1 still takes a 16-element row.
+  EXPECT_EQ(KvCache::BytesPerToken(ConfigOf(KvDtype::kInt8, 1, 1, 1, 1)),
+            size_t{2 * (16 + 4)});
+}
+
+TEST_P(KvCacheTest, AppendInChunks) {
   uint64_t seed = 1;
   for (const int64_t head_dim : {1, 16, 17, 72}) {
     for (const int64_t n_kv_heads : {1, 2, 3}) {
@@ -270,7 +446,7 @@ TEST(KvCache, AppendInChunks) {
   }
 }
 
-TEST(KvCache, CapacityExceededChangesNothing) {
+TEST_P(KvCacheTest, CapacityExceededChangesNothing) {
   const KvCacheConfig config = Config(2, 2, 17, 10);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -302,7 +478,7 @@ TEST(KvCache, CapacityExceededChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
 
-TEST(KvCache, AppendRejectsBadArgumentsWithoutWriting) {
+TEST_P(KvCacheTest, AppendRejectsBadArgumentsWithoutWriting) {
   const KvCacheConfig config = Config(4, 2, 3, 8);  // width 6
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -409,8 +585,10 @@ TEST(KvCache, AppendRejectsBadArgumentsWithoutWriting) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
 
-// The direct-write path gives the same cache, bit for bit, as Append.
-TEST(KvCache, PendingRowsThenCommitEqualsAppend) {
+// The direct-write path (PendingRows, StoreKvRows, CommitAppend) gives the
+// same cache, bit for bit, as Append.
+TEST_P(KvCacheTest, PendingRowsThenCommitEqualsAppend) {
+  const int64_t size = Size(dtype());
   for (const int64_t head_dim : {5, 16, 80}) {
     const KvCacheConfig config = Config(2, 3, head_dim, 24);
     KvCache appended = MakeCache(config);
@@ -419,33 +597,36 @@ TEST(KvCache, PendingRowsThenCommitEqualsAppend) {
     uint64_t seed = 10;
     for (const auto& [seq, rows] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 4}, {1, 1}, {0, 1}, {1, 17}, {0, 19}}) {
-      const Source src(rows, model.width(), 2, seed++);
+      const Source src(rows, model.width(), 2, seed++, seq + 1);
       ASSERT_TRUE(appended.Append(seq, src.k_view, src.v_view).ok());
       model.Append(seq, src.k_view, src.v_view);
       const int64_t length = direct.length(seq);
       for (int64_t g = 0; g < 3; ++g) {
-        KvMutableView k_rows, v_rows;
-        ASSERT_TRUE(direct.PendingRows(seq, g, rows, &k_rows, &v_rows).ok());
-        const MatrixView<float> k = FloatRows(k_rows), v = FloatRows(v_rows);
+        KvMutableView k, v;
+        ASSERT_TRUE(direct.PendingRows(seq, g, rows, &k, &v).ok());
         EXPECT_EQ(direct.length(seq), length);  // not yet
-        EXPECT_EQ(k.data,
-                  FloatRows(direct.Keys(seq, g)).data + length * k.stride);
-        EXPECT_EQ(v.data,
-                  FloatRows(direct.Values(seq, g)).data + length * v.stride);
-        EXPECT_EQ(k.rows, rows);
-        EXPECT_EQ(k.cols, head_dim);
-        EXPECT_EQ(k.stride, direct.row_stride());
-        EXPECT_EQ(v.rows, rows);
-        EXPECT_EQ(v.cols, head_dim);
-        EXPECT_EQ(v.stride, direct.row_stride());
-        for (int64_t r = 0; r < rows; ++r) {
-          std::memcpy(k.data + r * k.stride,
-                      src.k_view.data + r * src.stride + g * head_dim,
-                      head_dim * sizeof(float));
-          std::memcpy(v.data + r * v.stride,
-                      src.v_view.data + r * src.stride + g * head_dim,
-                      head_dim * sizeof(float));
+        for (const auto& [view, rows_of] :
+             {std::pair{k, direct.Keys(seq, g)},
+              std::pair{v, direct.Values(seq, g)}}) {
+          EXPECT_EQ(view.dtype, dtype());
+          EXPECT_EQ(view.data, static_cast<const char*>(rows_of.data) +
+                                   length * view.stride * size);
+          EXPECT_EQ(view.rows, rows);
+          EXPECT_EQ(view.cols, head_dim);
+          EXPECT_EQ(view.stride, direct.row_stride());
+          if (IsInt8(dtype())) {
+            EXPECT_EQ(view.scales, rows_of.scales + length);
+          } else {
+            EXPECT_EQ(view.scales, nullptr);
+          }
         }
+        // Head g's columns of the source.
+        const MatrixView<const float> k_src(src.k_view.data + g * head_dim,
+                                            rows, head_dim, src.stride);
+        const MatrixView<const float> v_src(src.v_view.data + g * head_dim,
+                                            rows, head_dim, src.stride);
+        ASSERT_TRUE(StoreKvRows(k_src, k).ok());
+        ASSERT_TRUE(StoreKvRows(v_src, v).ok());
       }
       ASSERT_TRUE(direct.CommitAppend(seq, rows).ok());
       ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(direct, model));
@@ -454,14 +635,15 @@ TEST(KvCache, PendingRowsThenCommitEqualsAppend) {
   }
 }
 
-TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
+TEST_P(KvCacheTest, PendingRowsAndCommitRejectBadArguments) {
   const KvCacheConfig config = Config(3, 2, 16, 6);
   KvCache cache = MakeCache(config);
   Model model(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 2, 4, 0, 1));
   const Snapshot before(cache);
   float sentinel = 0.0f;
-  const KvMutableView untouched{KvDtype::kFloat32, &sentinel, 7, 8, 9, nullptr};
+  const KvMutableView untouched{KvDtype::kFloat16, &sentinel, 7, 8, 9,
+                                &sentinel};
   struct Case {
     int64_t seq, kv_head, n_new;
     StatusCode code;
@@ -522,7 +704,7 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
 
 // Rolling back tokens and appending others gives the cache a fresh one would
 // have with the kept and the new tokens.
-TEST(KvCache, TruncateThenAppendEqualsFreshCache) {
+TEST_P(KvCacheTest, TruncateThenAppendEqualsFreshCache) {
   const KvCacheConfig config = Config(2, 2, 17, 16);
   KvCache rolled_back = MakeCache(config);
   KvCache fresh = MakeCache(config);
@@ -552,7 +734,7 @@ TEST(KvCache, TruncateThenAppendEqualsFreshCache) {
   EXPECT_EQ(rolled_back.Values(1, 0).rows, 0);
 }
 
-TEST(KvCache, TruncateRejectsBadArguments) {
+TEST_P(KvCacheTest, TruncateRejectsBadArguments) {
   const KvCacheConfig config = Config(2, 1, 4, 8);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -583,7 +765,7 @@ TEST(KvCache, TruncateRejectsBadArguments) {
 
 // Forked sequences share the prompt and then diverge without touching each
 // other, including when the target held a longer sequence before.
-TEST(KvCache, CopySequenceForksIndependentSequences) {
+TEST_P(KvCacheTest, CopySequenceForksIndependentSequences) {
   const KvCacheConfig config = Config(4, 2, 24, 32);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -628,10 +810,10 @@ TEST(KvCache, CopySequenceForksIndependentSequences) {
   EXPECT_TRUE(Snapshot(cache) == before);
 }
 
-// k and v may be views of this cache: Append copies tokens between sequences
-// (n_kv_heads 1, where a head's view has the width Append wants).
+// k and v may be views of a float32 cache: Append copies tokens between
+// sequences (n_kv_heads 1, where a head's view has the width Append wants).
 TEST(KvCache, AppendFromItsOwnViews) {
-  const KvCacheConfig config = Config(2, 1, 17, 12);
+  const KvCacheConfig config = ConfigOf(KvDtype::kFloat32, 2, 1, 17, 12);
   KvCache cache = MakeCache(config);
   Model model(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 5, 1, 1));
@@ -649,7 +831,7 @@ TEST(KvCache, AppendFromItsOwnViews) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
 
-TEST(KvCache, ResetAndResetAll) {
+TEST_P(KvCacheTest, ResetAndResetAll) {
   const KvCacheConfig config = Config(3, 2, 9, 8);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -680,7 +862,7 @@ TEST(KvCache, ResetAndResetAll) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
 }
 
-TEST(KvCache, AccessorsOfBadIndicesAreEmpty) {
+TEST_P(KvCacheTest, AccessorsOfBadIndicesAreEmpty) {
   const KvCacheConfig config = Config(2, 3, 8, 4);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -693,6 +875,7 @@ TEST(KvCache, AccessorsOfBadIndicesAreEmpty) {
       EXPECT_EQ(view.rows, 0);
       EXPECT_EQ(view.cols, 0);
       EXPECT_EQ(view.stride, 0);
+      EXPECT_EQ(view.scales, nullptr);
     }
   }
   EXPECT_EQ(cache.length(-1), 0);
@@ -701,7 +884,7 @@ TEST(KvCache, AccessorsOfBadIndicesAreEmpty) {
   EXPECT_EQ(cache.length(1), 2);
 }
 
-TEST(KvCache, CreateRejectsBadConfigs) {
+TEST_P(KvCacheTest, CreateRejectsBadConfigs) {
   // *out holds a cache with data: every error must leave it as it was.
   const KvCacheConfig good = Config(2, 2, 8, 4);
   KvCache out = MakeCache(good);
@@ -736,22 +919,26 @@ TEST(KvCache, CreateRejectsBadConfigs) {
   cases.push_back({bad_dtype, StatusCode::kInvalidArgument,
                    "config.dtype (7) is not a known KvDtype"});
   // Overflows: of int64_t, of the head_dim rounding, and of K + V together.
+  const std::string element =
+      std::to_string(Size(dtype())) + " bytes" +
+      (IsInt8(dtype()) ? " + 4 bytes of scale) overflows" : " overflows");
   cases.push_back({Config(4, int64_t{1} << 20, 128, int64_t{1} << 40),
                    StatusCode::kResourceExhausted,
-                   "2 x n_sequences (4) x n_kv_heads (1048576) x capacity "
-                   "(1099511627776) x head_dim (128) rounded up to 16 x 4 "
-                   "bytes overflows"});
-  cases.push_back({Config(1, 1, kInt64Max, 1), StatusCode::kResourceExhausted,
-                   "head_dim (9223372036854775807) rounded up to 16 x 4 bytes "
-                   "overflows"});
+                   std::string("2 x n_sequences (4) x n_kv_heads (1048576) x "
+                               "capacity (1099511627776) x ") +
+                       (IsInt8(dtype()) ? "(" : "") +
+                       "head_dim (128) rounded up to 16 x " + element});
+  cases.push_back(
+      {Config(1, 1, kInt64Max, 1), StatusCode::kResourceExhausted,
+       "head_dim (9223372036854775807) rounded up to 16 x " + element});
   cases.push_back({Config(kInt64Max, kInt64Max, 1, 1),
                    StatusCode::kResourceExhausted, "overflows"});
-  // 2^62 bytes per buffer fits int64_t; K and V together do not.
-  cases.push_back({Config(1, 1, 16, int64_t{1} << 56),
+  // 2^62 bytes of elements per buffer fits int64_t; K and V together do not.
+  cases.push_back({Config(1, 1, 16, (int64_t{1} << 58) / Size(dtype())),
                    StatusCode::kResourceExhausted, "overflows"});
-  // 2^52 bytes (4 PiB) per buffer: representable, but no machine has it (under
-  // ASan too: test/support/sanitizer_options.cc).
-  cases.push_back({Config(1, 1, 16, int64_t{1} << 46),
+  // 2^52 bytes (4 PiB) of elements per buffer: representable, but no machine
+  // has it (under ASan too: test/support/sanitizer_options.cc).
+  cases.push_back({Config(1, 1, 16, (int64_t{1} << 48) / Size(dtype())),
                    StatusCode::kResourceExhausted, "out of memory"});
   for (const Case& c : cases) {
     EXPECT_TRUE(test::IsError(KvCache::Create(c.config, &out), c.code,
@@ -763,7 +950,7 @@ TEST(KvCache, CreateRejectsBadConfigs) {
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(out, model));
 }
 
-TEST(KvCache, CreateReplacesWhatOutHeld) {
+TEST_P(KvCacheTest, CreateReplacesWhatOutHeld) {
   KvCache cache = MakeCache(Config(2, 2, 8, 4));
   Model old_model(cache.config());
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &old_model, 1, 3, 0, 1));
@@ -783,6 +970,8 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_EQ(cache.head_dim(), 0);
   EXPECT_EQ(cache.capacity(), 0);
   EXPECT_EQ(cache.row_stride(), 0);
+  EXPECT_EQ(cache.head_stride(), 0);
+  EXPECT_EQ(cache.scale_head_stride(), 0);
   EXPECT_EQ(cache.bytes(), 0u);
   EXPECT_EQ(cache.bytes_per_token(), 0u);
   EXPECT_EQ(cache.length(0), 0);
@@ -790,6 +979,7 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_EQ(cache.Values(0, 0).data, nullptr);
   EXPECT_EQ(cache.KeyBuffer().data, nullptr);
   EXPECT_EQ(cache.ValueBuffer().rows, 0);
+  EXPECT_EQ(cache.KeyBuffer().scales, nullptr);
   float data[4] = {};
   const MatrixView<const float> row(data, 1, 4);
   EXPECT_TRUE(
@@ -819,7 +1009,7 @@ TEST(KvCache, DefaultConstructedIsEmpty) {
   ExpectEmpty(cache);
 }
 
-TEST(KvCache, MoveTransfersTheBuffersAndEmptiesTheSource) {
+TEST_P(KvCacheTest, MoveTransfersTheBuffersAndEmptiesTheSource) {
   const KvCacheConfig config = Config(2, 2, 20, 6);
   KvCache first = MakeCache(config);
   Model model(config);
@@ -854,7 +1044,7 @@ TEST(KvCache, MoveTransfersTheBuffersAndEmptiesTheSource) {
 // Sizes near and past INT64_MAX, every entry point: the status kv_cache.h
 // documents, without signed overflow (the sanitizer build traps on one), and
 // the cache unchanged.
-TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
+TEST_P(KvCacheTest, HugeSizesAreRejectedWithoutOverflow) {
   const KvCacheConfig config = Config(2, 2, 8, 4);
   KvCache cache = MakeCache(config);
   Model model(config);
@@ -871,7 +1061,17 @@ TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
                               StatusCode::kResourceExhausted, {"overflows"},
                               "KvCache::Create: "));
     EXPECT_EQ(out.n_sequences(), 0);
+    EXPECT_EQ(KvCache::BytesPerToken(bad), 0u);
   }
+  // BytesPerToken of a config Create rejects for its sizes or dtype: 0.
+  EXPECT_EQ(KvCache::BytesPerToken(Config(1, 1, 0, 1)), 0u);
+  KvCacheConfig bad_dtype = config;
+  bad_dtype.dtype = static_cast<KvDtype>(4);
+  EXPECT_EQ(KvCache::BytesPerToken(bad_dtype), 0u);
+  // A token of 2^40 KV heads still counts exactly.
+  EXPECT_EQ(KvCache::BytesPerToken(Config(1, int64_t{1} << 40, 16, 1)),
+            static_cast<size_t>((int64_t{1} << 41) *
+                                (16 * Size(dtype()) + ScaleBytes(dtype()))));
   // Append: views whose byte span overflows; then more rows than fit.
   std::vector<float> rows(64, 1.0f);
   const int64_t width = config.n_kv_heads * config.head_dim;
@@ -914,7 +1114,7 @@ TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
 
 // Calls on different sequences may run concurrently (the contract in
 // kv_cache.h); under a thread sanitizer this is the race check.
-TEST(KvCache, ConcurrentAppendsToDifferentSequences) {
+TEST_P(KvCacheTest, ConcurrentAppendsToDifferentSequences) {
   const int64_t n_sequences = 4;
   const KvCacheConfig config = Config(n_sequences, 2, 17, 64);
   KvCache cache = MakeCache(config);
@@ -941,6 +1141,416 @@ TEST(KvCache, ConcurrentAppendsToDifferentSequences) {
     model.Append(seq, sources[seq].k_view, sources[seq].v_view);
   }
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+}
+
+// Sources at every alignment (1 to 3 floats past a vector boundary) and
+// stride, at head sizes around the 16-element row: every cache row holds
+// StoreRow's bits of its source row.
+TEST_P(KvCacheTest, AppendFromStridedAndMisalignedViews) {
+  uint64_t seed = 40;
+  for (const int64_t head_dim : {1, 7, 16, 33}) {
+    const KvCacheConfig config = Config(2, 2, head_dim, 27);
+    KvCache cache = MakeCache(config);
+    Model model(config);
+    for (const int64_t offset : {1, 2, 3}) {
+      for (const int64_t pad : {0, 1, 5}) {
+        const int64_t seq = (offset + pad) % 2;
+        const Source src(1 + pad, model.width(), pad, seed++, offset);
+        ASSERT_TRUE(cache.Append(seq, src.k_view, src.v_view).ok());
+        model.Append(seq, src.k_view, src.v_view);
+      }
+    }
+    ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+  }
+}
+
+// Rows across the whole float range (2^-40 .. 2^24 times [-1, 1], some
+// elements of each row far apart): bf16 and f16 rounding, f16 subnormals and
+// overflow to inf, int8 rows with a wide spread.
+TEST_P(KvCacheTest, AppendWideRangeRows) {
+  const KvCacheConfig config = Config(1, 2, 37, 64);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  Source src(64, model.width(), 3, 77, 1);
+  test::SplitMix64 rng(78);
+  src.Scale([&](int64_t, int64_t) {
+    return std::ldexp(1.0f, static_cast<int>(rng.Uniform(-40.0f, 24.0f)));
+  });
+  ASSERT_TRUE(cache.Append(0, src.k_view, src.v_view).ok());
+  model.Append(0, src.k_view, src.v_view);
+  ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+}
+
+// What LoadKvRows reads back from random rows is within each dtype's rounding
+// bound of what was appended: exact (float32), half an ulp of 8 (bf16) or 11
+// (f16) significant bits, scale / 2 (int8; plus the float rounding of x / scale
+// and scale * q, under 2^-16 scale).
+TEST_P(KvCacheTest, LoadKvRowsReadsTheRoundedValues) {
+  const KvCacheConfig config = Config(1, 3, 40, 32);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 32, 2, 5));
+  for (int64_t g = 0; g < 3; ++g) {
+    for (const bool is_key : {true, false}) {
+      const KvView view = is_key ? cache.Keys(0, g) : cache.Values(0, g);
+      const std::vector<float> got = Load(view);
+      for (int64_t t = 0; t < 32; ++t) {
+        const float* row = model.Row(is_key, 0, t, g);
+        double max_abs = 0.0;
+        for (int64_t c = 0; c < 40; ++c) {
+          max_abs = std::fmax(max_abs, std::fabs(double{row[c]}));
+        }
+        for (int64_t c = 0; c < 40; ++c) {
+          const double x = row[c];
+          const double error = std::fabs(x - got[t * 40 + c]);
+          double bound = 0.0;
+          switch (dtype()) {
+            case KvDtype::kFloat32:
+              break;
+            case KvDtype::kBFloat16:
+              bound = std::fabs(x) * std::ldexp(1.0, -8);
+              break;
+            case KvDtype::kFloat16:
+              // Random rows in [-1, 1]: normal halves (>= 2^-14) or the
+              // subnormal step 2^-24 below.
+              bound = std::fmax(std::fabs(x) * std::ldexp(1.0, -11),
+                                std::ldexp(1.0, -25));
+              break;
+            case KvDtype::kInt8: {
+              const double scale = view.scales[t];
+              EXPECT_EQ(view.scales[t], static_cast<float>(max_abs / 127.0))
+                  << "token " << t;
+              bound = scale * (0.5 + std::ldexp(1.0, -16));
+              break;
+            }
+          }
+          ASSERT_LE(error, bound) << "token " << t << " col " << c << ": " << x
+                                  << " read back as " << got[t * 40 + c];
+        }
+      }
+    }
+  }
+}
+
+// NaN, +-inf, all-zero, huge (up to FLT_MAX) and tiny (below 127 * FLT_MIN)
+// rows: stored as storage.h's table says, no error, and only the row (one
+// token's head) that holds them changes: the other head of the same token and
+// the other tokens read back as if appended alone.
+TEST_P(KvCacheTest, NanInfZeroHugeAndTinyRows) {
+  const int64_t head_dim = 21;
+  const KvCacheConfig config = Config(1, 2, head_dim, 16);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  Source src(8, model.width(), 1, 91, 2);
+  // Head 0's columns of row r get the special values; head 1 stays random.
+  float* k = src.k.data() + (src.k_view.data - src.k.data());
+  auto head0 = [&](int64_t r) { return k + r * src.stride; };
+  head0(1)[4] = kNaN;
+  head0(2)[0] = kInf;
+  head0(3)[head_dim - 1] = -kInf;
+  std::fill(head0(4), head0(4) + head_dim, 0.0f);
+  for (int64_t c = 0; c < head_dim; ++c) head0(5)[c] *= FLT_MAX;
+  head0(5)[7] = -FLT_MAX;
+  for (int64_t c = 0; c < head_dim; ++c) head0(6)[c] *= 1e-37f;
+  ASSERT_TRUE(cache.Append(0, src.k_view, src.v_view).ok());
+  model.Append(0, src.k_view, src.v_view);
+  ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+
+  // Appended alone, without the special rows: the same bits everywhere else.
+  KvCache clean = MakeCache(config);
+  Source plain(8, model.width(), 1, 91, 2);
+  ASSERT_TRUE(clean.Append(0, plain.k_view, plain.v_view).ok());
+  const KvView keys = cache.Keys(0, 0);
+  const KvView clean_keys = clean.Keys(0, 0);
+  const std::vector<float> got = Load(keys);
+  const std::vector<float> want = Load(clean_keys);
+  const std::vector<float> head1 = Load(cache.Keys(0, 1));
+  const std::vector<float> clean_head1 = Load(clean.Keys(0, 1));
+  for (size_t i = 0; i < head1.size(); ++i) {
+    ASSERT_TRUE(SameBits(head1[i], clean_head1[i])) << i;
+  }
+  for (const int64_t t : {0, 7}) {
+    for (int64_t c = 0; c < head_dim; ++c) {
+      ASSERT_TRUE(SameBits(got[t * head_dim + c], want[t * head_dim + c]))
+          << "token " << t << " col " << c;
+    }
+  }
+  EXPECT_TRUE(Snapshot(cache).bytes.size() == Snapshot(clean).bytes.size());
+  auto at = [&](int64_t t, int64_t c) { return got[t * head_dim + c]; };
+  const float* x5 = head0(5);
+  const float* x6 = head0(6);
+  if (IsInt8(dtype())) {
+    // A NaN or inf makes the row's scale NaN and every element NaN.
+    for (const int64_t t : {1, 2, 3}) {
+      EXPECT_TRUE(std::isnan(keys.scales[t])) << t;
+      for (int64_t c = 0; c < head_dim; ++c) ASSERT_TRUE(std::isnan(at(t, c)));
+    }
+    // All-zero and tiny rows: scale 0, zeros.
+    for (const int64_t t : {4, 6}) {
+      EXPECT_TRUE(SameBits(keys.scales[t], 0.0f)) << t;
+      for (int64_t c = 0; c < head_dim; ++c) {
+        ASSERT_TRUE(SameBits(at(t, c), 0.0f)) << t << ", " << c;
+      }
+    }
+    // Huge: finite, within half a scale (the scale is one ulp under
+    // FLT_MAX / 127, so 127 * scale stays finite).
+    const float scale = keys.scales[5];
+    EXPECT_TRUE(std::isfinite(scale));
+    EXPECT_EQ(scale, std::nextafter(FLT_MAX / 127.0f, 0.0f));
+    for (int64_t c = 0; c < head_dim; ++c) {
+      ASSERT_TRUE(std::isfinite(at(5, c))) << c;
+      ASSERT_LE(std::fabs(double{x5[c]} - at(5, c)),
+                scale * (0.5 + std::ldexp(1.0, -16)))
+          << c;
+    }
+  } else {
+    // NaN stays NaN, inf stays inf, in their own element only.
+    EXPECT_TRUE(std::isnan(at(1, 4)));
+    EXPECT_EQ(at(2, 0), kInf);
+    EXPECT_EQ(at(3, head_dim - 1), -kInf);
+    for (int64_t t = 1; t <= 3; ++t) {
+      for (int64_t c = 0; c < head_dim; ++c) {
+        if ((t == 1 && c == 4) || (t == 2 && c == 0) ||
+            (t == 3 && c == head_dim - 1)) {
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(at(t, c))) << t << ", " << c;
+      }
+    }
+    for (int64_t c = 0; c < head_dim; ++c) {
+      ASSERT_TRUE(SameBits(at(4, c), 0.0f));
+      if (dtype() == KvDtype::kFloat16) {
+        // Beyond 65520: inf of its sign; tiny: signed zero.
+        ASSERT_EQ(at(5, c), std::copysign(kInf, x5[c])) << c;
+        ASSERT_EQ(at(6, c), 0.0f) << c;
+        ASSERT_EQ(std::signbit(at(6, c)), std::signbit(x6[c])) << c;
+      } else {
+        // bf16 has float32's exponent range: huge and tiny rows stay finite
+        // and nonzero (FLT_MAX itself rounds to inf in bf16: its
+        // significand rounds up past the largest exponent).
+        if (std::fabs(x5[c]) < 0x1.fefffep127f) {
+          ASSERT_TRUE(std::isfinite(at(5, c))) << c;
+        }
+        ASSERT_NE(at(6, c), 0.0f) << c;
+      }
+    }
+  }
+}
+
+// StoreKvRows and LoadKvRows on views outside any cache: strided, misaligned
+// float views and stored views with a longer stride; rows between the
+// elements (the stored padding) are not written.
+TEST_P(KvCacheTest, StoreKvRowsAndLoadKvRows) {
+  const int64_t size = Size(dtype());
+  uint64_t seed = 300;
+  for (const int64_t cols : {1, 8, 19, 64}) {
+    for (const int64_t rows : {1, 5}) {
+      const int64_t float_stride = cols + 3, stored_stride = cols + 2;
+      std::vector<float> src(1 + rows * float_stride);
+      test::FillRandomMatrix(src.data() + 1, rows, cols, float_stride, seed++,
+                             -4.0f, 4.0f);
+      const MatrixView<const float> src_view(src.data() + 1, rows, cols,
+                                             float_stride);
+      std::vector<unsigned char> stored(rows * stored_stride * size, 0xA5);
+      std::vector<float> scales(rows, -1.0f);
+      const KvMutableView dst{
+          dtype(), stored.data(), rows,
+          cols,    stored_stride, IsInt8(dtype()) ? scales.data() : nullptr};
+      ASSERT_TRUE(StoreKvRows(src_view, dst).ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        const StoredRow want =
+            StoreOne(dtype(), src_view.data + r * float_stride,
+                     static_cast<size_t>(cols));
+        const unsigned char* row = stored.data() + r * stored_stride * size;
+        ASSERT_EQ(std::memcmp(row, want.bytes.data(), cols * size), 0) << r;
+        for (int64_t b = cols * size; b < stored_stride * size; ++b) {
+          ASSERT_EQ(row[b], 0xA5) << "padding of row " << r;
+        }
+        if (IsInt8(dtype())) {
+          ASSERT_TRUE(SameBits(scales[r], want.scale));
+        }
+      }
+      // Back to floats: LoadRow of each stored row, the destination's padding
+      // untouched.
+      std::vector<float> out(2 + rows * (cols + 1), -7.0f);
+      ASSERT_TRUE(LoadKvRows(dst, MatrixView<float>(out.data() + 2, rows, cols,
+                                                    cols + 1))
+                      .ok());
+      internal::VisitKvDtype(dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> want(cols);
+          internal::LoadRow<T>(
+              reinterpret_cast<const T*>(stored.data()) + r * stored_stride,
+              static_cast<size_t>(cols), IsInt8(dtype()) ? scales[r] : 1.0f,
+              want.data());
+          for (int64_t c = 0; c < cols; ++c) {
+            ASSERT_TRUE(SameBits(out[2 + r * (cols + 1) + c], want[c]))
+                << r << ", " << c;
+          }
+          if (r + 1 < rows) {
+            ASSERT_EQ(out[2 + r * (cols + 1) + cols], -7.0f);
+          }
+        }
+      });
+      EXPECT_EQ(out[0], -7.0f);
+      EXPECT_EQ(out[1], -7.0f);
+    }
+  }
+  // Zero rows on both sides: nothing to do.
+  float x = 1.0f;
+  unsigned char byte = 3;
+  float scale = 2.0f;
+  const KvMutableView none{dtype(), &byte, 0,
+                           1,       1,     IsInt8(dtype()) ? &scale : nullptr};
+  EXPECT_TRUE(StoreKvRows(MatrixView<const float>(&x, 0, 1, 1), none).ok());
+  EXPECT_TRUE(LoadKvRows(none, MatrixView<float>(&x, 0, 1, 1)).ok());
+  EXPECT_EQ(byte, 3);
+  EXPECT_EQ(x, 1.0f);
+  EXPECT_EQ(scale, 2.0f);
+}
+
+// Every bad view is a Status naming the argument, with nothing written.
+TEST_P(KvCacheTest, StoreKvRowsAndLoadKvRowsRejectBadViews) {
+  const int64_t size = Size(dtype());
+  std::vector<float> floats(64, 0.5f);
+  std::vector<unsigned char> stored(256, 0x5A);
+  std::vector<float> scales(16, 3.0f);
+  float* const scale_ptr = IsInt8(dtype()) ? scales.data() : nullptr;
+  const KvMutableView good{dtype(), stored.data(), 2, 4, 6, scale_ptr};
+  const MatrixView<const float> src(floats.data(), 2, 4, 5);
+  ASSERT_TRUE(StoreKvRows(src, good).ok());
+  const std::vector<float> floats_before = floats;
+  const std::vector<unsigned char> stored_before = stored;
+  const std::vector<float> scales_before = scales;
+
+  struct Case {
+    KvMutableView kv;
+    MatrixView<const float> floats;
+    StatusCode code;
+    std::string store_expect, load_expect;  // StoreKvRows: dst; Load: src
+  };
+  auto with = [&](auto change) {
+    KvMutableView view = good;
+    change(&view);
+    return view;
+  };
+  std::vector<Case> cases = {
+      {with([](KvMutableView* v) { v->dtype = static_cast<KvDtype>(9); }), src,
+       StatusCode::kInvalidArgument, "dst.dtype (9) is not a known KvDtype",
+       "src.dtype (9) is not a known KvDtype"},
+      {with([](KvMutableView* v) { v->data = nullptr; }), src,
+       StatusCode::kInvalidArgument, "dst.data is null", "src.data is null"},
+      {with([](KvMutableView* v) { v->rows = -1; }), src,
+       StatusCode::kInvalidArgument, "dst.rows (-1) is negative",
+       "src.rows (-1) is negative"},
+      {with([](KvMutableView* v) { v->cols = 0; }), src,
+       StatusCode::kInvalidArgument, "dst.cols must be >= 1 (got 0)",
+       "src.cols must be >= 1 (got 0)"},
+      {with([](KvMutableView* v) { v->stride = 3; }), src,
+       StatusCode::kInvalidArgument,
+       "dst.stride (3) is shorter than dst.cols (4)",
+       "src.stride (3) is shorter than src.cols (4)"},
+      {with([](KvMutableView* v) { v->rows = kInt64Max; }), src,
+       StatusCode::kResourceExhausted, "dst: rows (9223372036854775807)",
+       "src: rows (9223372036854775807)"},
+      {with([](KvMutableView* v) { v->rows = 3; }), src,
+       StatusCode::kInvalidArgument, "dst is [3, 4] but src is [2, 4]",
+       "src is [3, 4] but dst is [2, 4]"},
+      {with([](KvMutableView* v) { v->cols = 5; }), src,
+       StatusCode::kInvalidArgument, "dst is [2, 5] but src is [2, 4]",
+       "src is [2, 5] but dst is [2, 4]"},
+      {good, MatrixView<const float>(nullptr, 2, 4, 5),
+       StatusCode::kInvalidArgument, "src.data is null", "dst.data is null"},
+      {good, MatrixView<const float>(floats.data(), -2, 4, 5),
+       StatusCode::kInvalidArgument, "src.rows (-2) is negative",
+       "dst.rows (-2) is negative"},
+      {good, MatrixView<const float>(floats.data(), 2, 4, 3),
+       StatusCode::kInvalidArgument, "src.stride (3) is shorter than src.cols",
+       "dst.stride (3) is shorter than dst.cols"},
+      // The float view inside the stored elements.
+      {good,
+       MatrixView<const float>(
+           reinterpret_cast<const float*>(stored.data()) + 1, 2, 4, 5),
+       StatusCode::kInvalidArgument, "dst overlaps src", "src overlaps dst"},
+  };
+  if (IsInt8(dtype())) {
+    cases.push_back({with([](KvMutableView* v) { v->scales = nullptr; }), src,
+                     StatusCode::kInvalidArgument,
+                     "dst.scales is null for dtype int8",
+                     "src.scales is null for dtype int8"});
+    // The float view over the scales.
+    cases.push_back({good, MatrixView<const float>(scales.data() + 1, 2, 4, 5),
+                     StatusCode::kInvalidArgument, "dst.scales overlaps src",
+                     "src.scales overlaps dst"});
+  } else {
+    cases.push_back({with([&](KvMutableView* v) { v->scales = scales.data(); }),
+                     src, StatusCode::kInvalidArgument,
+                     std::string("dst.scales is not null for dtype ") +
+                         internal::KvDtypeName(dtype()),
+                     std::string("src.scales is not null for dtype ") +
+                         internal::KvDtypeName(dtype())});
+  }
+  if (dtype() == KvDtype::kFloat32) {
+    // A float32 view identical to the stored one is in place, not an overlap.
+    const MatrixView<const float> same(
+        reinterpret_cast<const float*>(stored.data()), 2, 4, 6);
+    EXPECT_TRUE(StoreKvRows(same, good).ok());
+    EXPECT_TRUE(stored == stored_before);
+  }
+  for (const Case& c : cases) {
+    EXPECT_TRUE(test::IsError(StoreKvRows(c.floats, c.kv), c.code,
+                              {c.store_expect}, "StoreKvRows: "));
+    EXPECT_TRUE(stored == stored_before) << c.store_expect;
+    EXPECT_TRUE(scales == scales_before) << c.store_expect;
+    // LoadKvRows into the same float memory (a mutable view of it).
+    const MatrixView<float> dst(const_cast<float*>(c.floats.data),
+                                c.floats.rows, c.floats.cols, c.floats.stride);
+    EXPECT_TRUE(test::IsError(LoadKvRows(c.kv, dst), c.code, {c.load_expect},
+                              "LoadKvRows: "));
+    EXPECT_TRUE(floats == floats_before) << c.load_expect;
+    EXPECT_TRUE(stored == stored_before) << c.load_expect;
+    EXPECT_TRUE(scales == scales_before) << c.load_expect;
+  }
+  (void)size;
+}
+
+// A host's round trip: read a sequence's rows back as floats (LoadKvRows) and
+// append them to another sequence; the stored bits are StoreRow of what was
+// read, and for bf16 and f16 exactly the first sequence's (storing a stored
+// value again is exact).
+TEST_P(KvCacheTest, AppendWhatLoadKvRowsReadBack) {
+  const KvCacheConfig config = Config(2, 1, 24, 8);
+  KvCache cache = MakeCache(config);
+  Model model(config);
+  ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 6, 1, 61));
+  const std::vector<float> k = Load(cache.Keys(0, 0));
+  const std::vector<float> v = Load(cache.Values(0, 0));
+  const MatrixView<const float> k_view(k.data(), 6, 24),
+      v_view(v.data(), 6, 24);
+  ASSERT_TRUE(cache.Append(1, k_view, v_view).ok());
+  model.Append(1, k_view, v_view);
+  ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+  if (!IsInt8(dtype())) {
+    const int64_t bytes = 6 * cache.row_stride() * Size(dtype());
+    EXPECT_EQ(std::memcmp(cache.Keys(0, 0).data, cache.Keys(1, 0).data, bytes),
+              0);
+  }
+}
+
+// Create rejects an unknown dtype, whatever the sizes.
+TEST(KvCache, CreateRejectsUnknownDtypes) {
+  for (const int dtype : {-1, 4, 1000}) {
+    KvCache out;
+    KvCacheConfig config = ConfigOf(KvDtype::kFloat32, 1, 1, 8, 4);
+    config.dtype = static_cast<KvDtype>(dtype);
+    EXPECT_TRUE(test::IsError(
+        KvCache::Create(config, &out), StatusCode::kInvalidArgument,
+        {"config.dtype (" + std::to_string(dtype) + ") is not a known KvDtype"},
+        "KvCache::Create: "));
+    EXPECT_EQ(out.n_sequences(), 0);
+    EXPECT_EQ(KvCache::BytesPerToken(config), 0u);
+  }
 }
 
 }  // namespace

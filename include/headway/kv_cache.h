@@ -13,17 +13,25 @@
 //                                   becomes +-inf, below 2^-14 subnormal
 //   kInt8      int8 + one float     symmetric per row: scale = max|x| / 127,
 //              scale per row        q = round-to-even(x / scale) in
-//                                   [-127, 127], x' = scale * q; an all-zero
-//                                   row has scale 0; a row with a NaN or inf
-//                                   has scale NaN and q = 0 (every element
-//                                   reads back as NaN)
+//                                   [-127, 127], x' = scale * q, so
+//                                   |x - x'| <= scale / 2 (to float rounding);
+//                                   a row with max|x| < 127 * FLT_MIN
+//                                   (1.5e-36, all-zero rows included) has
+//                                   scale 0 and q = 0 (a subnormal scale
+//                                   would lose that bound); near FLT_MAX the
+//                                   scale is one ulp lower where 127 * scale
+//                                   would overflow, so x' stays finite; a row
+//                                   with a NaN or inf has scale NaN and q = 0
+//                                   (every element reads back as NaN)
 //
 // NaN and inf are stored, never an error; they change only their own row.
 //
 // Layout: K and V in two separate buffers, each
 // [sequence][kv_head][capacity][row_stride] elements of the stored type,
 // 64-byte aligned, row_stride = head_dim rounded up to 16 elements for every
-// dtype (so that a vector of 16 floats always comes from one aligned load).
+// dtype, so every row is aligned to 16 elements (64 bytes for float32, 32 for
+// bf16 and f16, 16 for int8) and a vector of up to 16 floats always comes
+// from one aligned load of the stored type.
 // int8 adds two float scale buffers, each [sequence][kv_head][capacity]
 // (scale_head_stride() = capacity). The rows of one (sequence, kv_head) are
 // contiguous, so a decode step streams each head's keys and values from memory
@@ -234,7 +242,8 @@ class HEADWAY_API KvCache {
   void ResetAll();
 
   // The cached rows of one head, [length, head_dim] with stride row_stride(),
-  // data 64-byte aligned, dtype config().dtype, scales [length] for kInt8; 0
+  // data aligned to 16 elements (the rows' alignment: see Layout), dtype
+  // config().dtype, scales [length] for kInt8; 0
   // rows (data and int8 scales not null) for an empty sequence; empty (null
   // data and scales, 0 rows, 0 cols) for a bad seq or kv_head.
   KvView Keys(int64_t seq, int64_t kv_head) const;

@@ -1,10 +1,13 @@
-// Per-target reads of stored K and V (the storage types: storage.h): one
-// vector of floats from a stored row, the same floats as storage.h's
-// FloatFrom. Every kernel that reads the cache loads through LoadStored; the
-// int8 row scale is the caller's (kernels fold it into a score or a weight).
-//
-// Alignment: p must be aligned to the stored vector (N elements of T): cache
-// rows are, as row_stride is a multiple of 16 elements and N <= 16.
+// Per-target reads and writes of stored K and V (the storage types:
+// storage.h).
+// - LoadStored: one vector of floats from a stored row, the same floats as
+//   storage.h's FloatFrom. Every kernel that reads the cache loads through
+//   LoadStored; the int8 row scale is the caller's (kernels fold it into a
+//   score or a weight). p must be aligned to the stored vector (N elements of
+//   T): cache rows are, as row_stride is a multiple of 16 elements and
+//   N <= 16.
+// - StoreRowVec: a whole row, the same bits (and int8 scale) as storage.h's
+//   StoreRow, any alignment; what KvCache::Append and StoreKvRows run.
 
 // Per-target part: toggle guard.
 #if defined(HEADWAY_LIB_CORE_STORAGE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -14,7 +17,11 @@
 #define HEADWAY_LIB_CORE_STORAGE_INL_H_
 #endif
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include <cmath>
+#include <limits>
 
 #include "hwy/highway.h"
 #include "lib/core/storage.h"
@@ -52,11 +59,16 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const hwy::float16_t* HWY_RESTRICT p) {
   const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du32, 0x8000u)));
   const auto exp = hn::And(h, hn::Set(du32, 0x7C00u));
   const auto em = hn::ShiftLeft<13>(hn::And(h, hn::Set(du32, 0x7FFFu)));
-  // Normal: rebias 15 -> 127; inf and NaN: exponent 255.
+  // Normal: rebias 15 -> 127; inf and NaN: exponent 255, NaN made quiet (as
+  // F16C does: FloatFromF16).
   const auto is_special = hn::Eq(exp, hn::Set(du32, 0x7C00u));
+  const auto is_nan = hn::RebindMask(
+      du32, hn::Gt(hn::BitCast(di32, hn::And(h, hn::Set(du32, 0x7FFFu))),
+                   hn::Set(di32, 0x7C00)));
   const auto normal =
-      hn::Add(em, hn::IfThenElse(is_special, hn::Set(du32, 0x70000000u),
-                                 hn::Set(du32, 0x38000000u)));
+      hn::Or(hn::Add(em, hn::IfThenElse(is_special, hn::Set(du32, 0x70000000u),
+                                        hn::Set(du32, 0x38000000u))),
+             hn::IfThenElseZero(is_nan, hn::Set(du32, 0x400000u)));
   // Subnormal (and zero): mantissa * 2^-24.
   const auto sub = hn::Mul(
       hn::ConvertTo(d, hn::BitCast(di32, hn::And(h, hn::Set(du32, 0x3FFu)))),
@@ -77,6 +89,175 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const int8_t* HWY_RESTRICT p) {
   const hn::Rebind<int8_t, D> di8;
   const hn::RebindToSigned<D> di32;
   return hn::ConvertTo(d, hn::PromoteTo(di32, hn::Load(di8, p)));
+}
+
+// ---------------------------------------------------------------------------
+// Stores: StoreRowVec<T>(d, src, n, dst, scale) writes src [n] as a row of T
+// into dst[0, n) (and *scale for int8), bit-identical to storage.h's
+// StoreRow<T> (storage_test checks every target): full vectors of d, then the
+// scalar conversions for the last n % Lanes(d) elements.
+
+// The low 16 bits of each lane: the u32 lanes hold values <= 0xFFFF, so the
+// saturating i32 -> u16 demotion keeps them.
+template <class D>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, D>> Low16(D d, hn::Vec<D> bits) {
+  const hn::RebindToSigned<D> di32;
+  (void)d;
+  return hn::DemoteTo(hn::Rebind<uint16_t, D>(), hn::BitCast(di32, bits));
+}
+
+// bf16 bits of v: storage.h's BF16FromFloat per lane.
+template <class D>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, D>> BF16Bits(D d, hn::Vec<D> v) {
+  (void)d;
+  const hn::RebindToUnsigned<D> du32;
+  const auto u = hn::BitCast(du32, v);
+  const auto high = hn::ShiftRight<16>(u);
+  const auto rounded = hn::ShiftRight<16>(hn::Add(
+      u, hn::Add(hn::Set(du32, 0x7FFFu), hn::And(high, hn::Set(du32, 1u)))));
+  const auto quiet_nan = hn::Or(high, hn::Set(du32, 0x0040u));
+  // NaN: |bits| > inf's, compared as int32 (not Ne(v, v): Highway 1.0.3's
+  // AVX2 and AVX-512 Ne is ordered, false for NaN).
+  const hn::RebindToSigned<D> di32;
+  const auto is_nan = hn::RebindMask(
+      du32, hn::Gt(hn::BitCast(di32, hn::And(u, hn::Set(du32, 0x7FFFFFFFu))),
+                   hn::Set(di32, 0x7F800000)));
+  return Low16(du32, hn::IfThenElse(is_nan, quiet_nan, rounded));
+}
+
+// f16 bits of v: storage.h's F16FromFloat per lane.
+template <class D>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, D>> F16Bits(D d, hn::Vec<D> v) {
+#if HWY_TARGET >= HWY_SSE4 || defined(HWY_DISABLE_F16C)
+  const hn::RebindToUnsigned<D> du32;
+  const hn::RebindToSigned<D> di32;
+  const auto u = hn::BitCast(du32, v);
+  const auto sign = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 0x8000u));
+  const auto a = hn::And(u, hn::Set(du32, 0x7FFFFFFFu));
+  // a <= 0x7FFFFFFF: signed compares order it.
+  const auto ai = hn::BitCast(di32, a);
+  const auto is_nan =
+      hn::RebindMask(du32, hn::Gt(ai, hn::Set(di32, 0x7F800000)));
+  const auto is_inf =
+      hn::RebindMask(du32, hn::Gt(ai, hn::Set(di32, 0x477FF000 - 1)));
+  const auto is_normal =
+      hn::RebindMask(du32, hn::Gt(ai, hn::Set(di32, 0x38800000 - 1)));
+  const auto nan_bits =
+      hn::Or(hn::Set(du32, 0x7E00u),
+             hn::And(hn::ShiftRight<13>(a), hn::Set(du32, 0x3FFu)));
+  const auto normal_bits = hn::ShiftRight<13>(hn::Sub(
+      hn::Add(a, hn::Add(hn::Set(du32, 0xFFFu),
+                         hn::And(hn::ShiftRight<13>(a), hn::Set(du32, 1u)))),
+      hn::Set(du32, 0x38000000u)));
+  const auto subnormal_bits =
+      hn::Sub(hn::BitCast(du32, hn::Add(hn::BitCast(d, a), hn::Set(d, 0.5f))),
+              hn::Set(du32, 0x3F000000u));
+  const auto bits = hn::IfThenElse(
+      is_nan, nan_bits,
+      hn::IfThenElse(is_inf, hn::Set(du32, 0x7C00u),
+                     hn::IfThenElse(is_normal, normal_bits, subnormal_bits)));
+  return Low16(du32, hn::Or(sign, bits));
+#else
+  // F16C rounds to nearest even and quiets NaN as F16FromFloat does.
+  (void)d;
+  const hn::Rebind<hwy::float16_t, D> df16;
+  return hn::BitCast(hn::Rebind<uint16_t, D>(), hn::DemoteTo(df16, v));
+#endif
+}
+
+template <class D>
+HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
+                            float* HWY_RESTRICT dst, float* /*scale*/) {
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::LoadU(d, src + i), d, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+template <class D>
+HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
+                            hwy::bfloat16_t* HWY_RESTRICT dst,
+                            float* /*scale*/) {
+  const hn::Rebind<uint16_t, D> du16;
+  uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(dst);
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(BF16Bits(d, hn::LoadU(d, src + i)), du16, out + i);
+  }
+  for (; i < n; ++i) dst[i] = internal::BF16FromFloat(src[i]);
+}
+
+template <class D>
+HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
+                            hwy::float16_t* HWY_RESTRICT dst,
+                            float* /*scale*/) {
+  const hn::Rebind<uint16_t, D> du16;
+  uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(dst);
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(F16Bits(d, hn::LoadU(d, src + i)), du16, out + i);
+  }
+  for (; i < n; ++i) dst[i] = internal::F16FromFloat(src[i]);
+}
+
+// v rounded to the nearest integer, ties to even, for |v| < 2^23.
+template <class D>
+HWY_INLINE hn::Vec<D> RoundToEven(D d, hn::Vec<D> v) {
+#if HWY_TARGET == HWY_SCALAR
+  // Highway 1.0.3's scalar Round adds 0.5, which rounds 0.49999997 up to 1:
+  // adding and subtracting 2^23 rounds once, in the FPU's nearest-even mode.
+  const auto magic = hn::Set(d, 8388608.0f);
+  return hn::CopySignToAbs(hn::Sub(hn::Add(hn::Abs(v), magic), magic), v);
+#else
+  (void)d;
+  return hn::Round(v);
+#endif
+}
+
+// int8: one pass for max|x| (NaN for a NaN or inf), Int8Scale, one pass
+// dividing by the scale (IEEE division and round-to-even: Int8FromFloat's).
+template <class D>
+HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
+                            int8_t* HWY_RESTRICT dst,
+                            float* HWY_RESTRICT scale) {
+  const size_t lanes = hn::Lanes(d);
+  const auto finite_max = hn::Set(d, std::numeric_limits<float>::max());
+  auto max_vec = hn::Zero(d);
+  bool special = false;
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto a = hn::Abs(hn::LoadU(d, src + i));
+    special = special || !hn::AllTrue(d, hn::Le(a, finite_max));
+    max_vec = hn::Max(max_vec, a);
+  }
+  float max_abs = hn::GetLane(hn::MaxOfLanes(d, max_vec));
+  for (size_t j = i; j < n; ++j) {
+    const float a = std::fabs(src[j]);
+    special = special || !(a <= std::numeric_limits<float>::max());
+    max_abs = std::fmax(max_abs, a);
+  }
+  const float s = internal::Int8Scale(
+      special ? std::numeric_limits<float>::quiet_NaN() : max_abs);
+  *scale = s;
+  if (!(s > 0.0f)) {  // zero or tiny row, or NaN scale: q = 0
+    for (size_t j = 0; j < n; ++j) dst[j] = 0;
+    return;
+  }
+  const hn::RebindToSigned<D> di32;
+  const hn::Rebind<int8_t, D> di8;
+  const auto scale_vec = hn::Set(d, s);
+  const auto lo = hn::Set(d, -127.0f), hi = hn::Set(d, 127.0f);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    const auto q = RoundToEven(d, hn::Div(hn::LoadU(d, src + i), scale_vec));
+    hn::StoreU(
+        hn::DemoteTo(di8, hn::ConvertTo(di32, hn::Min(hn::Max(q, lo), hi))),
+        di8, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = internal::Int8FromFloat(src[i], s);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

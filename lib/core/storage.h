@@ -12,10 +12,16 @@
 //                                   becomes +-inf, below 2^-14 subnormal
 //   kInt8      int8_t + one float   symmetric per row: scale = max|x| / 127,
 //              scale per row        q = round-to-even(x / scale) in
-//                                   [-127, 127], x' = scale * q; an all-zero
-//                                   row has scale 0; a row with a NaN or inf
-//                                   has scale NaN and q = 0 (every element
-//                                   reads back as NaN)
+//                                   [-127, 127], x' = scale * q, so
+//                                   |x - x'| <= scale / 2 (to float rounding);
+//                                   a row with max|x| < 127 * FLT_MIN
+//                                   (1.5e-36, all-zero rows included) has
+//                                   scale 0 and q = 0 (a subnormal scale
+//                                   would lose that bound); near FLT_MAX the
+//                                   scale is one ulp lower where 127 * scale
+//                                   would overflow, so x' stays finite; a row
+//                                   with a NaN or inf has scale NaN and q = 0
+//                                   (every element reads back as NaN)
 #ifndef HEADWAY_LIB_CORE_STORAGE_H_
 #define HEADWAY_LIB_CORE_STORAGE_H_
 
@@ -165,7 +171,8 @@ inline float FloatFromF16(hwy::float16_t x) {
   const uint32_t mant = x.bits & 0x3FFu;
   float mag;
   if (exp == 0x7C00u) {
-    mag = BitsFloat(0x7F800000u | (mant << 13));  // inf or NaN
+    // inf, or a NaN made quiet (as F16C's vcvtph2ps does).
+    mag = BitsFloat(0x7F800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
   } else if (exp == 0) {
     mag = static_cast<float>(mant) * (1.0f / 16777216.0f);  // mant * 2^-24
   } else {
@@ -177,7 +184,15 @@ inline float FloatFromF16(hwy::float16_t x) {
 
 // int8 rows: the scale of a row whose largest |x| is max_abs (NaN if the row
 // has a NaN or inf), and one element.
-inline float Int8Scale(float max_abs) { return max_abs / 127.0f; }
+inline float Int8Scale(float max_abs) {
+  constexpr float kMinMax = 127.0f * std::numeric_limits<float>::min();
+  if (max_abs < kMinMax) return 0.0f;  // the scale would be subnormal
+  const float scale = max_abs / 127.0f;
+  // 127 * scale must stay finite: for max_abs within 2^-23 of FLT_MAX it
+  // rounds to inf, and one ulp less (2^-23 relative) is finite.
+  if (std::isinf(scale * 127.0f)) return std::nextafter(scale, 0.0f);
+  return scale;
+}
 inline int8_t Int8FromFloat(float x, float scale) {
   if (!(scale > 0.0f)) return 0;  // zero row, or NaN scale
   const float q = std::nearbyint(x / scale);

@@ -1,8 +1,9 @@
 // KvCache: argument checks, allocation, conversion of appended rows to the
-// stored type (lib/core/storage.h's StoreRow) and row copies (plain C++: the
-// copies are memmove/memcpy of whole head rows, which the C library
-// vectorizes).
-#include "headway/kv_cache.h"
+// stored type (storage-inl.h's StoreRowVec, per target, dispatched once per
+// head) and row copies (plain C++: the copies are memmove/memcpy of whole
+// head rows, which the C library vectorizes).
+#include <stddef.h>
+#include <stdint.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -15,6 +16,55 @@
 #include <utility>
 #include <vector>
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "lib/kv_cache/kv_cache.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "lib/core/storage-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// rows rows of cols floats (src_stride apart) into rows of T (dst_stride
+// elements apart) and, for int8, scales[0, rows).
+template <class T>
+void StoreRowsOf(const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols, void* dst, int64_t dst_stride, float* scales) {
+  const hn::ScalableTag<float> d;
+  T* out = static_cast<T*>(dst);
+  float unused_scale = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    StoreRowVec(d, src + r * src_stride, static_cast<size_t>(cols),
+                out + r * dst_stride,
+                internal::kKvScaled<T> ? scales + r : &unused_scale);
+  }
+}
+
+// One entry point per stored type (HWY_EXPORT takes no templates).
+void StoreRowsBF16(const float* src, int64_t src_stride, int64_t rows,
+                   int64_t cols, void* dst, int64_t dst_stride, float* scales) {
+  StoreRowsOf<hwy::bfloat16_t>(src, src_stride, rows, cols, dst, dst_stride,
+                               scales);
+}
+void StoreRowsF16(const float* src, int64_t src_stride, int64_t rows,
+                  int64_t cols, void* dst, int64_t dst_stride, float* scales) {
+  StoreRowsOf<hwy::float16_t>(src, src_stride, rows, cols, dst, dst_stride,
+                              scales);
+}
+void StoreRowsI8(const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols, void* dst, int64_t dst_stride, float* scales) {
+  StoreRowsOf<int8_t>(src, src_stride, rows, cols, dst, dst_stride, scales);
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "headway/kv_cache.h"
 #include "hwy/aligned_allocator.h"
 #include "lib/core/message.h"
 #include "lib/core/storage.h"
@@ -261,6 +311,19 @@ size_t KvCache::bytes_per_token() const {
 
 namespace {
 
+HWY_EXPORT(StoreRowsBF16);
+HWY_EXPORT(StoreRowsF16);
+HWY_EXPORT(StoreRowsI8);
+
+// The best target's StoreRows for stored type T.
+auto StoreRowsFor(hwy::bfloat16_t /*tag*/) {
+  return HWY_DYNAMIC_DISPATCH(StoreRowsBF16);
+}
+auto StoreRowsFor(hwy::float16_t /*tag*/) {
+  return HWY_DYNAMIC_DISPATCH(StoreRowsF16);
+}
+auto StoreRowsFor(int8_t /*tag*/) { return HWY_DYNAMIC_DISPATCH(StoreRowsI8); }
+
 // Converts columns [src_col, src_col + dst.cols) of src's rows into the rows
 // of dst [src.rows, cols] offset by `offset` elements and `scale_offset`
 // scales. For float32 a memmove per row: src may be another row of this cache
@@ -270,18 +333,16 @@ void StoreHeadRows(MatrixView<const float> src, int64_t src_col,
                    const KvMutableView& dst, int64_t offset,
                    int64_t scale_offset) {
   T* rows = static_cast<T*>(dst.data) + offset;
-  const size_t cols = static_cast<size_t>(dst.cols);
-  for (int64_t r = 0; r < src.rows; ++r) {
-    const float* from = src.data + r * src.stride + src_col;
-    T* to = rows + r * dst.stride;
-    if constexpr (std::is_same_v<T, float>) {
-      std::memmove(to, from, cols * sizeof(float));
-    } else {
-      float unused_scale = 0.0f;
-      float* scale = internal::kKvScaled<T> ? dst.scales + scale_offset + r
-                                            : &unused_scale;
-      internal::StoreRow<T>(from, cols, to, scale);
+  if constexpr (std::is_same_v<T, float>) {
+    const size_t row_bytes = static_cast<size_t>(dst.cols) * sizeof(float);
+    for (int64_t r = 0; r < src.rows; ++r) {
+      std::memmove(rows + r * dst.stride, src.data + r * src.stride + src_col,
+                   row_bytes);
     }
+  } else {
+    StoreRowsFor(T{})(
+        src.data + src_col, src.stride, src.rows, dst.cols, rows, dst.stride,
+        internal::kKvScaled<T> ? dst.scales + scale_offset : nullptr);
   }
 }
 
@@ -568,3 +629,4 @@ Status LoadKvRows(const KvView& src, MatrixView<float> dst) {
 }
 
 }  // namespace headway
+#endif  // HWY_ONCE
