@@ -164,13 +164,20 @@ struct CallSpans {
     }
   }
 
-  // The cache's K and V buffers (no sequence's state is read: other threads
-  // may be changing other sequences).
+  // The cache's K and V buffers and their int8 scales (no sequence's state is
+  // read: other threads may be changing other sequences).
   void AddCache(const KvCache& cache) {
-    read.push_back(SpanOf(cache.KeyBuffer()));
+    const KvView keys = cache.KeyBuffer(), values = cache.ValueBuffer();
+    read.push_back(SpanOf(keys));
     read_names.push_back("the cache's keys");
-    read.push_back(SpanOf(cache.ValueBuffer()));
+    read.push_back(SpanOf(values));
     read_names.push_back("the cache's values");
+    if (keys.scales != nullptr) {
+      read.push_back(internal::ScaleSpanOf(keys));
+      read_names.push_back("the cache's key scales");
+      read.push_back(internal::ScaleSpanOf(values));
+      read_names.push_back("the cache's value scales");
+    }
   }
 
   Status Check(const char* fn) const {

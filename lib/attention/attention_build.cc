@@ -58,10 +58,11 @@ AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
   work.q_pos0 = q_pos0;
   work.kv_len = kv_len;
   // Head 0 of seq; head g is g * dims.head_stride further.
-  const KvView keys = cache.Keys(seq, 0), values = cache.Values(seq, 0);
+  const KvView keys = cache.Keys(seq, 0);
+  const KvView values = cache.Values(seq, 0);
   work.keys = keys.data;
   work.values = values.data;
-  work.key_scales = keys.scales;
+  work.key_scales = keys.scales;  // int8; else null
   work.value_scales = values.scales;
   return work;
 }
