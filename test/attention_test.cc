@@ -1021,7 +1021,9 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
         worst_ratio);
     // Not vacuous: the storage rounding reaches a tenth of the worst case
     // (0.12 for bf16, f16 and int8 when written).
-    if (dtype != KvDtype::kFloat32) EXPECT_GT(worst_ratio, 0.05);
+    if (dtype != KvDtype::kFloat32) {
+      EXPECT_GT(worst_ratio, 0.05);
+    }
   }
 }
 
