@@ -22,6 +22,7 @@
 #include "lib/attention/attention_call.h"
 #include "lib/core/blocks.h"
 #include "lib/core/kernels-inl.h"
+#include "lib/core/storage-inl.h"
 #include "lib/core/storage.h"
 #include "lib/matmul/matmul_call.h"
 
@@ -79,6 +80,7 @@ struct LayerStep {
 HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
 // Adds the bias (if any) to the first n_segments head-sized segments of
 // qkv_out [T, n_segments * head_dim] (each segment's columns are contiguous
@@ -102,8 +104,9 @@ void AddBias(const LayerStep& step, size_t n_segments) {
 // over its panels into q (row stride ld_q, padded to whole panels); K and V in
 // chunks of chunk_rows tokens x chunk_segments head-sized segments (a K or V
 // row of one KV head each), each a GEMM over the panels that hold it into the
-// scratch (which stays in L2: LayerChunks), then bias + StoreRow into the
-// cache rows. Each segment is converted whole, as int8's per-row scale needs.
+// scratch (which stays in L2: LayerChunks), then bias + StoreRowVec (the
+// bits of storage.h's StoreRow, Append's rounding) into the cache rows. Each
+// segment is converted whole, as int8's per-row scale needs.
 template <class T>
 void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
   const size_t nr = step.panel_width;
@@ -147,7 +150,7 @@ void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
                         ? &unused_scale
                         : step.kv_scales[kind * step.tokens + token] +
                               g * step.scale_head_stride;
-                internal::StoreRow(src, hd, dst, scale);
+                StoreRowVec(hn::ScalableTag<float>(), src, hd, dst, scale);
               }
             }
           });
