@@ -147,7 +147,9 @@ TEST(MatrixView, StrideZeroMeansDense) {
   const Status status = cache.Append(0, view, view);
   ASSERT_TRUE(status.ok()) << status.ToString();
   ASSERT_EQ(cache.length(0), 2);
-  EXPECT_EQ(cache.Keys(0, 0).data[cache.row_stride()], 4.0f);
+  EXPECT_EQ(
+      static_cast<const float*>(cache.Keys(0, 0).data)[cache.row_stride()],
+      4.0f);
   // A stride field set to 0 after construction is below cols: an error.
   MatrixView<const float> zeroed = view;
   zeroed.stride = 0;

@@ -49,6 +49,7 @@ struct Layout {
   int64_t n_kv_heads;
 };
 
+using test::FloatRows;
 using test::MakeCache;
 
 // A cache of one sequence holding k and v, [length, n_kv_heads * head_dim]
@@ -77,8 +78,8 @@ void CacheToDouble(const KvCache& cache, int64_t seq, std::vector<double>* k,
   k->assign(length * width, 0.0);
   v->assign(length * width, 0.0);
   for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
-    const MatrixView<const float> keys = cache.Keys(seq, g);
-    const MatrixView<const float> values = cache.Values(seq, g);
+    const MatrixView<const float> keys = FloatRows(cache.Keys(seq, g));
+    const MatrixView<const float> values = FloatRows(cache.Values(seq, g));
     for (int64_t s = 0; s < length; ++s) {
       for (int64_t p = 0; p < d; ++p) {
         (*k)[s * width + g * d + p] = keys.data[s * keys.stride + p];
@@ -351,8 +352,9 @@ TEST_P(AttentionTest, GqaEqualsRepeatedMha) {
     ASSERT_TRUE(KvCache::Create(config, &mha).ok());
     std::vector<float> k(kv_len * n_heads * d), v(kv_len * n_heads * d);
     for (int64_t h = 0; h < n_heads; ++h) {
-      const MatrixView<const float> keys = gqa.Keys(0, h / group);
-      const MatrixView<const float> values = gqa.Values(0, h / group);
+      const MatrixView<const float> keys = FloatRows(gqa.Keys(0, h / group));
+      const MatrixView<const float> values =
+          FloatRows(gqa.Values(0, h / group));
       for (int64_t s = 0; s < kv_len; ++s) {
         std::memcpy(&k[(s * n_heads + h) * d], keys.data + s * keys.stride,
                     d * sizeof(float));
@@ -714,7 +716,7 @@ TEST_P(AttentionTest, DecodeWithNaNInQKOrV) {
     if (where > 0) {
       // Key 5 of KV head 0 (query heads 0 and 1).
       const MatrixView<const float> rows =
-          where == 1 ? cache.Keys(0, 0) : cache.Values(0, 0);
+          FloatRows(where == 1 ? cache.Keys(0, 0) : cache.Values(0, 0));
       const_cast<float*>(rows.data)[5 * rows.stride + 3] = nan;
     }
     std::vector<float> q(n_heads * d), out(q.size());

@@ -39,6 +39,7 @@ KvCacheConfig Config(int64_t n_sequences, int64_t n_kv_heads, int64_t head_dim,
   return config;
 }
 
+using test::FloatRows;
 using test::MakeCache;
 
 // What a cache should hold: per sequence, the rows appended so far.
@@ -119,7 +120,7 @@ void ExpectMatchesModel(const KvCache& cache, const Model& model) {
     for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
       for (const bool is_key : {true, false}) {
         const MatrixView<const float> view =
-            is_key ? cache.Keys(seq, g) : cache.Values(seq, g);
+            FloatRows(is_key ? cache.Keys(seq, g) : cache.Values(seq, g));
         const char* name = is_key ? "K" : "V";
         ASSERT_NE(view.data, nullptr);
         ASSERT_EQ(reinterpret_cast<uintptr_t>(view.data) % 64, 0u);
@@ -155,8 +156,10 @@ struct Snapshot {
     if (cache.n_sequences() > 0) {
       // Keys(0, 0) starts at the start of its buffer.
       const size_t n = cache.bytes() / 2 / sizeof(float);
-      keys.assign(cache.Keys(0, 0).data, cache.Keys(0, 0).data + n);
-      values.assign(cache.Values(0, 0).data, cache.Values(0, 0).data + n);
+      const float* k = FloatRows(cache.Keys(0, 0)).data;
+      const float* v = FloatRows(cache.Values(0, 0)).data;
+      keys.assign(k, k + n);
+      values.assign(v, v + n);
     }
   }
   bool operator==(const Snapshot& other) const {
@@ -202,7 +205,8 @@ TEST(KvCache, CreateLayout) {
         EXPECT_EQ(cache.length(seq), 0);
         for (int64_t g = 0; g < n_kv_heads; ++g) {
           for (const MatrixView<const float> view :
-               {cache.Keys(seq, g), cache.Values(seq, g)}) {
+               {FloatRows(cache.Keys(seq, g)),
+                FloatRows(cache.Values(seq, g))}) {
             ASSERT_NE(view.data, nullptr);
             EXPECT_EQ(reinterpret_cast<uintptr_t>(view.data) % 64, 0u);
             EXPECT_EQ(view.rows, 0);
@@ -211,19 +215,19 @@ TEST(KvCache, CreateLayout) {
           }
           // [sequence][kv_head][capacity][row_stride]: heads follow each
           // other, capacity rows apart.
-          EXPECT_EQ(
-              cache.Keys(seq, g).data,
-              cache.Keys(0, 0).data + (seq * n_kv_heads + g) * 5 * row_stride);
-          EXPECT_EQ(cache.Values(seq, g).data,
-                    cache.Values(0, 0).data +
+          EXPECT_EQ(FloatRows(cache.Keys(seq, g)).data,
+                    FloatRows(cache.Keys(0, 0)).data +
+                        (seq * n_kv_heads + g) * 5 * row_stride);
+          EXPECT_EQ(FloatRows(cache.Values(seq, g)).data,
+                    FloatRows(cache.Values(0, 0)).data +
                         (seq * n_kv_heads + g) * 5 * row_stride);
         }
       }
       // KeyBuffer and ValueBuffer: each whole buffer, padding included.
       const int64_t buffer_rows = 2 * n_kv_heads * 5;
       const MatrixView<const float> buffers[2][2] = {
-          {cache.KeyBuffer(), cache.Keys(0, 0)},
-          {cache.ValueBuffer(), cache.Values(0, 0)}};
+          {FloatRows(cache.KeyBuffer()), FloatRows(cache.Keys(0, 0))},
+          {FloatRows(cache.ValueBuffer()), FloatRows(cache.Values(0, 0))}};
       for (const auto& [buffer, first] : buffers) {
         EXPECT_EQ(buffer.data, first.data);
         EXPECT_EQ(buffer.rows, buffer_rows);
@@ -420,11 +424,14 @@ TEST(KvCache, PendingRowsThenCommitEqualsAppend) {
       model.Append(seq, src.k_view, src.v_view);
       const int64_t length = direct.length(seq);
       for (int64_t g = 0; g < 3; ++g) {
-        MatrixView<float> k, v;
-        ASSERT_TRUE(direct.PendingRows(seq, g, rows, &k, &v).ok());
+        KvMutableView k_rows, v_rows;
+        ASSERT_TRUE(direct.PendingRows(seq, g, rows, &k_rows, &v_rows).ok());
+        const MatrixView<float> k = FloatRows(k_rows), v = FloatRows(v_rows);
         EXPECT_EQ(direct.length(seq), length);  // not yet
-        EXPECT_EQ(k.data, direct.Keys(seq, g).data + length * k.stride);
-        EXPECT_EQ(v.data, direct.Values(seq, g).data + length * v.stride);
+        EXPECT_EQ(k.data,
+                  FloatRows(direct.Keys(seq, g)).data + length * k.stride);
+        EXPECT_EQ(v.data,
+                  FloatRows(direct.Values(seq, g)).data + length * v.stride);
         EXPECT_EQ(k.rows, rows);
         EXPECT_EQ(k.cols, head_dim);
         EXPECT_EQ(k.stride, direct.row_stride());
@@ -454,7 +461,7 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 2, 4, 0, 1));
   const Snapshot before(cache);
   float sentinel = 0.0f;
-  const MatrixView<float> untouched(&sentinel, 7, 8, 9);
+  const KvMutableView untouched{KvDtype::kFloat32, &sentinel, 7, 8, 9, nullptr};
   struct Case {
     int64_t seq, kv_head, n_new;
     StatusCode code;
@@ -478,7 +485,7 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
        "length (4) + n_new (9223372036854775807) exceeds capacity (6)"},
   };
   for (const Case& c : cases) {
-    MatrixView<float> k = untouched, v = untouched;
+    KvMutableView k = untouched, v = untouched;
     EXPECT_TRUE(
         test::IsError(cache.PendingRows(c.seq, c.kv_head, c.n_new, &k, &v),
                       c.code, {c.expect}, "KvCache::PendingRows: "));
@@ -494,7 +501,7 @@ TEST(KvCache, PendingRowsAndCommitRejectBadArguments) {
       EXPECT_TRUE(Snapshot(cache) == before) << c.expect;
     }
   }
-  MatrixView<float> k = untouched, v = untouched;
+  KvMutableView k = untouched, v = untouched;
   EXPECT_TRUE(test::IsError(cache.PendingRows(0, 0, 1, nullptr, &v),
                             StatusCode::kInvalidArgument, {"k is null"},
                             "KvCache::PendingRows: "));
@@ -628,11 +635,15 @@ TEST(KvCache, AppendFromItsOwnViews) {
   KvCache cache = MakeCache(config);
   Model model(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 0, 5, 1, 1));
-  ASSERT_TRUE(cache.Append(1, cache.Keys(0, 0), cache.Values(0, 0)).ok());
+  ASSERT_TRUE(
+      cache
+          .Append(1, FloatRows(cache.Keys(0, 0)), FloatRows(cache.Values(0, 0)))
+          .ok());
   model.Copy(0, 1);
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
   // From its own earlier rows, onto its end.
-  const MatrixView<const float> k = cache.Keys(0, 0), v = cache.Values(0, 0);
+  const MatrixView<const float> k = FloatRows(cache.Keys(0, 0)),
+                                v = FloatRows(cache.Values(0, 0));
   ASSERT_TRUE(cache.Append(0, k, v).ok());
   model.Append(0, k, v);  // k, v still show the first 5 rows
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
@@ -676,7 +687,7 @@ TEST(KvCache, AccessorsOfBadIndicesAreEmpty) {
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&cache, &model, 1, 2, 0, 1));
   for (const auto& [seq, kv_head] : std::vector<std::pair<int64_t, int64_t>>{
            {-1, 0}, {2, 0}, {kInt64Min, 0}, {0, -1}, {1, 3}, {1, kInt64Max}}) {
-    for (const MatrixView<const float> view :
+    for (const KvView& view :
          {cache.Keys(seq, kv_head), cache.Values(seq, kv_head)}) {
       EXPECT_EQ(view.data, nullptr) << seq << ", " << kv_head;
       EXPECT_EQ(view.rows, 0);
@@ -697,7 +708,7 @@ TEST(KvCache, CreateRejectsBadConfigs) {
   Model model(good);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&out, &model, 1, 3, 0, 1));
   const Snapshot before(out);
-  const float* keys = out.Keys(0, 0).data;
+  const void* keys = out.Keys(0, 0).data;
 
   EXPECT_TRUE(test::IsError(KvCache::Create(good, nullptr),
                             StatusCode::kInvalidArgument, {"out is null"},
@@ -784,7 +795,7 @@ void ExpectEmpty(KvCache& cache) {
   EXPECT_TRUE(
       test::IsError(cache.Append(0, row, row), StatusCode::kInvalidArgument,
                     {"seq (0) is out of range [0, 0)"}, "KvCache::Append: "));
-  MatrixView<float> k, v;
+  KvMutableView k, v;
   EXPECT_TRUE(test::IsError(
       cache.PendingRows(0, 0, 1, &k, &v), StatusCode::kInvalidArgument,
       {"seq (0) is out of range [0, 0)"}, "KvCache::PendingRows: "));
@@ -813,7 +824,7 @@ TEST(KvCache, MoveTransfersTheBuffersAndEmptiesTheSource) {
   KvCache first = MakeCache(config);
   Model model(config);
   ASSERT_NO_FATAL_FAILURE(AppendRandom(&first, &model, 0, 4, 1, 1));
-  const float* keys = first.Keys(0, 0).data;
+  const void* keys = first.Keys(0, 0).data;
   const size_t bytes = first.bytes();
 
   KvCache second(std::move(first));
@@ -879,7 +890,7 @@ TEST(KvCache, HugeSizesAreRejectedWithoutOverflow) {
                             StatusCode::kOutOfRange, {"exceeds capacity"},
                             "KvCache::Append: "));
   // Lengths: length + n_new past INT64_MAX.
-  MatrixView<float> k, v;
+  KvMutableView k, v;
   EXPECT_TRUE(test::IsError(cache.PendingRows(0, 0, kInt64Max, &k, &v),
                             StatusCode::kOutOfRange, {"exceeds capacity"},
                             "KvCache::PendingRows: "));

@@ -76,6 +76,7 @@ namespace headway {
 namespace {
 
 namespace ref = test::ref;
+using test::FloatRows;
 using test::MakeCache;
 
 constexpr double kU = 1.0 / (1 << 24);
@@ -378,8 +379,8 @@ void ExpectCacheHolds(const KvCache& cache, int64_t seq, const Expected& e,
   const int64_t hd = cache.head_dim();
   ASSERT_EQ(cache.length(seq), e.n) << what;
   for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
-    const MatrixView<const float> keys = cache.Keys(seq, g);
-    const MatrixView<const float> values = cache.Values(seq, g);
+    const MatrixView<const float> keys = FloatRows(cache.Keys(seq, g));
+    const MatrixView<const float> values = FloatRows(cache.Values(seq, g));
     for (int64_t s = 0; s < e.n; ++s) {
       for (int64_t p = 0; p < hd; ++p) {
         const size_t i = static_cast<size_t>(s * kv_cols + (g0 + g) * hd + p);
@@ -581,10 +582,10 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
             ExpectCacheHolds(stepped, 0, e, model.shape.kv_cols(), 0, how));
         // The two caches, row by row, to the projection bound.
         for (int64_t g = 0; g < model.shape.n_kv_heads; ++g) {
-          const MatrixView<const float> k1 = one_shot.Keys(0, g);
-          const MatrixView<const float> k2 = stepped.Keys(0, g);
-          const MatrixView<const float> v1 = one_shot.Values(0, g);
-          const MatrixView<const float> v2 = stepped.Values(0, g);
+          const MatrixView<const float> k1 = FloatRows(one_shot.Keys(0, g));
+          const MatrixView<const float> k2 = FloatRows(stepped.Keys(0, g));
+          const MatrixView<const float> v1 = FloatRows(one_shot.Values(0, g));
+          const MatrixView<const float> v2 = FloatRows(stepped.Values(0, g));
           const int64_t hd = model.shape.head_dim;
           for (int64_t s = 0; s < total; ++s) {
             for (int64_t p = 0; p < hd; ++p) {
@@ -1031,15 +1032,15 @@ CacheSnapshot Snapshot(KvCache* cache) {
     const int64_t length = cache->length(seq);
     snap.lengths.push_back(length);
     for (int64_t g = 0; g < cache->n_kv_heads(); ++g) {
-      add(cache->Keys(seq, g));
-      add(cache->Values(seq, g));
+      add(FloatRows(cache->Keys(seq, g)));
+      add(FloatRows(cache->Values(seq, g)));
       if (length < cache->capacity()) {
-        MatrixView<float> k, v;
+        KvMutableView k, v;
         EXPECT_TRUE(
             cache->PendingRows(seq, g, cache->capacity() - length, &k, &v)
                 .ok());
-        add(k);
-        add(v);
+        add(FloatRows(k));
+        add(FloatRows(v));
       }
     }
   }
@@ -1211,7 +1212,7 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
   std::vector<float> out(4 * 32 + 64, kSentinel);
   const std::vector<float> x_before = x, out_before = out;
   // A view of y inside the cache's K buffer.
-  float* in_cache = const_cast<float*>(cache.Keys(2, 0).data);
+  float* in_cache = const_cast<float*>(FloatRows(cache.Keys(2, 0)).data);
 
   struct Bad {
     std::vector<std::string> expect;
@@ -1480,8 +1481,8 @@ TEST(AttentionLayerThreads, TwoLayersOnDisjointSequencesOfOneCache) {
     ASSERT_EQ(shared.length(seq), serial.length(seq)) << "seq " << seq;
     for (int64_t g = 0; g < shared.n_kv_heads(); ++g) {
       const MatrixView<const float> views[2][2] = {
-          {serial.Keys(seq, g), shared.Keys(seq, g)},
-          {serial.Values(seq, g), shared.Values(seq, g)}};
+          {FloatRows(serial.Keys(seq, g)), FloatRows(shared.Keys(seq, g))},
+          {FloatRows(serial.Values(seq, g)), FloatRows(shared.Values(seq, g))}};
       for (const auto& pair : views) {
         const size_t floats =
             static_cast<size_t>(pair[0].rows * pair[0].stride);

@@ -2,18 +2,49 @@
 // kept between calls so that generating a token only computes that token's K
 // and V.
 //
-// Layout: K and V in two separate buffers, each
-// [sequence][kv_head][capacity][row_stride] elements, 64-byte aligned,
-// row_stride = head_dim rounded up to 16 floats (64 bytes). The rows of one
-// (sequence, kv_head) are contiguous, so a decode step streams each head's keys
-// and values from memory in one pass. The element type is part of the config
-// (float32, the one KvDtype); row_stride(), head_stride() and
-// bytes_per_token() are the one home of the strides and sizes it sets.
+// Stored types (config.dtype): float32, bfloat16, float16 or int8 with one
+// float scale per row. Append converts float rows to the stored type with the
+// one rounding rule of each (lib/core/storage.h):
 //
-// Padding: columns [head_dim, row_stride) of every row are zero, always
-// (Create zero-fills both buffers and KvCache never writes past head_dim), so
-// a SIMD kernel may load whole padded rows: the padding adds 0 * q to a dot
-// product, never garbage or NaN.
+//   kFloat32   float                as is
+//   kBFloat16  bfloat16             round to nearest even; NaN stays a quiet
+//                                   NaN, +-inf stays +-inf
+//   kFloat16   IEEE half            round to nearest even: |x| >= 65520
+//                                   becomes +-inf, below 2^-14 subnormal
+//   kInt8      int8 + one float     symmetric per row: scale = max|x| / 127,
+//              scale per row        q = round-to-even(x / scale) in
+//                                   [-127, 127], x' = scale * q; an all-zero
+//                                   row has scale 0; a row with a NaN or inf
+//                                   has scale NaN and q = 0 (every element
+//                                   reads back as NaN)
+//
+// NaN and inf are stored, never an error; they change only their own row.
+//
+// Layout: K and V in two separate buffers, each
+// [sequence][kv_head][capacity][row_stride] elements of the stored type,
+// 64-byte aligned, row_stride = head_dim rounded up to 16 elements for every
+// dtype (so that a vector of 16 floats always comes from one aligned load).
+// int8 adds two float scale buffers, each [sequence][kv_head][capacity]
+// (scale_head_stride() = capacity). The rows of one (sequence, kv_head) are
+// contiguous, so a decode step streams each head's keys and values from memory
+// in one pass. row_stride(), head_stride(), scale_head_stride() and
+// bytes_per_token() are the one home of the strides and sizes.
+//
+// Padding: columns [head_dim, row_stride) of every row are zero (all bits
+// zero, for every dtype), always (Create zero-fills the buffers and KvCache
+// never writes past head_dim), so a SIMD kernel may load whole padded rows:
+// the padding adds 0 * q to a dot product, never garbage or NaN.
+//
+// Reading the rows (a host that inspects or serializes the cache): Keys and
+// Values give a KvView of the stored elements and, for int8, their scales;
+// LoadKvRows converts a KvView to floats (scale * q for int8). To save and
+// restore the exact stored bits, copy rows * row_stride * KvDtypeSize bytes
+// from data and, for int8, rows floats from scales.
+//
+// Writing rows directly (a producer that computes K and V into the cache):
+// PendingRows gives a KvMutableView; StoreKvRows converts float rows into it
+// with Append's rounding, or the producer writes the stored type itself (and,
+// for int8, one scale per row) following the table above.
 //
 // Views returned by Keys, Values and PendingRows point into the cache: they
 // stay valid until the cache is destroyed, moved from or replaced by Create,
@@ -44,6 +75,48 @@ enum class KvDtype : int {
   kInt8 = 3,      // 1 byte, plus one float scale per (token, KV head) row
 };
 
+// Bytes per element of dtype: 4, 2, 2, 1; 0 for an unknown dtype.
+HEADWAY_API size_t KvDtypeSize(KvDtype dtype);
+
+// Rows of stored K or V (one KV head's, or a whole buffer) in their stored
+// type. Element (r, c) is at (const char*)data + (r * stride + c) *
+// KvDtypeSize(dtype); for kInt8 it stands for scales[r] * q, other dtypes
+// have scales == nullptr.
+struct KvView {
+  KvDtype dtype = KvDtype::kFloat32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;             // elements from one row to the next, >= cols
+  const float* scales = nullptr;  // [rows] for kInt8, else null
+};
+
+// The same, writable (PendingRows).
+struct KvMutableView {
+  KvDtype dtype = KvDtype::kFloat32;
+  void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+  float* scales = nullptr;   // [rows] for kInt8, else null
+  operator KvView() const {  // NOLINT: implicit by design, as MatrixView's
+    return KvView{dtype, data, rows, cols, stride, scales};
+  }
+};
+
+// Converts src [rows, cols] to dst's stored type (the table at the top): each
+// row of dst and, for kInt8, its scale. Rows == 0 on both sides does nothing.
+// Errors (dst unchanged): kInvalidArgument for an unknown dst.dtype, a bad
+// view (null data, cols < 1, rows < 0, stride < cols), null dst.scales for
+// kInt8 or non-null for another dtype, shapes that differ, src overlapping
+// dst's elements or scales; kResourceExhausted for a byte span that overflows.
+HEADWAY_API Status StoreKvRows(MatrixView<const float> src,
+                               const KvMutableView& dst);
+
+// Reads src back as floats into dst [rows, cols] (scale * q for kInt8).
+// Errors (dst unchanged): as StoreKvRows with the roles swapped.
+HEADWAY_API Status LoadKvRows(const KvView& src, MatrixView<float> dst);
+
 struct KvCacheConfig {
   int64_t n_sequences = 1;  // sequence slots, 0 .. n_sequences - 1
   int64_t n_kv_heads = 1;   // K/V heads (n_heads for MHA, 1 for MQA)
@@ -62,8 +135,9 @@ class HEADWAY_API KvCache {
   // the memory up front (the first decode steps take no page faults).
   // Errors (*out unchanged): kInvalidArgument for a null out, any size < 1, an
   // unknown dtype; kResourceExhausted for a byte count that overflows
-  // (n_sequences * n_kv_heads * capacity * row_stride * sizeof(element), times
-  // 2 for K and V), or no memory.
+  // (n_sequences * n_kv_heads * capacity * (row_stride *
+  // KvDtypeSize(dtype) + 4 for an int8 scale), times 2 for K and V), or no
+  // memory.
   static Status Create(const KvCacheConfig& config, KvCache* out);
 
   // Bytes one token of one sequence takes in a cache of this config (as
@@ -85,30 +159,35 @@ class HEADWAY_API KvCache {
   int64_t head_dim() const;
   int64_t capacity() const;
 
-  // Geometry of both buffers, in elements: the one place the layout's strides
-  // are defined.
+  // Geometry of both buffers, in elements of the stored type: the one place
+  // the layout's strides are defined.
   // From one row of a head to the next: head_dim rounded up to 16.
   int64_t row_stride() const;
   // From one KV head's rows to the next head's of the same sequence:
   // capacity * row_stride, so Keys(seq, g).data == Keys(seq, 0).data +
-  // g * head_stride() (likewise Values and PendingRows).
+  // g * head_stride() elements (likewise Values and PendingRows).
   int64_t head_stride() const;
+  // Floats from one KV head's scales to the next head's of the same sequence:
+  // capacity for kInt8 (Keys(seq, g).scales == Keys(seq, 0).scales + g *
+  // scale_head_stride()), else 0.
+  int64_t scale_head_stride() const;
 
   // Tokens cached for sequence seq (0 for a bad seq).
   int64_t length(int64_t seq) const;
 
-  // Bytes of the K and V buffers together, padding included.
+  // Bytes of the K and V buffers together, padding and int8 scales included.
   size_t bytes() const;
-  // Bytes one token of one sequence takes:
-  // 2 * n_kv_heads * row_stride * sizeof(element).
+  // Bytes one token of one sequence takes: 2 * n_kv_heads * (row_stride *
+  // KvDtypeSize(dtype) + 4 for an int8 scale).
   size_t bytes_per_token() const;
 
   // Appends n_new tokens to sequence seq: k and v are [n_new, n_kv_heads *
   // head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), any
-  // stride >= cols. Only columns [0, head_dim) of the cache rows are written.
-  // k and v may point into this cache (Keys/Values of another sequence, say),
-  // but not into the rows being written. (A view constructed with stride 0 is
-  // dense: view.h.)
+  // stride >= cols, converted to the stored type (the table at the top). Only
+  // columns [0, head_dim) of the cache rows (and their int8 scales) are
+  // written. k and v may point into a float32 cache (Keys/Values of another
+  // sequence, say), but not into the rows being written. (A view constructed
+  // with stride 0 is dense: view.h.)
   // Errors (cache unchanged): kInvalidArgument for a bad seq, a bad view (null
   // data, rows or cols < 1, stride < cols), k and v of different shapes,
   // cols != n_kv_heads * head_dim; kOutOfRange if length + n_new > capacity;
@@ -118,15 +197,17 @@ class HEADWAY_API KvCache {
 
   // Direct writes, for a producer that computes K and V straight into the
   // cache (the layer's QKV projection): rows [length, length + n_new) of head
-  // kv_head, [n_new, head_dim], stride row_stride(). Writing them does not
-  // change the length; CommitAppend does. Write columns [0, head_dim) only:
-  // the padding must stay zero. Until written, the rows hold zeros or tokens
-  // dropped by an earlier Truncate or Reset.
+  // kv_head, [n_new, head_dim] of the stored type, stride row_stride(), and
+  // for kInt8 their n_new scales. Write them with StoreKvRows or with the
+  // rounding of the table at the top. Writing them does not change the
+  // length; CommitAppend does. Write columns [0, head_dim) only: the padding
+  // must stay zero. Until written, the rows hold zeros or tokens dropped by an
+  // earlier Truncate or Reset.
   // Errors (*k, *v and the cache unchanged): kInvalidArgument for a null k or
   // v, a bad seq or kv_head, n_new < 1; kOutOfRange if length + n_new >
   // capacity.
   Status PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
-                     MatrixView<float>* k, MatrixView<float>* v);
+                     KvMutableView* k, KvMutableView* v);
   // Makes n_new rows written through PendingRows part of the sequence:
   // length += n_new for every kv_head at once (write all heads' rows first).
   // Errors (cache unchanged): kInvalidArgument for a bad seq or n_new < 1;
@@ -141,7 +222,8 @@ class HEADWAY_API KvCache {
 
   // Makes sequence `to` a copy of sequence `from` (its length and rows): forks
   // a shared prompt for beam search or parallel sampling. from == to is a
-  // no-op. Cost: copies length(from) rows of every head, K and V.
+  // no-op. Cost: copies length(from) rows of every head, K and V, and their
+  // int8 scales.
   // Errors (cache unchanged): kInvalidArgument for a bad from or to.
   Status CopySequence(int64_t from, int64_t to);
 
@@ -152,18 +234,20 @@ class HEADWAY_API KvCache {
   void ResetAll();
 
   // The cached rows of one head, [length, head_dim] with stride row_stride(),
-  // data 64-byte aligned; 0 rows (data not null) for an empty sequence; empty
-  // (null data, 0 rows, 0 cols) for a bad seq or kv_head.
-  MatrixView<const float> Keys(int64_t seq, int64_t kv_head) const;
-  MatrixView<const float> Values(int64_t seq, int64_t kv_head) const;
+  // data 64-byte aligned, dtype config().dtype, scales [length] for kInt8; 0
+  // rows (data and int8 scales not null) for an empty sequence; empty (null
+  // data and scales, 0 rows, 0 cols) for a bad seq or kv_head.
+  KvView Keys(int64_t seq, int64_t kv_head) const;
+  KvView Values(int64_t seq, int64_t kv_head) const;
 
   // The whole K (or V) buffer, padding included: [n_sequences * n_kv_heads *
-  // capacity, row_stride], data 64-byte aligned, bytes() / 2 bytes; empty for
-  // an empty cache. For base addresses and overlap checks: unlike Keys and
+  // capacity, row_stride], data 64-byte aligned, scales the whole scale
+  // buffer [n_sequences * n_kv_heads * capacity] for kInt8; empty for an
+  // empty cache. For base addresses and overlap checks: unlike Keys and
   // Values it reads no sequence's length, so it may run while other threads
   // change any sequence.
-  MatrixView<const float> KeyBuffer() const;
-  MatrixView<const float> ValueBuffer() const;
+  KvView KeyBuffer() const;
+  KvView ValueBuffer() const;
 
  private:
   struct Impl;

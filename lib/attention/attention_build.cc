@@ -56,8 +56,8 @@ AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
   work.q_pos0 = q_pos0;
   work.kv_len = kv_len;
   // Head 0 of seq; head g is g * dims.head_stride further.
-  work.keys = cache.Keys(seq, 0).data;
-  work.values = cache.Values(seq, 0).data;
+  work.keys = static_cast<const float*>(cache.Keys(seq, 0).data);
+  work.values = static_cast<const float*>(cache.Values(seq, 0).data);
   return work;
 }
 

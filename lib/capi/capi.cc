@@ -249,10 +249,9 @@ int KeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
       return Fail(HW_INVALID_ARGUMENT, fn, "kv_head (", kv_head,
                   ") is out of range [0, ", cache->cache.n_kv_heads(), ")");
     }
-    const headway::MatrixView<const float> view =
-        keys ? cache->cache.Keys(seq, kv_head)
-             : cache->cache.Values(seq, kv_head);
-    *data = view.data;
+    const headway::KvView view = keys ? cache->cache.Keys(seq, kv_head)
+                                      : cache->cache.Values(seq, kv_head);
+    *data = static_cast<const float*>(view.data);  // C API caches: float32
     if (rows != nullptr) *rows = view.rows;
     if (stride != nullptr) *stride = view.stride;
     return Succeed();

@@ -1,5 +1,6 @@
 #include "lib/core/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,6 +17,23 @@ bool SpanBytes(int64_t rows, int64_t cols, int64_t stride, size_t elem_size,
   return CheckedMul(rows - 1, stride, &elems) &&
          CheckedAdd(elems, cols, &elems) &&
          CheckedMul(elems, static_cast<int64_t>(elem_size), bytes);
+}
+
+Span SpanOf(const KvView& view) {
+  Span span{view.data, 0};
+  if (view.rows > 0) {
+    SpanBytes(view.rows, view.cols, view.stride, KvDtypeSize(view.dtype),
+              &span.bytes);
+  }
+  return span;
+}
+
+Span SpanOf(const KvMutableView& view) { return SpanOf(KvView(view)); }
+
+Span ScaleSpanOf(const KvView& view) {
+  if (view.scales == nullptr) return Span{nullptr, 0};
+  return Span{view.scales, std::max<int64_t>(view.rows, 0) *
+                               static_cast<int64_t>(sizeof(float))};
 }
 
 Status CheckMatrix(const char* fn, const char* name, const void* data,

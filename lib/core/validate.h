@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "headway/kv_cache.h"
 #include "headway/status.h"
 #include "headway/view.h"
 #include "lib/core/message.h"
@@ -54,6 +55,14 @@ Span SpanOf(MatrixView<T> view) {
   SpanBytes(view.rows, view.cols, view.stride, sizeof(T), &span.bytes);
   return span;
 }
+
+// The bytes of a checked KvView's elements: ((rows - 1) * stride + cols) *
+// KvDtypeSize(dtype); 0 bytes for 0 rows.
+Span SpanOf(const KvView& view);
+Span SpanOf(const KvMutableView& view);
+// The bytes of its int8 scales, rows * 4; 0 bytes (data null) for another
+// dtype.
+Span ScaleSpanOf(const KvView& view);
 
 // data != null, rows >= 1, cols >= 1, stride >= cols, byte span representable.
 Status CheckMatrix(const char* fn, const char* name, const void* data,

@@ -1,5 +1,7 @@
-// KvCache: argument checks, allocation and row copies (plain C++: the copies
-// are memmove/memcpy of whole head rows, which the C library vectorizes).
+// KvCache: argument checks, allocation, conversion of appended rows to the
+// stored type (lib/core/storage.h's StoreRow) and row copies (plain C++: the
+// copies are memmove/memcpy of whole head rows, which the C library
+// vectorizes).
 #include "headway/kv_cache.h"
 
 #include <algorithm>
@@ -9,20 +11,23 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
 #include "lib/core/message.h"
+#include "lib/core/storage.h"
 #include "lib/core/validate.h"
 
 namespace headway {
 namespace {
 
 // 64 bytes: a cache line, and one AVX-512 vector, so every row (row_stride is
-// a multiple of 16 floats) starts on a vector boundary.
+// a multiple of 16 elements) starts on a vector boundary.
 constexpr size_t kAlignment = 64;
-constexpr int64_t kRowAlignFloats = 16;  // kAlignment / sizeof(float)
+constexpr int64_t kRowAlignElements = 16;
+constexpr int64_t kScaleBytes = sizeof(float);
 
 // n_new (>= 1) more tokens fit after `length` (<= capacity). Written as a
 // subtraction so that a huge n_new cannot overflow.
@@ -34,34 +39,56 @@ Status CheckFits(const char* fn, const char* n_name, int64_t n_new, int64_t seq,
                         ") of seq ", seq);
 }
 
-// row_stride = head_dim rounded up to kRowAlignFloats, and the bytes of one
-// buffer. False if a product overflows: every one must fit in int64_t (row
-// offsets and MatrixView sizes are int64_t), and the two buffers together must
-// fit in ptrdiff_t, so that bytes() cannot wrap.
-bool BufferBytes(const KvCacheConfig& config, int64_t* row_stride,
-                 int64_t* buffer_bytes) {
-  int64_t rounded = 0, total_bytes = 0;
-  if (!internal::CheckedAdd(config.head_dim, kRowAlignFloats - 1, &rounded)) {
+// The sizes of a checked config's buffers.
+struct Sizes {
+  int64_t row_stride = 0;   // head_dim rounded up to kRowAlignElements
+  int64_t row_bytes = 0;    // row_stride * KvDtypeSize(dtype)
+  int64_t rows = 0;         // n_sequences * n_kv_heads * capacity, per buffer
+  int64_t data_bytes = 0;   // rows * row_bytes, per buffer (K or V)
+  int64_t scale_bytes = 0;  // rows * 4 for int8, else 0, per buffer
+  int64_t token_bytes = 0;  // 2 * n_kv_heads * (row_bytes + int8 scale)
+};
+
+// The sizes of a config with a known dtype. False if a product overflows:
+// every one must fit in int64_t (row offsets and view sizes are int64_t), and
+// the four buffers together must fit in ptrdiff_t, so that bytes() cannot
+// wrap.
+bool BufferSizes(const KvCacheConfig& config, Sizes* sizes) {
+  int64_t rounded = 0, total = 0;
+  if (!internal::CheckedAdd(config.head_dim, kRowAlignElements - 1, &rounded)) {
     return false;
   }
-  *row_stride = rounded / kRowAlignFloats * kRowAlignFloats;
-  return internal::CheckedProduct(
-             {config.n_sequences, config.n_kv_heads, config.capacity,
-              *row_stride, int64_t{sizeof(float)}},
-             buffer_bytes) &&
-         internal::CheckedMul(*buffer_bytes, 2, &total_bytes) &&
-         static_cast<uint64_t>(total_bytes) <=
-             static_cast<uint64_t>(std::numeric_limits<ptrdiff_t>::max());
+  sizes->row_stride = rounded / kRowAlignElements * kRowAlignElements;
+  const int64_t scale = internal::KvDtypeScaled(config.dtype) ? kScaleBytes : 0;
+  return internal::CheckedMul(
+             sizes->row_stride,
+             static_cast<int64_t>(internal::KvDtypeBytes(config.dtype)),
+             &sizes->row_bytes) &&
+         internal::CheckedProduct(
+             {config.n_sequences, config.n_kv_heads, config.capacity},
+             &sizes->rows) &&
+         internal::CheckedMul(sizes->rows, sizes->row_bytes,
+                              &sizes->data_bytes) &&
+         internal::CheckedMul(sizes->rows, scale, &sizes->scale_bytes) &&
+         internal::CheckedAdd(sizes->data_bytes, sizes->scale_bytes, &total) &&
+         internal::CheckedMul(total, 2, &total) &&
+         static_cast<uint64_t>(total) <=
+             static_cast<uint64_t>(std::numeric_limits<ptrdiff_t>::max()) &&
+         internal::CheckedProduct(
+             {2, config.n_kv_heads, sizes->row_bytes + scale},
+             &sizes->token_bytes);
 }
 
-// `bytes` (> 0) zeroed bytes, kAlignment-aligned; null when out of memory.
-// Highway's allocator calls malloc, which returns null (under ASan only with
-// allocator_may_return_null=1), where aligned operator new under ASan aborts.
-float* AllocateZeroed(size_t bytes) {
+// `bytes` zeroed bytes, kAlignment-aligned; null when out of memory (or for 0
+// bytes). Highway's allocator calls malloc, which returns null (under ASan
+// only with allocator_may_return_null=1), where aligned operator new under
+// ASan aborts.
+void* AllocateZeroed(size_t bytes) {
   static_assert(HWY_ALIGNMENT % kAlignment == 0, "alignment");
+  if (bytes == 0) return nullptr;
   void* data = hwy::AllocateAlignedBytes(bytes, nullptr, nullptr);
   if (data != nullptr) std::memset(data, 0, bytes);
-  return static_cast<float*>(data);
+  return data;
 }
 
 }  // namespace
@@ -69,28 +96,43 @@ float* AllocateZeroed(size_t bytes) {
 struct KvCache::Impl {
   // Frees what AllocateZeroed returned.
   struct AlignedFree {
-    void operator()(float* data) const {
+    void operator()(void* data) const {
       hwy::FreeAlignedBytes(data, nullptr, nullptr);
     }
   };
+  using Buffer = std::unique_ptr<void, AlignedFree>;
 
-  // Elements from a buffer's start to row `row` of (seq, kv_head).
-  int64_t RowOffset(int64_t seq, int64_t kv_head, int64_t row) const {
-    return (seq * config.n_kv_heads + kv_head) * head_stride + row * row_stride;
+  // Rows from a buffer's start to row `row` of (seq, kv_head).
+  int64_t RowIndex(int64_t seq, int64_t kv_head, int64_t row) const {
+    return (seq * config.n_kv_heads + kv_head) * config.capacity + row;
   }
-  float* KeyRow(int64_t seq, int64_t kv_head, int64_t row) const {
-    return keys.get() + RowOffset(seq, kv_head, row);
+  char* Row(const Buffer& buffer, int64_t seq, int64_t kv_head,
+            int64_t row) const {
+    return static_cast<char*>(buffer.get()) +
+           RowIndex(seq, kv_head, row) * sizes.row_bytes;
   }
-  float* ValueRow(int64_t seq, int64_t kv_head, int64_t row) const {
-    return values.get() + RowOffset(seq, kv_head, row);
+  // Null unless int8.
+  float* Scale(const Buffer& buffer, int64_t seq, int64_t kv_head,
+               int64_t row) const {
+    if (buffer == nullptr) return nullptr;
+    return static_cast<float*>(buffer.get()) + RowIndex(seq, kv_head, row);
+  }
+  KvMutableView Rows(const Buffer& data, const Buffer& scales, int64_t seq,
+                     int64_t kv_head, int64_t row, int64_t n) const {
+    return KvMutableView{
+        config.dtype,     Row(data, seq, kv_head, row),    n, config.head_dim,
+        sizes.row_stride, Scale(scales, seq, kv_head, row)};
   }
 
   KvCacheConfig config;
-  int64_t row_stride = 0;   // head_dim rounded up to kRowAlignFloats
+  Sizes sizes;
   int64_t head_stride = 0;  // capacity * row_stride
-  // Each [n_sequences][n_kv_heads][capacity][row_stride].
-  std::unique_ptr<float, AlignedFree> keys;
-  std::unique_ptr<float, AlignedFree> values;
+  // Each [n_sequences][n_kv_heads][capacity][row_stride] of the stored type.
+  Buffer keys;
+  Buffer values;
+  // Each [n_sequences][n_kv_heads][capacity] for int8, else null.
+  Buffer key_scales;
+  Buffer value_scales;
   std::vector<int64_t> lengths;  // [n_sequences]
 };
 
@@ -117,7 +159,7 @@ Status CheckConfig(const char* fn, const KvCacheConfig& config) {
     Status status = internal::CheckPositive(fn, name, value);
     if (!status.ok()) return status;
   }
-  if (config.dtype != KvDtype::kFloat32) {
+  if (!internal::KvDtypeKnown(config.dtype)) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, "config.dtype (",
                           static_cast<int>(config.dtype),
                           ") is not a known KvDtype");
@@ -134,48 +176,52 @@ Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
   }
   Status status = CheckConfig(kFn, config);
   if (!status.ok()) return status;
-  int64_t row_stride = 0;
-  int64_t buffer_bytes = 0;
-  if (!BufferBytes(config, &row_stride, &buffer_bytes)) {
+  Sizes sizes;
+  if (!BufferSizes(config, &sizes)) {
+    const bool scaled = internal::KvDtypeScaled(config.dtype);
     return internal::Fail(
         StatusCode::kResourceExhausted, kFn, "2 x n_sequences (",
         config.n_sequences, ") x n_kv_heads (", config.n_kv_heads,
-        ") x capacity (", config.capacity, ") x head_dim (", config.head_dim,
-        ") rounded up to 16 x 4 bytes overflows");
+        ") x capacity (", config.capacity, ") x ", scaled ? "(" : "",
+        "head_dim (", config.head_dim, ") rounded up to 16 x ",
+        internal::KvDtypeBytes(config.dtype), " bytes",
+        scaled ? " + 4 bytes of scale)" : "", " overflows");
   }
 
+  const size_t data_bytes = static_cast<size_t>(sizes.data_bytes);
+  const size_t scale_bytes = static_cast<size_t>(sizes.scale_bytes);
   std::unique_ptr<Impl> impl;
   try {
     impl = std::make_unique<Impl>();
-    impl->keys.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    if (impl->keys != nullptr) {
-      impl->values.reset(AllocateZeroed(static_cast<size_t>(buffer_bytes)));
-    }
-    if (impl->values != nullptr) {
-      impl->lengths.assign(static_cast<size_t>(config.n_sequences), 0);
-    }
+    impl->keys.reset(AllocateZeroed(data_bytes));
+    impl->values.reset(AllocateZeroed(data_bytes));
+    impl->key_scales.reset(AllocateZeroed(scale_bytes));
+    impl->value_scales.reset(AllocateZeroed(scale_bytes));
+    impl->lengths.assign(static_cast<size_t>(config.n_sequences), 0);
   } catch (const std::bad_alloc&) {
     impl.reset();
   }
-  if (impl == nullptr || impl->lengths.empty()) {
+  if (impl == nullptr || impl->keys == nullptr || impl->values == nullptr ||
+      (scale_bytes != 0 &&
+       (impl->key_scales == nullptr || impl->value_scales == nullptr))) {
     return internal::Fail(StatusCode::kResourceExhausted, kFn,
-                          "out of memory for 2 x ", buffer_bytes, " bytes");
+                          "out of memory for 2 x ", data_bytes + scale_bytes,
+                          " bytes");
   }
   impl->config = config;
-  impl->row_stride = row_stride;
-  impl->head_stride = config.capacity * row_stride;  // fits: BufferBytes
+  impl->sizes = sizes;
+  impl->head_stride = config.capacity * sizes.row_stride;  // fits: BufferSizes
   out->impl_ = std::move(impl);
   return Status::Ok();
 }
 
 size_t KvCache::BytesPerToken(const KvCacheConfig& config) {
-  int64_t row_stride = 0, buffer_bytes = 0;
+  Sizes sizes;
   if (!CheckConfig("KvCache::BytesPerToken", config).ok() ||
-      !BufferBytes(config, &row_stride, &buffer_bytes)) {
+      !BufferSizes(config, &sizes)) {
     return 0;
   }
-  return 2 * static_cast<size_t>(config.n_kv_heads * row_stride) *
-         sizeof(float);
+  return static_cast<size_t>(sizes.token_bytes);
 }
 
 const KvCacheConfig& KvCache::config() const {
@@ -189,8 +235,13 @@ int64_t KvCache::n_kv_heads() const {
 }
 int64_t KvCache::head_dim() const { return impl_ ? impl_->config.head_dim : 0; }
 int64_t KvCache::capacity() const { return impl_ ? impl_->config.capacity : 0; }
-int64_t KvCache::row_stride() const { return impl_ ? impl_->row_stride : 0; }
+int64_t KvCache::row_stride() const {
+  return impl_ ? impl_->sizes.row_stride : 0;
+}
 int64_t KvCache::head_stride() const { return impl_ ? impl_->head_stride : 0; }
+int64_t KvCache::scale_head_stride() const {
+  return impl_ && impl_->key_scales != nullptr ? impl_->config.capacity : 0;
+}
 
 int64_t KvCache::length(int64_t seq) const {
   if (seq < 0 || seq >= n_sequences()) return 0;
@@ -198,13 +249,43 @@ int64_t KvCache::length(int64_t seq) const {
 }
 
 size_t KvCache::bytes() const {
-  // Cannot overflow: Create checked this product.
-  return static_cast<size_t>(n_sequences() * capacity()) * bytes_per_token();
+  if (!impl_) return 0;
+  // Cannot overflow: Create checked this sum.
+  return 2 * static_cast<size_t>(impl_->sizes.data_bytes +
+                                 impl_->sizes.scale_bytes);
 }
 
 size_t KvCache::bytes_per_token() const {
-  return 2 * static_cast<size_t>(n_kv_heads() * row_stride()) * sizeof(float);
+  return impl_ ? static_cast<size_t>(impl_->sizes.token_bytes) : 0;
 }
+
+namespace {
+
+// Converts columns [src_col, src_col + dst.cols) of src's rows into the rows
+// of dst [src.rows, cols] offset by `offset` elements and `scale_offset`
+// scales. For float32 a memmove per row: src may be another row of this cache
+// (or the identical one).
+template <class T>
+void StoreHeadRows(MatrixView<const float> src, int64_t src_col,
+                   const KvMutableView& dst, int64_t offset,
+                   int64_t scale_offset) {
+  T* rows = static_cast<T*>(dst.data) + offset;
+  const size_t cols = static_cast<size_t>(dst.cols);
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const float* from = src.data + r * src.stride + src_col;
+    T* to = rows + r * dst.stride;
+    if constexpr (std::is_same_v<T, float>) {
+      std::memmove(to, from, cols * sizeof(float));
+    } else {
+      float unused_scale = 0.0f;
+      float* scale = internal::kKvScaled<T> ? dst.scales + scale_offset + r
+                                            : &unused_scale;
+      internal::StoreRow<T>(from, cols, to, scale);
+    }
+  }
+}
+
+}  // namespace
 
 Status KvCache::Append(int64_t seq, MatrixView<const float> k,
                        MatrixView<const float> v) {
@@ -230,26 +311,26 @@ Status KvCache::Append(int64_t seq, MatrixView<const float> k,
   status = CheckFits(kFn, "k.rows", k.rows, seq, length, impl.config.capacity);
   if (!status.ok()) return status;
 
-  // memmove, not memcpy: k or v may be read from this cache (rows other than
-  // the ones written, but possibly the identical row of a no-op copy).
-  const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
-  for (int64_t g = 0; g < n_kv_heads; ++g) {
-    // Destination rows of one head are contiguous: [k.rows, row_stride].
-    float* key_rows = impl.KeyRow(seq, g, length);
-    float* value_rows = impl.ValueRow(seq, g, length);
-    for (int64_t r = 0; r < k.rows; ++r) {
-      std::memmove(key_rows + r * impl.row_stride,
-                   k.data + r * k.stride + g * head_dim, row_bytes);
-      std::memmove(value_rows + r * impl.row_stride,
-                   v.data + r * v.stride + g * head_dim, row_bytes);
+  const KvMutableView key_rows =
+      impl.Rows(impl.keys, impl.key_scales, seq, 0, length, k.rows);
+  const KvMutableView value_rows =
+      impl.Rows(impl.values, impl.value_scales, seq, 0, length, k.rows);
+  internal::VisitKvDtype(impl.config.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      const int64_t src_col = g * head_dim;
+      StoreHeadRows<T>(k, src_col, key_rows, g * impl.head_stride,
+                       g * impl.config.capacity);
+      StoreHeadRows<T>(v, src_col, value_rows, g * impl.head_stride,
+                       g * impl.config.capacity);
     }
-  }
+  });
   length += k.rows;
   return Status::Ok();
 }
 
 Status KvCache::PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
-                            MatrixView<float>* k, MatrixView<float>* v) {
+                            KvMutableView* k, KvMutableView* v) {
   constexpr const char* kFn = "KvCache::PendingRows";
   if (k == nullptr) {
     return internal::Fail(StatusCode::kInvalidArgument, kFn, "k is null");
@@ -272,10 +353,8 @@ Status KvCache::PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
   const int64_t length = impl.lengths[static_cast<size_t>(seq)];
   status = CheckFits(kFn, "n_new", n_new, seq, length, impl.config.capacity);
   if (!status.ok()) return status;
-  *k = MatrixView<float>(impl.KeyRow(seq, kv_head, length), n_new,
-                         impl.config.head_dim, impl.row_stride);
-  *v = MatrixView<float>(impl.ValueRow(seq, kv_head, length), n_new,
-                         impl.config.head_dim, impl.row_stride);
+  *k = impl.Rows(impl.keys, impl.key_scales, seq, kv_head, length, n_new);
+  *v = impl.Rows(impl.values, impl.value_scales, seq, kv_head, length, n_new);
   return Status::Ok();
 }
 
@@ -314,13 +393,20 @@ Status KvCache::CopySequence(int64_t from, int64_t to) {
   const int64_t length = impl.lengths[static_cast<size_t>(from)];
   // The rows of one head are contiguous: one copy per head and buffer (the
   // padding copied along is zero on both sides).
-  const size_t head_bytes =
-      static_cast<size_t>(length * impl.row_stride) * sizeof(float);
-  if (head_bytes != 0) {
+  const size_t head_bytes = static_cast<size_t>(length * impl.sizes.row_bytes);
+  const size_t scale_bytes = static_cast<size_t>(length) * sizeof(float);
+  if (length != 0) {
     for (int64_t g = 0; g < impl.config.n_kv_heads; ++g) {
-      std::memcpy(impl.KeyRow(to, g, 0), impl.KeyRow(from, g, 0), head_bytes);
-      std::memcpy(impl.ValueRow(to, g, 0), impl.ValueRow(from, g, 0),
-                  head_bytes);
+      std::memcpy(impl.Row(impl.keys, to, g, 0),
+                  impl.Row(impl.keys, from, g, 0), head_bytes);
+      std::memcpy(impl.Row(impl.values, to, g, 0),
+                  impl.Row(impl.values, from, g, 0), head_bytes);
+      if (impl.key_scales != nullptr) {
+        std::memcpy(impl.Scale(impl.key_scales, to, g, 0),
+                    impl.Scale(impl.key_scales, from, g, 0), scale_bytes);
+        std::memcpy(impl.Scale(impl.value_scales, to, g, 0),
+                    impl.Scale(impl.value_scales, from, g, 0), scale_bytes);
+      }
     }
   }
   impl.lengths[static_cast<size_t>(to)] = length;
@@ -339,38 +425,146 @@ void KvCache::ResetAll() {
   if (impl_) std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
 }
 
-MatrixView<const float> KvCache::Keys(int64_t seq, int64_t kv_head) const {
+KvView KvCache::Keys(int64_t seq, int64_t kv_head) const {
   if (seq < 0 || seq >= n_sequences() || kv_head < 0 ||
       kv_head >= n_kv_heads()) {
-    return MatrixView<const float>();
+    return KvView();
   }
-  return MatrixView<const float>(impl_->KeyRow(seq, kv_head, 0),
-                                 impl_->lengths[static_cast<size_t>(seq)],
-                                 impl_->config.head_dim, impl_->row_stride);
+  return impl_->Rows(impl_->keys, impl_->key_scales, seq, kv_head, 0,
+                     impl_->lengths[static_cast<size_t>(seq)]);
 }
 
-MatrixView<const float> KvCache::Values(int64_t seq, int64_t kv_head) const {
+KvView KvCache::Values(int64_t seq, int64_t kv_head) const {
   if (seq < 0 || seq >= n_sequences() || kv_head < 0 ||
       kv_head >= n_kv_heads()) {
-    return MatrixView<const float>();
+    return KvView();
   }
-  return MatrixView<const float>(impl_->ValueRow(seq, kv_head, 0),
-                                 impl_->lengths[static_cast<size_t>(seq)],
-                                 impl_->config.head_dim, impl_->row_stride);
+  return impl_->Rows(impl_->values, impl_->value_scales, seq, kv_head, 0,
+                     impl_->lengths[static_cast<size_t>(seq)]);
 }
 
-MatrixView<const float> KvCache::KeyBuffer() const {
-  if (!impl_) return MatrixView<const float>();
-  return MatrixView<const float>(impl_->keys.get(),
-                                 n_sequences() * n_kv_heads() * capacity(),
-                                 impl_->row_stride, impl_->row_stride);
+KvView KvCache::KeyBuffer() const {
+  if (!impl_) return KvView();
+  KvView view =
+      impl_->Rows(impl_->keys, impl_->key_scales, 0, 0, 0, impl_->sizes.rows);
+  view.cols = impl_->sizes.row_stride;
+  return view;
 }
 
-MatrixView<const float> KvCache::ValueBuffer() const {
-  if (!impl_) return MatrixView<const float>();
-  return MatrixView<const float>(impl_->values.get(),
-                                 n_sequences() * n_kv_heads() * capacity(),
-                                 impl_->row_stride, impl_->row_stride);
+KvView KvCache::ValueBuffer() const {
+  if (!impl_) return KvView();
+  KvView view = impl_->Rows(impl_->values, impl_->value_scales, 0, 0, 0,
+                            impl_->sizes.rows);
+  view.cols = impl_->sizes.row_stride;
+  return view;
+}
+
+size_t KvDtypeSize(KvDtype dtype) { return internal::KvDtypeBytes(dtype); }
+
+namespace {
+
+// A stored view as StoreKvRows and LoadKvRows take it: a known dtype, data
+// not null, rows >= 0, cols >= 1, stride >= cols, scales given exactly for
+// int8, a byte span that fits.
+Status CheckKvView(const char* fn, const char* name, const KvView& view) {
+  if (!internal::KvDtypeKnown(view.dtype)) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name, ".dtype (",
+                          static_cast<int>(view.dtype),
+                          ") is not a known KvDtype");
+  }
+  if (view.rows < 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name, ".rows (",
+                          view.rows, ") is negative");
+  }
+  // One row stands for zero rows: the checks of data, cols and stride hold.
+  Status status = internal::CheckMatrix(
+      fn, name, view.data, std::max<int64_t>(view.rows, 1), view.cols,
+      view.stride, internal::KvDtypeBytes(view.dtype));
+  if (!status.ok()) return status;
+  const bool scaled = internal::KvDtypeScaled(view.dtype);
+  if (scaled && view.scales == nullptr) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".scales is null for dtype int8");
+  }
+  if (!scaled && view.scales != nullptr) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".scales is not null for dtype ",
+                          internal::KvDtypeName(view.dtype));
+  }
+  return Status::Ok();
+}
+
+// A float view with rows >= 0 (checked as CheckMatrix otherwise).
+Status CheckFloatView(const char* fn, const char* name, const void* data,
+                      int64_t rows, int64_t cols, int64_t stride) {
+  if (rows < 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name, ".rows (",
+                          rows, ") is negative");
+  }
+  return internal::CheckMatrix(fn, name, data, std::max<int64_t>(rows, 1), cols,
+                               stride, sizeof(float));
+}
+
+// The checks StoreKvRows and LoadKvRows share: both views, their shapes, and
+// the float view disjoint from the stored one's elements and scales (a float32
+// view identical to the stored one is allowed: in place).
+Status CheckKvTransfer(const char* fn, const char* float_name,
+                       const float* data, int64_t rows, int64_t cols,
+                       int64_t stride, const char* kv_name, const KvView& kv) {
+  Status status = CheckFloatView(fn, float_name, data, rows, cols, stride);
+  if (status.ok()) status = CheckKvView(fn, kv_name, kv);
+  if (status.ok()) {
+    status = internal::CheckSameShape(fn, float_name, rows, cols, kv_name,
+                                      kv.rows, kv.cols);
+  }
+  if (!status.ok() || rows == 0) return status;
+  const MatrixView<const float> floats(data, rows, cols, stride);
+  const bool in_place =
+      kv.dtype == KvDtype::kFloat32 && kv.data == data && kv.stride == stride;
+  if (!in_place) {
+    status = internal::CheckDisjoint(fn, internal::SpanOf(kv), kv_name,
+                                     internal::SpanOf(floats), float_name);
+  }
+  if (status.ok()) {
+    status = internal::CheckDisjoint(fn, internal::ScaleSpanOf(kv),
+                                     internal::Cat(kv_name, ".scales"),
+                                     internal::SpanOf(floats), float_name);
+  }
+  return status;
+}
+
+}  // namespace
+
+Status StoreKvRows(MatrixView<const float> src, const KvMutableView& dst) {
+  Status status = CheckKvTransfer("StoreKvRows", "src", src.data, src.rows,
+                                  src.cols, src.stride, "dst", dst);
+  if (!status.ok() || src.rows == 0) return status;
+  internal::VisitKvDtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    StoreHeadRows<T>(src, 0, dst, 0, 0);
+  });
+  return Status::Ok();
+}
+
+Status LoadKvRows(const KvView& src, MatrixView<float> dst) {
+  Status status = CheckKvTransfer("LoadKvRows", "dst", dst.data, dst.rows,
+                                  dst.cols, dst.stride, "src", src);
+  if (!status.ok() || dst.rows == 0) return status;
+  internal::VisitKvDtype(src.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t cols = static_cast<size_t>(src.cols);
+    for (int64_t r = 0; r < src.rows; ++r) {
+      const T* row = static_cast<const T*>(src.data) + r * src.stride;
+      float* out = dst.data + r * dst.stride;
+      if constexpr (std::is_same_v<T, float>) {
+        std::memmove(out, row, cols * sizeof(float));
+      } else {
+        internal::LoadRow<T>(
+            row, cols, internal::kKvScaled<T> ? src.scales[r] : 1.0f, out);
+      }
+    }
+  });
+  return Status::Ok();
 }
 
 }  // namespace headway

@@ -468,11 +468,11 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   size_t row0 = 0;
   for (int64_t i = 0; i < n_sequences; ++i) {
     const LayerSequence& s = sequences[i];
-    MatrixView<float> k_new, v_new;  // head 0's new rows
+    KvMutableView k_new, v_new;  // head 0's new rows
     Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_new, &v_new);
     if (!status.ok()) return status;  // checked: cannot happen
-    float* const k0 = k_new.data;
-    float* const v0 = v_new.data;
+    float* const k0 = static_cast<float*>(k_new.data);
+    float* const v0 = static_cast<float*>(v_new.data);
     const int64_t k_stride = k_new.stride, v_stride = v_new.stride;
     for (int64_t t = 0; t < s.n_tokens; ++t) {
       q_rows[row0 + t] = q_buf + (row0 + t) * lq;

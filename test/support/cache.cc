@@ -20,10 +20,25 @@ KvCache MakeCache(const KvCacheConfig& config) {
   return cache;
 }
 
+MatrixView<const float> FloatRows(const KvView& view) {
+  EXPECT_EQ(view.dtype, KvDtype::kFloat32);
+  if (view.dtype != KvDtype::kFloat32) return MatrixView<const float>();
+  return MatrixView<const float>(static_cast<const float*>(view.data),
+                                 view.rows, view.cols, view.stride);
+}
+
+MatrixView<float> FloatRows(const KvMutableView& view) {
+  EXPECT_EQ(view.dtype, KvDtype::kFloat32);
+  if (view.dtype != KvDtype::kFloat32) return MatrixView<float>();
+  return MatrixView<float>(static_cast<float*>(view.data), view.rows, view.cols,
+                           view.stride);
+}
+
 KvCache MakeCache(int64_t n_kv_heads, int64_t head_dim,
                   const std::vector<int64_t>& lengths, uint64_t seed,
-                  int64_t extra_capacity) {
+                  int64_t extra_capacity, KvDtype dtype) {
   KvCacheConfig config;
+  config.dtype = dtype;
   config.n_sequences = static_cast<int64_t>(lengths.size());
   config.n_kv_heads = n_kv_heads;
   config.head_dim = head_dim;
