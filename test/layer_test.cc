@@ -54,6 +54,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,7 @@
 #include "headway/targets.h"
 #include "headway/threads.h"
 #include "headway/view.h"
+#include "lib/core/storage.h"
 #include "test/support/alloc_counter.h"
 #include "test/support/cache.h"
 #include "test/support/lanes.h"
@@ -234,8 +236,13 @@ struct Expected {
   std::vector<double> k_tol, v_tol;
 };
 
+// With k_attn and v_attn ([n, kv_cols], the dequantized rows a cache of a
+// stored type holds), attention reads those instead of the projection's K
+// and V (which e.k and e.v still give), and y is o W_o + b_o of that
+// attention.
 Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
-                   double scale) {
+                   double scale, const std::vector<double>* k_attn = nullptr,
+                   const std::vector<double>* v_attn = nullptr) {
   const Shape& s = m.shape;
   const int64_t d = s.d_model, qc = s.q_cols(), kvc = s.kv_cols();
   const int64_t hd = s.head_dim;
@@ -276,14 +283,15 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
 
   // o, and the same weights applied to |v| and to v's magnitudes: o_mag_p =
   // sum_s w_s |v_sp| and o_vabs_p = sum_s w_s |v|_sp.
+  const std::vector<double>& keys = k_attn != nullptr ? *k_attn : e.k;
   auto attend = [&](const std::vector<double>& values) {
-    return ref::AttentionCore(q.data(), qc, n, e.k.data(), kvc, values.data(),
+    return ref::AttentionCore(q.data(), qc, n, keys.data(), kvc, values.data(),
                               kvc, n, s.n_heads, s.n_kv_heads, hd,
                               /*q_pos0=*/0, causal, nullptr, 0, scale);
   };
-  std::vector<double> v_plain_abs(e.v);
+  std::vector<double> v_plain_abs(v_attn != nullptr ? *v_attn : e.v);
   for (double& value : v_plain_abs) value = std::fabs(value);
-  const std::vector<double> o = attend(e.v);
+  const std::vector<double> o = attend(v_attn != nullptr ? *v_attn : e.v);
   const std::vector<double> o_mag = attend(v_plain_abs);
   const std::vector<double> o_vabs = attend(v_abs);
   std::vector<double> o_err(n * qc);
@@ -297,9 +305,9 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
         for (int64_t p = 0; p < hd; ++p) {
           const size_t qi = static_cast<size_t>(t * qc + h * hd + p);
           const size_t ki = static_cast<size_t>(j * kvc + g * hd + p);
-          const double dq = q_abs[qi] * e.k[ki], dk = q[qi] * k_abs[ki];
+          const double dq = q_abs[qi] * keys[ki], dk = q[qi] * k_abs[ki];
           carried += dq * dq + dk * dk;
-          dot += std::fabs(q[qi] * e.k[ki]);
+          dot += std::fabs(q[qi] * keys[ki]);
         }
         score_err = std::max(score_err, e_p * scale * std::sqrt(carried));
         s_max = std::max(s_max, scale * dot);
@@ -314,12 +322,19 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
     }
   }
 
-  e.y = ref::MultiHeadAttention({d, s.n_heads, s.n_kv_heads, hd}, m.Ref(),
-                                x.data(), n, causal, nullptr, 0, scale);
   const std::vector<double> w_o = ref::ToDouble(m.w_o.data(), qc, d, d);
   std::vector<double> y_plain(n * d), y_abs(n * d);
   ref::Matmul(n, d, qc, 1.0, o.data(), qc, false, w_o.data(), d, false, 0.0,
               y_plain.data(), y_abs.data());
+  if (k_attn != nullptr) {
+    e.y = y_plain;
+    for (int64_t t = 0; t < n && !m.b_o.empty(); ++t) {
+      for (int64_t j = 0; j < d; ++j) e.y[t * d + j] += m.b_o[j];
+    }
+  } else {
+    e.y = ref::MultiHeadAttention({d, s.n_heads, s.n_kv_heads, hd}, m.Ref(),
+                                  x.data(), n, causal, nullptr, 0, scale);
+  }
   e.y_tol.resize(n * d);
   const double e_o = 4 * kU * (std::sqrt(static_cast<double>(qc)) + 1);
   for (int64_t t = 0; t < n; ++t) {
@@ -1001,46 +1016,258 @@ TEST_P(AttentionLayerTest, NaNTokenHiddenFromEarlierTokens) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Caches of stored types: bf16, f16 and int8 K and V.
+//
+// The layer rounds its float32 projection (bias added first) with StoreRow;
+// that projection is within step 1's bound tol of the float64 one, want. So
+// a stored element must be the rounding of some value in [want - tol, want +
+// tol] (plus the reference's own float32 rounding, u |want|): rounding is
+// monotone, so it lies between the roundings of the two ends. Where tol is
+// below half a stored step (tol <= 2^-17 of the terms' magnitudes, a bf16
+// step 2^-8 of the value) that allows the rounding of want itself, or one
+// step off where a rounding boundary lies within tol of want; only values
+// that cancel to far below their terms' magnitudes get a wider range.
+
+// Checks stored row `got` (scale: its int8 scale) against the float64
+// projection want [hd] with bounds tol [hd], as above.
+template <class T>
+void ExpectStoredRow(const T* got, float scale, const double* want,
+                     const double* tol, int64_t hd, const std::string& what) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)scale;
+    for (int64_t p = 0; p < hd; ++p) {
+      ASSERT_LE(std::fabs(got[p] - want[p]), tol[p]) << what << " col " << p;
+    }
+  } else if constexpr (internal::kKvScaled<T>) {
+    // The scale: max |.| / 127 of the row, whose max moves by at most the
+    // largest tol.
+    double max_abs = 0.0, max_tol = 0.0;
+    for (int64_t p = 0; p < hd; ++p) {
+      max_abs = std::max(max_abs, std::fabs(want[p]));
+      max_tol = std::max(max_tol, tol[p] + kU * std::fabs(want[p]));
+    }
+    ASSERT_LE(std::fabs(scale - max_abs / 127), max_tol / 127 + kU * scale)
+        << what << ": scale";
+    // q = want / scale rounded to even and clamped, for the quotients the
+    // layer may have divided (its division adds at most 127 u).
+    auto quantize = [](double ratio) {
+      return std::fmin(std::fmax(std::nearbyint(ratio), -127.0), 127.0);
+    };
+    for (int64_t p = 0; p < hd; ++p) {
+      const double reach =
+          (tol[p] + kU * std::fabs(want[p])) / scale + 127 * kU;
+      const double ratio = want[p] / scale;
+      ASSERT_GE(got[p], quantize(ratio - reach)) << what << " col " << p;
+      ASSERT_LE(got[p], quantize(ratio + reach)) << what << " col " << p;
+    }
+  } else {
+    (void)scale;
+    auto rounded = [](double x) {
+      return static_cast<double>(internal::FloatFrom(
+          internal::StoredFrom(static_cast<float>(x), T{})));
+    };
+    for (int64_t p = 0; p < hd; ++p) {
+      const double reach = tol[p] + kU * std::fabs(want[p]);
+      const double value = internal::FloatFrom(got[p]);
+      ASSERT_GE(value, rounded(want[p] - reach))
+          << what << " col " << p << ": want " << want[p] << " +- " << reach;
+      ASSERT_LE(value, rounded(want[p] + reach))
+          << what << " col " << p << ": want " << want[p] << " +- " << reach;
+    }
+  }
+}
+
+// The stored rows of `seq` match e's K and V (ExpectStoredRow) for KV heads
+// [g0, g0 + cache.n_kv_heads()), their padding is zero, and *k and *v get
+// their dequantized values [length, kv_cols] (LoadKvRows).
+void ExpectStoredCache(const KvCache& cache, int64_t seq, const Expected& e,
+                       int64_t kv_cols, int64_t g0, const std::string& what,
+                       std::vector<double>* k, std::vector<double>* v) {
+  const int64_t hd = cache.head_dim();
+  const KvDtype dtype = cache.config().dtype;
+  const size_t bytes = KvDtypeSize(dtype);
+  ASSERT_EQ(cache.length(seq), e.n) << what;
+  k->assign(static_cast<size_t>(e.n * kv_cols), 0.0);
+  v->assign(static_cast<size_t>(e.n * kv_cols), 0.0);
+  for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
+    for (const bool is_k : {true, false}) {
+      const KvView view = is_k ? cache.Keys(seq, g) : cache.Values(seq, g);
+      ASSERT_EQ(view.dtype, dtype) << what;
+      const std::string name = what + (is_k ? ": K" : ": V") + " of seq " +
+                               std::to_string(seq) + " head " +
+                               std::to_string(g);
+      const std::vector<double>& want = is_k ? e.k : e.v;
+      const std::vector<double>& tol = is_k ? e.k_tol : e.v_tol;
+      for (int64_t s = 0; s < e.n; ++s) {
+        const char* row = static_cast<const char*>(view.data) +
+                          static_cast<size_t>(s * view.stride) * bytes;
+        const size_t i = static_cast<size_t>(s * kv_cols + (g0 + g) * hd);
+        const float scale = view.scales != nullptr ? view.scales[s] : 0.0f;
+        internal::VisitKvDtype(dtype, [&](auto tag) {
+          using T = decltype(tag);
+          ExpectStoredRow(reinterpret_cast<const T*>(row), scale, &want[i],
+                          &tol[i], hd, name + " row " + std::to_string(s));
+        });
+        if (::testing::Test::HasFatalFailure()) return;
+        for (size_t b = static_cast<size_t>(hd) * bytes;
+             b < static_cast<size_t>(view.stride) * bytes; ++b) {
+          ASSERT_EQ(row[b], 0) << name << " row " << s << ": padding";
+        }
+      }
+      std::vector<float> rows(static_cast<size_t>(e.n * hd));
+      const Status loaded =
+          LoadKvRows(view, MatrixView<float>(rows.data(), e.n, hd));
+      ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.ToString();
+      std::vector<double>& out = is_k ? *k : *v;
+      for (int64_t s = 0; s < e.n; ++s) {
+        for (int64_t p = 0; p < hd; ++p) {
+          out[s * kv_cols + (g0 + g) * hd + p] = rows[s * hd + p];
+        }
+      }
+    }
+  }
+}
+
+// Whether the attention kernels read K and V of the stored types yet (the
+// `attn` branch); until then only float32 outputs are checked.
+constexpr bool kAttentionReadsStoredKv = false;
+
+constexpr KvDtype kAllDtypes[] = {KvDtype::kFloat32, KvDtype::kBFloat16,
+                                  KvDtype::kFloat16, KvDtype::kInt8};
+
+// Steps of several sequences (prefills, chunked prefill, decode, mixed) into
+// a cache of each dtype: every sequence's stored K and V rows match the
+// rounded reference projection (ExpectStoredCache), and its outputs the
+// float64 layer over its dequantized K and V to the usual bound. Causal
+// masks only: a token's output then depends on no later step.
+void RunStoredSteps(const AttentionLayerConfig& config,
+                    const std::vector<std::vector<LayerSequence>>& steps,
+                    int64_t n_slots, int64_t capacity, uint64_t seed,
+                    std::initializer_list<const char*> bias_sets = {"",
+                                                                    "qkvo"}) {
+  for (const KvDtype dtype : kAllDtypes) {
+    for (const char* biases : bias_sets) {
+      const std::string what = Describe(config) + ", " +
+                               internal::KvDtypeName(dtype) + ", biases \"" +
+                               biases + "\"";
+      Model model(ShapeOf(config), biases, seed);
+      AttentionLayer layer;
+      ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
+      const int64_t d = config.d_model;
+      KvCache cache = MakeCache(layer.CacheConfig(n_slots, capacity, dtype));
+      ASSERT_EQ(cache.config().dtype, dtype) << what;
+      std::vector<std::vector<float>> xs(n_slots), ys(n_slots);
+      uint64_t step_seed = seed + 100;
+      for (const std::vector<LayerSequence>& step : steps) {
+        int64_t rows = 0;
+        for (const LayerSequence& s : step) rows += s.n_tokens;
+        const std::vector<float> x = test::RandomVector(rows * d, step_seed++);
+        std::vector<float> y;
+        const Status status = RunLayer(&layer, &cache, step, x, &y);
+        ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+        int64_t row = 0;
+        for (const LayerSequence& s : step) {
+          const auto begin = static_cast<std::ptrdiff_t>(row * d);
+          const auto end = static_cast<std::ptrdiff_t>((row + s.n_tokens) * d);
+          xs[s.seq].insert(xs[s.seq].end(), x.begin() + begin, x.begin() + end);
+          ys[s.seq].insert(ys[s.seq].end(), y.begin() + begin, y.begin() + end);
+          row += s.n_tokens;
+        }
+      }
+      const bool causal = config.attention.mask == AttentionMask::kCausal;
+      for (int64_t seq = 0; seq < n_slots; ++seq) {
+        if (xs[seq].empty()) continue;
+        const std::string how = what + ", seq " + std::to_string(seq);
+        const Expected e = Reference(model, xs[seq], causal, ScaleOf(config));
+        std::vector<double> k, v;
+        ASSERT_NO_FATAL_FAILURE(ExpectStoredCache(
+            cache, seq, e, model.shape.kv_cols(), 0, how, &k, &v));
+        if (dtype != KvDtype::kFloat32 && !kAttentionReadsStoredKv) continue;
+        const Expected stored =
+            Reference(model, xs[seq], causal, ScaleOf(config), &k, &v);
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectRowsMatch(ys[seq].data(), e.n, d, d, stored, 0, how));
+      }
+      seed += 16;
+    }
+  }
+}
+
+// MHA, GQA, MQA and an odd head_dim; prefill, chunked prefill, decode and
+// several sequences per call.
+TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
+  const std::vector<std::vector<LayerSequence>> steps = {
+      {{2, 11}, {0, 1}, {3, 6}},         // prefills of 11, 1 and 6
+      {{0, 1}, {2, 1}, {3, 1}, {1, 4}},  // decode x3 plus a new prefill
+      {{1, 5}, {2, 1}},                  // chunked prefill and decode
+      {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
+  };
+  const AttentionLayerConfig configs[] = {Config(64, 4), Config(64, 8, 2, 16),
+                                          Config(96, 6, 1),
+                                          Config(60, 3, 3, 20)};
+  uint64_t seed = 5000;
+  for (const AttentionLayerConfig& config : configs) {
+    ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, steps, 4, 16, seed));
+    seed += 1000;
+  }
+}
+
+// Several chunks of the stored projection (LayerChunks): a prefill of 300
+// tokens (256 + 44), K and V wider than one chunk's columns, head_dim 72 (not
+// a multiple of any panel width), d_model 520 (two K blocks), then decode.
+TEST_P(AttentionLayerTest, StoredKvInChunks) {
+  const AttentionLayerConfig config = Config(520, 8, 4, 72);
+  ASSERT_NO_FATAL_FAILURE(
+      RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301, 7000, {"qkvo"}));
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
 
 // ---------------------------------------------------------------------------
 // Errors.
 
-// Every seq's rows of every head, capacity and padding included (rows past
-// the length read through PendingRows, which writes nothing), and lengths.
+// Every seq's rows of every head (their stored bytes and int8 scales),
+// capacity and padding included (rows past the length read through
+// PendingRows, which writes nothing), and lengths.
 struct CacheSnapshot {
   std::vector<int64_t> lengths;
-  std::vector<float> rows;
+  std::vector<char> bytes;
 
   bool operator==(const CacheSnapshot& other) const {
-    return lengths == other.lengths && rows.size() == other.rows.size() &&
-           std::memcmp(rows.data(), other.rows.data(),
-                       rows.size() * sizeof(float)) == 0;
+    return lengths == other.lengths && bytes == other.bytes;
   }
 };
 
 CacheSnapshot Snapshot(KvCache* cache) {
   CacheSnapshot snap;
-  const int64_t width = cache->row_stride();
-  auto add = [&](MatrixView<const float> view) {
+  const size_t element = KvDtypeSize(cache->config().dtype);
+  const size_t width = static_cast<size_t>(cache->row_stride()) * element;
+  auto add = [&](const KvView& view) {
+    const char* data = static_cast<const char*>(view.data);
     for (int64_t r = 0; r < view.rows; ++r) {
-      snap.rows.insert(snap.rows.end(), view.data + r * view.stride,
-                       view.data + r * view.stride + width);
+      const char* row = data + static_cast<size_t>(r * view.stride) * element;
+      snap.bytes.insert(snap.bytes.end(), row, row + width);
+    }
+    if (view.scales != nullptr) {
+      const char* scales = reinterpret_cast<const char*>(view.scales);
+      snap.bytes.insert(snap.bytes.end(), scales,
+                        scales + view.rows * sizeof(float));
     }
   };
   for (int64_t seq = 0; seq < cache->n_sequences(); ++seq) {
     const int64_t length = cache->length(seq);
     snap.lengths.push_back(length);
     for (int64_t g = 0; g < cache->n_kv_heads(); ++g) {
-      add(FloatRows(cache->Keys(seq, g)));
-      add(FloatRows(cache->Values(seq, g)));
+      add(cache->Keys(seq, g));
+      add(cache->Values(seq, g));
       if (length < cache->capacity()) {
         KvMutableView k, v;
         EXPECT_TRUE(
             cache->PendingRows(seq, g, cache->capacity() - length, &k, &v)
                 .ok());
-        add(FloatRows(k));
-        add(FloatRows(v));
+        add(k);
+        add(v);
       }
     }
   }
@@ -1323,6 +1550,52 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
 
 // Moves leave the source empty (Forward: kFailedPrecondition) and the target
 // working; an empty layer's config is all zeros.
+// CacheConfig and cache_bytes_per_token for every dtype; an unknown dtype
+// gives a cache config that Create rejects naming it, and 0 bytes per token;
+// a cache of a stored type but another head_dim is rejected by Forward,
+// nothing written.
+TEST(AttentionLayerErrors, StoredDtypes) {
+  const AttentionLayerConfig config = Config(64, 8, 2, 16);  // row_stride 16
+  Model model(ShapeOf(config), "qkvo", 9500);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok());
+  for (const KvDtype dtype : kAllDtypes) {
+    const KvCacheConfig cache_config = layer.CacheConfig(3, 5, dtype);
+    EXPECT_EQ(cache_config.dtype, dtype);
+    EXPECT_EQ(cache_config.n_kv_heads, 2);
+    const size_t row_bytes =
+        16 * KvDtypeSize(dtype) + (dtype == KvDtype::kInt8 ? 4 : 0);
+    EXPECT_EQ(layer.cache_bytes_per_token(dtype), 2 * 2 * row_bytes)
+        << internal::KvDtypeName(dtype);
+    const KvCache cache = MakeCache(cache_config);
+    EXPECT_EQ(layer.cache_bytes_per_token(dtype), cache.bytes_per_token());
+  }
+  EXPECT_EQ(layer.CacheConfig(1, 1).dtype, KvDtype::kFloat32);
+  EXPECT_EQ(layer.cache_bytes_per_token(),
+            layer.cache_bytes_per_token(KvDtype::kFloat32));
+  EXPECT_EQ(AttentionLayer().cache_bytes_per_token(KvDtype::kInt8), 0u);
+  const KvDtype unknown = static_cast<KvDtype>(9);
+  EXPECT_EQ(layer.cache_bytes_per_token(unknown), 0u);
+  KvCache cache;
+  EXPECT_TRUE(
+      test::IsError(KvCache::Create(layer.CacheConfig(1, 4, unknown), &cache),
+                    StatusCode::kInvalidArgument, {"dtype"}));
+
+  AttentionLayerConfig other = config;
+  other.head_dim = 8;
+  Model other_model(ShapeOf(other), "", 9501);
+  AttentionLayer other_layer;
+  ASSERT_TRUE(other_model.Create(other, &other_layer).ok());
+  KvCache bf16 = MakeCache(other_layer.CacheConfig(1, 4, KvDtype::kBFloat16));
+  std::vector<float> y;
+  const CacheSnapshot before = Snapshot(&bf16);
+  EXPECT_TRUE(test::IsError(
+      RunLayer(&layer, &bf16, {{0, 2}}, test::RandomVector(2 * 64, 9502), &y),
+      StatusCode::kInvalidArgument, {"head_dim 8", "head_dim 16", "bfloat16"},
+      "AttentionLayer::Forward: "));
+  EXPECT_TRUE(Snapshot(&bf16) == before);
+}
+
 TEST(AttentionLayerErrors, EmptyAndMovedFromLayers) {
   AttentionLayer empty;
   EXPECT_EQ(empty.config().d_model, 0);

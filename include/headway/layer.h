@@ -7,9 +7,12 @@
 //   y = concat_h(o_h) W_O + b_o
 // Prefill (many tokens), chunked prefill and decode (one token per sequence,
 // many sequences at once as a server batches them) are the same call:
-// Forward. K and V of the new tokens are written straight into the cache rows
-// by the projection (no intermediate copy), then attention runs for the new
-// tokens against everything cached for their sequence.
+// Forward. K and V of the new tokens are written into the cache rows by the
+// projection, then attention runs for the new tokens against everything
+// cached for their sequence. A float32 cache gets them straight from the
+// GEMM; a cache of another KvDtype (bf16, f16, int8) through a float scratch
+// of a few hundred tokens' heads that stays in L2, bias added, then rounded
+// with the cache's own rule (Append's: see kv_cache.h).
 //
 // Weights: float32 row-major, any strides; copied and packed once by Create
 // (the host may free its copies afterwards): W_Q, W_K and W_V as one fused
@@ -122,13 +125,17 @@ class HEADWAY_API AttentionLayer {
   int64_t n_weights() const;
   // Bytes of the packed weights (the fused QKV and W_O matrices).
   size_t packed_bytes() const;
-  // A cache config for this layer: its local KV heads and head_dim.
-  KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity) const;
-  // KV cache bytes per token of one sequence: KvCache::BytesPerToken of
-  // CacheConfig.
-  size_t cache_bytes_per_token() const;
+  // A cache config for this layer: its local KV heads and head_dim, K and V
+  // stored as dtype.
+  KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity,
+                            KvDtype dtype = KvDtype::kFloat32) const;
+  // KV cache bytes per token of one sequence, stored as dtype (scales
+  // included): KvCache::BytesPerToken of CacheConfig; 0 for an empty layer or
+  // an unknown dtype.
+  size_t cache_bytes_per_token(KvDtype dtype = KvDtype::kFloat32) const;
 
-  // Runs the layer over new tokens of one or several sequences:
+  // Runs the layer over new tokens of one or several sequences, with a cache
+  // of any KvDtype (CacheConfig's dtype):
   //   x: [sum of n_tokens, d_model], the new tokens' hidden states, rows of
   //      sequences[0] first, then sequences[1], ...
   //   y: [sum of n_tokens, d_model], written (this shard's part, see above).
@@ -140,7 +147,8 @@ class HEADWAY_API AttentionLayer {
   // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
   // empty layer or a dispatch target of another vector width than at Create;
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache
-  // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
+  // whose n_kv_heads or head_dim differ from CacheConfig's (the message
+  // names the cache's dtype too), a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
   // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
   // sequence's length + n_tokens exceeds the cache capacity;

@@ -22,6 +22,7 @@
 #include "lib/attention/attention_call.h"
 #include "lib/core/blocks.h"
 #include "lib/core/kernels-inl.h"
+#include "lib/core/storage.h"
 #include "lib/matmul/matmul_call.h"
 
 #ifndef HEADWAY_LIB_LAYER_STEP_
@@ -42,6 +43,21 @@ struct LayerStep {
   const float* b_qkv;  // [n_qkv] or null
   MatmulOut qkv_out;
   size_t head_dim;
+  // A cache of a stored type other than float32 (ProjectStoredKv): Q [T,
+  // ld_q] into q, K and V in chunks through the scratch into the cache.
+  KvDtype kv_dtype;
+  float* q;
+  size_t ld_q;
+  size_t q_cols;
+  size_t kv_heads;
+  char* const* kv_rows;      // [2][T]: K, then V rows of KV head 0
+  float* const* kv_scales;   // [2][T]: their int8 scales, else null
+  size_t kv_head_bytes;      // from one KV head's rows to the next's
+  size_t scale_head_stride;  // floats, likewise for the scales
+  size_t chunk_rows;         // tokens per chunk
+  size_t chunk_segments;     // K or V heads per chunk
+  float* scratch;            // [chunk_rows, scratch_cols]
+  size_t scratch_cols;
   // Attention of the new tokens, into the attention buffer.
   const AttentionWork* works;
   size_t n_works;
@@ -64,30 +80,97 @@ HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 
+// Adds the bias (if any) to the first n_segments head-sized segments of
+// qkv_out [T, n_segments * head_dim] (each segment's columns are contiguous
+// wherever they went).
+void AddBias(const LayerStep& step, size_t n_segments) {
+  if (step.b_qkv == nullptr) return;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, step.tokens),
+                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+                      for (size_t i = range.begin(); i < range.end(); ++i) {
+                        for (size_t s = 0; s < n_segments; ++s) {
+                          float* row = step.qkv_out.At(i, s * step.head_dim);
+                          const float* bias = step.b_qkv + s * step.head_dim;
+                          for (size_t c = 0; c < step.head_dim; ++c)
+                            row[c] += bias[c];
+                        }
+                      }
+                    });
+}
+
+// The QKV projection for a cache of stored type T (not float): Q in one GEMM
+// over its panels into q (row stride ld_q, padded to whole panels); K and V in
+// chunks of chunk_rows tokens x chunk_segments head-sized segments (a K or V
+// row of one KV head each), each a GEMM over the panels that hold it into the
+// scratch (which stays in L2: LayerChunks), then bias + StoreRow into the
+// cache rows. Each segment is converted whole, as int8's per-row scale needs.
+template <class T>
+void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
+  const size_t nr = step.panel_width;
+  const size_t hd = step.head_dim;
+  const size_t q_n = std::min(step.n_qkv, (step.q_cols + nr - 1) / nr * nr);
+  MatmulPackedPanelsT(step.x, step.ldx, step.packed_qkv, step.n_qkv, 0,
+                      step.tokens, q_n, step.d_model, step.q, step.ld_q);
+  AddBias(step, step.q_cols / hd);
+  const size_t segments = 2 * step.kv_heads;
+  for (size_t r0 = 0; r0 < step.tokens; r0 += step.chunk_rows) {
+    const size_t rows = std::min(step.chunk_rows, step.tokens - r0);
+    for (size_t s0 = 0; s0 < segments; s0 += step.chunk_segments) {
+      const size_t s1 = std::min(segments, s0 + step.chunk_segments);
+      // Columns [c0, c1) of QKV, computed as panels [p0, p1).
+      const size_t c0 = step.q_cols + s0 * hd, c1 = step.q_cols + s1 * hd;
+      const size_t p0 = c0 / nr;
+      const size_t n = std::min(step.n_qkv, (c1 + nr - 1) / nr * nr) - p0 * nr;
+      MatmulPackedPanelsT(step.x + r0 * step.ldx, step.ldx, step.packed_qkv,
+                          step.n_qkv, p0, rows, n, step.d_model, step.scratch,
+                          n);
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, rows),
+          [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+            for (size_t i = range.begin(); i < range.end(); ++i) {
+              const size_t token = r0 + i;
+              for (size_t s = s0; s < s1; ++s) {
+                float* src =
+                    step.scratch + i * n + (c0 - p0 * nr) + (s - s0) * hd;
+                if (step.b_qkv != nullptr) {
+                  const float* bias = step.b_qkv + step.q_cols + s * hd;
+                  for (size_t c = 0; c < hd; ++c) src[c] += bias[c];
+                }
+                const size_t kind = s / step.kv_heads;  // 0: K, 1: V
+                const size_t g = s - kind * step.kv_heads;
+                T* dst = reinterpret_cast<T*>(
+                    step.kv_rows[kind * step.tokens + token] +
+                    g * step.kv_head_bytes);
+                float unused_scale;
+                float* scale =
+                    step.kv_scales == nullptr
+                        ? &unused_scale
+                        : step.kv_scales[kind * step.tokens + token] +
+                              g * step.scale_head_stride;
+                internal::StoreRow(src, hd, dst, scale);
+              }
+            }
+          });
+    }
+  }
+}
+
 // Runs a checked step. Returns 0, or this target's panel width when the
 // weights were packed for another one (nothing written).
 size_t LayerForwardT(const LayerStep& step) {
   const size_t panel_width = MatmulPanelWidthT();
   if (step.panel_width != panel_width) return panel_width;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
-    MatmulPackedOutT(step.x, step.ldx, /*trans_a=*/false, step.packed_qkv,
-                     step.tokens, step.n_qkv, step.d_model, step.qkv_out, 1.0f,
-                     0.0f);
-    if (step.b_qkv != nullptr) {
-      // Segment by segment (one head of Q, K or V): its columns are
-      // contiguous wherever they went.
-      const size_t segments = step.n_qkv / step.head_dim;
-      tbb::parallel_for(
-          tbb::blocked_range<size_t>(0, step.tokens),
-          [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-            for (size_t i = range.begin(); i < range.end(); ++i) {
-              for (size_t s = 0; s < segments; ++s) {
-                float* row = step.qkv_out.At(i, s * step.head_dim);
-                const float* bias = step.b_qkv + s * step.head_dim;
-                for (size_t c = 0; c < step.head_dim; ++c) row[c] += bias[c];
-              }
-            }
-          });
+    if (step.kv_dtype == KvDtype::kFloat32) {
+      // Q, K and V straight into their rows, then the bias.
+      MatmulPackedOutT(step.x, step.ldx, /*trans_a=*/false, step.packed_qkv,
+                       step.tokens, step.n_qkv, step.d_model, step.qkv_out,
+                       1.0f, 0.0f);
+      AddBias(step, step.n_qkv / step.head_dim);
+    } else {
+      internal::VisitKvDtype(step.kv_dtype, [&](auto tag) HWY_ATTR {
+        ProjectStoredKv(step, tag);
+      });
     }
     FusedAttentionT(step.works, step.n_works, step.dims, step.plan);
     MatmulOut y;
@@ -246,8 +329,11 @@ struct AttentionLayer::Impl {
   std::vector<float> b_qkv;  // empty: no bias
   std::vector<float> b_o;    // empty: none (or not the first shard)
   // Reused by Forward.
-  ScratchBuffer q, attn;     // grow-only (lib/core/blocks.h)
-  std::vector<float*> rows;  // [3][T]
+  ScratchBuffer q, attn;          // grow-only (lib/core/blocks.h)
+  ScratchBuffer kv_chunk;         // stored K/V: [chunk_rows, scratch_cols]
+  std::vector<float*> rows;       // [3][T]
+  std::vector<char*> kv_rows;     // stored K/V: [2][T]
+  std::vector<float*> kv_scales;  // int8: [2][T]
   std::vector<AttentionWork> works;
   std::vector<uint8_t> seen;  // [cache sequences]
   AttentionPlan plan;
@@ -351,17 +437,18 @@ int64_t AttentionLayer::n_weights() const {
 size_t AttentionLayer::packed_bytes() const {
   return impl_ ? impl_->qkv.bytes() + impl_->o.bytes() : 0;
 }
-KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences,
-                                          int64_t capacity) const {
+KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences, int64_t capacity,
+                                          KvDtype dtype) const {
   KvCacheConfig cache;
   cache.n_sequences = n_sequences;
   cache.n_kv_heads = local_kv_heads();
   cache.head_dim = config().head_dim;
   cache.capacity = capacity;
+  cache.dtype = dtype;
   return cache;
 }
-size_t AttentionLayer::cache_bytes_per_token() const {
-  return impl_ ? KvCache::BytesPerToken(CacheConfig(1, 1)) : 0;
+size_t AttentionLayer::cache_bytes_per_token(KvDtype dtype) const {
+  return impl_ ? KvCache::BytesPerToken(CacheConfig(1, 1, dtype)) : 0;
 }
 
 // ----------------------------------------------------------- Forward's steps
@@ -443,6 +530,29 @@ Status CheckInOut(const char* fn, const KvCache& cache, int64_t tokens,
   return status;
 }
 
+// Stored K/V chunks: up to 256 tokens (B is read once per chunk: 256 rows
+// give 128 flops per byte of B) times as many K or V heads as keep the float
+// scratch within 512 KiB, half of the 1 MiB L2 (at least one head).
+constexpr size_t kLayerChunkRows = 256;
+constexpr size_t kLayerScratchFloats = size_t{128} << 10;
+
+// Chunk geometry for `tokens` rows and `segments` K and V heads of head_dim
+// columns, panels of panel_width: *cols, the scratch's row length, covers
+// the panels of any chunk's segments.
+void LayerChunks(size_t tokens, size_t head_dim, size_t segments,
+                 size_t panel_width, size_t* rows, size_t* chunk_segments,
+                 size_t* cols) {
+  *rows = std::min(tokens, kLayerChunkRows);
+  const size_t per_row = kLayerScratchFloats / *rows;
+  *chunk_segments =
+      per_row > 2 * panel_width + head_dim
+          ? std::max<size_t>(1, (per_row - 2 * panel_width) / head_dim)
+          : 1;
+  *chunk_segments = std::min(*chunk_segments, segments);
+  *cols = (*chunk_segments * head_dim + 2 * panel_width - 2) / panel_width *
+          panel_width;
+}
+
 }  // namespace
 
 // Fills step for checked arguments: Q and attention buffers [T, local_heads *
@@ -458,9 +568,17 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   const size_t hd = static_cast<size_t>(c.head_dim);
   const size_t lq = static_cast<size_t>(local_heads) * hd;
   const size_t lkv = static_cast<size_t>(local_kv_heads) * hd;
-  float* q_buf = q.Get(t_rows * lq);
+  const KvDtype dtype = cache->config().dtype;
+  const bool stored = dtype != KvDtype::kFloat32;
+  const size_t panel_width = static_cast<size_t>(qkv.panel_width());
+  // Stored K/V: Q's GEMM writes whole panels, so its rows are padded to them.
+  const size_t ld_q =
+      stored ? (lq + panel_width - 1) / panel_width * panel_width : lq;
+  float* q_buf = q.Get(t_rows * ld_q);
   float* attn_buf = attn.Get(t_rows * lq);
   rows.resize(3 * t_rows);
+  kv_rows.resize(2 * t_rows);
+  kv_scales.resize(internal::KvDtypeScaled(dtype) ? 2 * t_rows : 0);
   works.resize(static_cast<size_t>(n_sequences));
   float** q_rows = rows.data();  // rows: [3][T], Q, then K, then V
   float** k_rows = q_rows + t_rows;
@@ -471,22 +589,29 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
     KvMutableView k_new, v_new;  // head 0's new rows
     Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_new, &v_new);
     if (!status.ok()) return status;  // checked: cannot happen
-    float* const k0 = static_cast<float*>(k_new.data);
-    float* const v0 = static_cast<float*>(v_new.data);
-    const int64_t k_stride = k_new.stride, v_stride = v_new.stride;
+    const size_t row_bytes =
+        static_cast<size_t>(k_new.stride) * KvDtypeSize(dtype);
     for (int64_t t = 0; t < s.n_tokens; ++t) {
-      q_rows[row0 + t] = q_buf + (row0 + t) * lq;
-      k_rows[row0 + t] = k0 + t * k_stride;
-      v_rows[row0 + t] = v0 + t * v_stride;
+      const size_t r = row0 + static_cast<size_t>(t);
+      q_rows[r] = q_buf + r * ld_q;
+      kv_rows[r] = static_cast<char*>(k_new.data) + t * row_bytes;
+      kv_rows[t_rows + r] = static_cast<char*>(v_new.data) + t * row_bytes;
+      k_rows[r] = reinterpret_cast<float*>(kv_rows[r]);
+      v_rows[r] = reinterpret_cast<float*>(kv_rows[t_rows + r]);
+      if (!kv_scales.empty()) {
+        kv_scales[r] = k_new.scales + t;
+        kv_scales[t_rows + r] = v_new.scales + t;
+      }
     }
     const int64_t length = cache->length(s.seq);
-    works[static_cast<size_t>(i)] =
-        MakeAttentionWork(*cache, s.seq, length, length + s.n_tokens,
-                          MatrixView<const float>(q_buf + row0 * lq, s.n_tokens,
-                                                  static_cast<int64_t>(lq)),
-                          MatrixView<float>(attn_buf + row0 * lq, s.n_tokens,
-                                            static_cast<int64_t>(lq)),
-                          MatrixView<const float>());
+    works[static_cast<size_t>(i)] = MakeAttentionWork(
+        *cache, s.seq, length, length + s.n_tokens,
+        MatrixView<const float>(q_buf + row0 * ld_q, s.n_tokens,
+                                static_cast<int64_t>(lq),
+                                static_cast<int64_t>(ld_q)),
+        MatrixView<float>(attn_buf + row0 * lq, s.n_tokens,
+                          static_cast<int64_t>(lq)),
+        MatrixView<const float>());
     row0 += static_cast<size_t>(s.n_tokens);
   }
 
@@ -499,8 +624,27 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
   step->head_dim = hd;
+  step->kv_dtype = dtype;
+  step->q = q_buf;
+  step->ld_q = ld_q;
+  step->q_cols = lq;
+  step->kv_heads = static_cast<size_t>(local_kv_heads);
+  step->kv_rows = kv_rows.data();
+  step->kv_scales = kv_scales.empty() ? nullptr : kv_scales.data();
+  step->kv_head_bytes =
+      static_cast<size_t>(cache->head_stride()) * KvDtypeSize(dtype);
+  step->scale_head_stride = static_cast<size_t>(cache->scale_head_stride());
+  LayerChunks(t_rows, hd, 2 * static_cast<size_t>(local_kv_heads), panel_width,
+              &step->chunk_rows, &step->chunk_segments, &step->scratch_cols);
+  step->scratch =
+      stored ? kv_chunk.Get(step->chunk_rows * step->scratch_cols) : nullptr;
   MatmulOut& out = step->qkv_out;
-  out.rows = rows.data();
+  if (stored) {  // Q only, plain (AddBias)
+    out.c = q_buf;
+    out.ldc = ld_q;
+  } else {
+    out.rows = rows.data();
+  }
   out.m = t_rows;
   out.seg_cols = hd;
   out.n_kinds = 3;
@@ -545,10 +689,12 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
   if (!status.ok()) return status;
   if (cache->n_kv_heads() != impl.local_kv_heads ||
       cache->head_dim() != c.head_dim) {
-    return Fail(StatusCode::kInvalidArgument, kFn, "cache has n_kv_heads ",
-                cache->n_kv_heads(), " and head_dim ", cache->head_dim(),
-                " but the layer needs n_kv_heads ", impl.local_kv_heads,
-                " and head_dim ", c.head_dim, " (see CacheConfig)");
+    return Fail(StatusCode::kInvalidArgument, kFn, "cache (",
+                internal::KvDtypeName(cache->config().dtype),
+                ") has n_kv_heads ", cache->n_kv_heads(), " and head_dim ",
+                cache->head_dim(), " but the layer needs n_kv_heads ",
+                impl.local_kv_heads, " and head_dim ", c.head_dim,
+                " (see CacheConfig; any dtype)");
   }
   try {
     int64_t tokens = 0;

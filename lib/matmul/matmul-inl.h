@@ -900,6 +900,16 @@ class MatmulB {
   static MatmulB Packed(const float* packed) {
     return MatmulB(packed, nullptr, nullptr, nullptr);
   }
+  // Panels [first_panel, first_panel + panels of the call) of a B packed
+  // whole with b_panels panels: the call's columns [0, n) are B's columns
+  // [first_panel * NR, first_panel * NR + n).
+  static MatmulB PackedPanels(const float* packed, size_t b_panels,
+                              size_t first_panel) {
+    MatmulB b(packed, nullptr, nullptr, nullptr);
+    b.b_panels_ = b_panels;
+    b.first_panel_ = first_panel;
+    return b;
+  }
   static MatmulB Lazy(MatmulLazyB* lazy) {
     return MatmulB(lazy->Packed(), lazy, nullptr, nullptr);
   }
@@ -929,6 +939,10 @@ class MatmulB {
     }
     if (use && lazy_ != nullptr) return lazy_->Slice(kb, p);
     if (use && own_ != nullptr) return own_->Slice(kb, p);
+    if (b_panels_ != 0) {
+      return base + layout.kblocks.Begin(kb) * b_panels_ * kMatmulNR +
+             (first_panel_ + p) * layout.kblocks.Size(kb, layout.k) * kMatmulNR;
+    }
     return base + layout.Slice(kb, p);
   }
 
@@ -941,6 +955,8 @@ class MatmulB {
   MatmulLazyB* lazy_;
   MatmulOwnB* own_;
   const MatmulBSource* window_;
+  size_t b_panels_ = 0;  // PackedPanels: B's panels (0: the call's)
+  size_t first_panel_ = 0;
 };
 
 // Work split of MatmulPackedOut into row blocks x panel groups (never changes

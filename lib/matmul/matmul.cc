@@ -47,6 +47,18 @@ void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
                   alpha, beta);
 }
 
+void MatmulPackedPanelsT(const float* a, size_t lda, const float* packed_b,
+                         size_t b_n, size_t first_panel, size_t m, size_t n,
+                         size_t k, float* c, size_t ldc) {
+  MatmulOut out;
+  out.c = c;
+  out.ldc = ldc;
+  MatmulPackedOut(a, lda, /*trans_a=*/false,
+                  MatmulB::PackedPanels(
+                      packed_b, (b_n + kMatmulNR - 1) / kMatmulNR, first_panel),
+                  m, n, k, out, 1.0f, 0.0f);
+}
+
 // B packed into a buffer of the calling thread (MatmulUnpacked).
 void MatmulUnpackedT(const float* a, size_t lda, bool trans_a, const float* b,
                      size_t ldb, bool trans_b, size_t m, size_t n, size_t k,
