@@ -1,5 +1,8 @@
-// Attention core tests: every target, against the float64 reference
-// (test/support/reference.h).
+// Attention core tests: every target and every KvDtype, against the float64
+// reference (test/support/reference.h) over the K and V the cache stores
+// (dequantized with LoadKvRows): the kernels' only error is float32
+// arithmetic, bounded as below for every dtype; StorageErrorWithinBound adds
+// the storage rounding, against K and V as appended.
 //
 // Tolerance, per output element of query row t and head h: the bound stated
 // in include/headway/attention.h (u = 2^-24),
@@ -32,6 +35,7 @@
 #include "headway/kv_cache.h"
 #include "tbb/task_arena.h"
 #include "test/support/cache.h"
+#include "test/support/guard_page.h"
 #include "test/support/lanes.h"
 #include "test/support/random.h"
 #include "test/support/reference.h"
@@ -49,14 +53,32 @@ struct Layout {
   int64_t n_kv_heads;
 };
 
-using test::FloatRows;
 using test::MakeCache;
 
-// A cache of one sequence holding k and v, [length, n_kv_heads * head_dim]
-// dense.
-KvCache CacheHolding(int64_t n_kv_heads, int64_t head_dim, int64_t length,
-                     const std::vector<float>& k, const std::vector<float>& v) {
+const KvDtype kDtypes[] = {KvDtype::kFloat32, KvDtype::kBFloat16,
+                           KvDtype::kFloat16, KvDtype::kInt8};
+
+std::string DtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kFloat32:
+      return "float32";
+    case KvDtype::kBFloat16:
+      return "bfloat16";
+    case KvDtype::kFloat16:
+      return "float16";
+    case KvDtype::kInt8:
+      return "int8";
+  }
+  return "unknown";
+}
+
+// A cache of dtype with one sequence holding k and v (appended, so rounded to
+// dtype), [length, n_kv_heads * head_dim] dense.
+KvCache CacheHolding(KvDtype dtype, int64_t n_kv_heads, int64_t head_dim,
+                     int64_t length, const std::vector<float>& k,
+                     const std::vector<float>& v) {
   KvCacheConfig config;
+  config.dtype = dtype;
   config.n_kv_heads = n_kv_heads;
   config.head_dim = head_dim;
   config.capacity = length;
@@ -69,7 +91,8 @@ KvCache CacheHolding(int64_t n_kv_heads, int64_t head_dim, int64_t length,
   return cache;
 }
 
-// The cache's rows of one sequence as a dense double [length, n_kv_heads *
+// The cache's rows of one sequence as it stores them, read back with
+// LoadKvRows (dequantized), as a dense double [length, n_kv_heads *
 // head_dim].
 void CacheToDouble(const KvCache& cache, int64_t seq, std::vector<double>* k,
                    std::vector<double>* v) {
@@ -77,13 +100,17 @@ void CacheToDouble(const KvCache& cache, int64_t seq, std::vector<double>* k,
   const int64_t width = cache.n_kv_heads() * d;
   k->assign(length * width, 0.0);
   v->assign(length * width, 0.0);
+  std::vector<float> rows(length * d);
   for (int64_t g = 0; g < cache.n_kv_heads(); ++g) {
-    const MatrixView<const float> keys = FloatRows(cache.Keys(seq, g));
-    const MatrixView<const float> values = FloatRows(cache.Values(seq, g));
-    for (int64_t s = 0; s < length; ++s) {
-      for (int64_t p = 0; p < d; ++p) {
-        (*k)[s * width + g * d + p] = keys.data[s * keys.stride + p];
-        (*v)[s * width + g * d + p] = values.data[s * values.stride + p];
+    for (std::vector<double>* out : {k, v}) {
+      const KvView view = out == k ? cache.Keys(seq, g) : cache.Values(seq, g);
+      const Status status =
+          LoadKvRows(view, MatrixView<float>(rows.data(), length, d));
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      for (int64_t s = 0; s < length; ++s) {
+        for (int64_t p = 0; p < d; ++p) {
+          (*out)[s * width + g * d + p] = rows[s * d + p];
+        }
       }
     }
   }
@@ -101,6 +128,7 @@ void ExpectMatchesReference(const KvCache& cache, int64_t n_heads,
   const int64_t kv_width = cache.n_kv_heads() * d;
   std::vector<double> k, v;
   CacheToDouble(cache, query.seq, &k, &v);
+  if (::testing::Test::HasFatalFailure()) return;
   const std::vector<double> q =
       test::ref::ToDouble(query.q.data, n_tokens, n_heads * d, query.q.stride);
   const std::vector<double> ref = test::ref::AttentionCore(
@@ -158,11 +186,12 @@ struct Case {
   int64_t kv_len;
   int64_t n_tokens;
   bool causal;
+  KvDtype dtype = KvDtype::kFloat32;
 };
 
 std::string Describe(const Case& c) {
-  return "heads " + std::to_string(c.layout.n_heads) + "/" +
-         std::to_string(c.layout.n_kv_heads) + ", d " +
+  return DtypeName(c.dtype) + ", heads " + std::to_string(c.layout.n_heads) +
+         "/" + std::to_string(c.layout.n_kv_heads) + ", d " +
          std::to_string(c.head_dim) + ", kv_len " + std::to_string(c.kv_len) +
          ", n_tokens " + std::to_string(c.n_tokens) +
          (c.causal ? ", causal" : ", no mask");
@@ -171,7 +200,8 @@ std::string Describe(const Case& c) {
 // Runs one case through the fused path (q strided, out strided), checks it.
 // scale 0: 1 / sqrt(head_dim).
 void RunCase(const Case& c, uint64_t seed, float scale = 0.0f) {
-  KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, seed);
+  KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, seed,
+                            /*extra_capacity=*/0, c.dtype);
   const int64_t width = c.layout.n_heads * c.head_dim;
   const int64_t q_stride = width + 5, out_stride = width + 3;
   std::vector<float> q(c.n_tokens * q_stride), out(c.n_tokens * out_stride);
@@ -207,12 +237,14 @@ const Layout kLayouts[] = {{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}};
 // 128: kAttentionKeyBlock in lib/attention/attention-inl.h) and longer than
 // the 512-key minimum chunk (700, 3001).
 TEST_P(AttentionTest, Decode) {
-  uint64_t seed = 1;
-  for (const Layout& layout : kLayouts) {
-    for (const int64_t head_dim : {16, 72, 128}) {
-      for (const int64_t kv_len : {1, 63, 64, 65, 127, 128, 129, 700, 3001}) {
-        RunCase({layout, head_dim, kv_len, 1, true}, seed++);
-        if (HasFatalFailure()) return;
+  for (const KvDtype dtype : kDtypes) {
+    uint64_t seed = 1;
+    for (const Layout& layout : kLayouts) {
+      for (const int64_t head_dim : {16, 72, 128}) {
+        for (const int64_t kv_len : {1, 63, 64, 65, 127, 128, 129, 700, 3001}) {
+          RunCase({layout, head_dim, kv_len, 1, true, dtype}, seed++);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
@@ -223,13 +255,33 @@ TEST_P(AttentionTest, Decode) {
 TEST_P(AttentionTest, Prefill) {
   const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
   const int64_t tile = 2 * lanes;
-  uint64_t seed = 100;
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
-    for (const int64_t head_dim : {16, 64, 72, 80, 96, 128, 256}) {
-      for (const int64_t n :
-           {int64_t{1}, tile - 1, tile, tile + 1, int64_t{130}}) {
-        for (const bool causal : {true, false}) {
-          RunCase({layout, head_dim, n, n, causal}, seed++);
+  for (const KvDtype dtype : kDtypes) {
+    uint64_t seed = 100;
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      for (const int64_t head_dim : {16, 64, 72, 80, 96, 128, 256}) {
+        for (const int64_t n :
+             {int64_t{1}, tile - 1, tile, tile + 1, int64_t{130}}) {
+          for (const bool causal : {true, false}) {
+            RunCase({layout, head_dim, n, n, causal, dtype}, seed++);
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+// head_dim below, between and above the 16-element row padding, odd: the
+// rows' padding columns (zero) on every path, decode and prefill.
+TEST_P(AttentionTest, OddHeadDims) {
+  for (const KvDtype dtype : kDtypes) {
+    uint64_t seed = 150;
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      for (const int64_t head_dim : {1, 5, 17, 33}) {
+        for (const auto& [kv_len, n_tokens] :
+             std::vector<std::pair<int64_t, int64_t>>{
+                 {300, 1}, {70, 70}, {150, 20}}) {
+          RunCase({layout, head_dim, kv_len, n_tokens, true, dtype}, seed++);
           if (HasFatalFailure()) return;
         }
       }
@@ -242,64 +294,75 @@ TEST_P(AttentionTest, Prefill) {
 // maxima that jump by more than that from one key block to the next (alpha 0),
 // on wide (prefill) and narrow (decode) tiles.
 TEST_P(AttentionTest, LargeScoreRange) {
-  uint64_t seed = 900;
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 1}}) {
-    for (const int64_t n_tokens : {1, 40}) {
-      for (const bool causal : {true, false}) {
-        RunCase({layout, 64, 300, n_tokens, causal}, seed++,
-                80.0f / std::sqrt(64.0f));
-        if (HasFatalFailure()) return;
+  for (const KvDtype dtype : kDtypes) {
+    uint64_t seed = 900;
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 1}}) {
+      for (const int64_t n_tokens : {1, 40}) {
+        for (const bool causal : {true, false}) {
+          RunCase({layout, 64, 300, n_tokens, causal, dtype}, seed++,
+                  80.0f / std::sqrt(64.0f));
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
 }
 
 TEST_P(AttentionTest, LongPrefillAndGroup32) {
-  RunCase({{4, 2}, 64, 1009, 1009, true}, 7);
-  RunCase({{32, 1}, 64, 300, 300, true}, 8);
-  RunCase({{32, 32}, 32, 257, 257, false}, 9);
+  for (const KvDtype dtype : kDtypes) {
+    RunCase({{4, 2}, 64, 1009, 1009, true, dtype}, 7);
+    RunCase({{32, 1}, 64, 300, 300, true, dtype}, 8);
+    RunCase({{32, 32}, 32, 257, 257, false, dtype}, 9);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // Chunked prefill: new queries at q_pos0 > 0 attend to the cached prefix and to
 // each other.
 TEST_P(AttentionTest, ChunkedPrefill) {
-  uint64_t seed = 200;
-  for (const Layout& layout : kLayouts) {
-    for (const int64_t n_tokens : {2, 17, 50}) {
-      RunCase({layout, 64, 300, n_tokens, true}, seed++);
-      if (HasFatalFailure()) return;
+  for (const KvDtype dtype : kDtypes) {
+    uint64_t seed = 200;
+    for (const Layout& layout : kLayouts) {
+      for (const int64_t n_tokens : {2, 17, 50}) {
+        RunCase({layout, 64, 300, n_tokens, true, dtype}, seed++);
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
 
 // Additive masks with -inf entries, a fully masked row (zeros), causal and not.
 TEST_P(AttentionTest, AdditiveMask) {
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{32, 1}}) {
-    for (const int64_t n_tokens : {1, 5, 40}) {
-      for (const bool causal : {true, false}) {
-        const int64_t d = 64, kv_len = 150;
-        KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 31);
-        const int64_t width = layout.n_heads * d;
-        std::vector<float> q(n_tokens * width), out(n_tokens * width, -7.0f);
-        test::FillRandom(q.data(), q.size(), 32);
-        std::vector<float> mask(n_tokens * (kv_len + 2));
-        test::FillRandom(mask.data(), mask.size(), 33, -2.0f, 2.0f);
-        for (size_t i = 0; i < mask.size(); i += 3) mask[i] = -kInf;
-        // Row 0 sees nothing: zeros, not NaN.
-        std::fill(mask.begin(), mask.begin() + kv_len, -kInf);
-        AttentionQuery query;
-        query.q_pos0 = kv_len - n_tokens;
-        query.q = MatrixView<const float>(q.data(), n_tokens, width);
-        query.out = MatrixView<float>(out.data(), n_tokens, width);
-        query.mask =
-            MatrixView<const float>(mask.data(), n_tokens, kv_len, kv_len + 2);
-        AttentionOptions options;
-        options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
-        ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1, options).ok());
-        for (int64_t col = 0; col < width; ++col) ASSERT_EQ(out[col], 0.0f);
-        ExpectMatchesReference(cache, layout.n_heads, query, causal, 0.125f,
-                               "masked");
-        if (HasFatalFailure()) return;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{32, 1}}) {
+      for (const int64_t n_tokens : {1, 5, 40}) {
+        for (const bool causal : {true, false}) {
+          const int64_t d = 64, kv_len = 150;
+          KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 31,
+                                    /*extra_capacity=*/0, dtype);
+          const int64_t width = layout.n_heads * d;
+          std::vector<float> q(n_tokens * width), out(n_tokens * width, -7.0f);
+          test::FillRandom(q.data(), q.size(), 32);
+          std::vector<float> mask(n_tokens * (kv_len + 2));
+          test::FillRandom(mask.data(), mask.size(), 33, -2.0f, 2.0f);
+          for (size_t i = 0; i < mask.size(); i += 3) mask[i] = -kInf;
+          // Row 0 sees nothing: zeros, not NaN.
+          std::fill(mask.begin(), mask.begin() + kv_len, -kInf);
+          AttentionQuery query;
+          query.q_pos0 = kv_len - n_tokens;
+          query.q = MatrixView<const float>(q.data(), n_tokens, width);
+          query.out = MatrixView<float>(out.data(), n_tokens, width);
+          query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len,
+                                               kv_len + 2);
+          AttentionOptions options;
+          options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+          ASSERT_TRUE(
+              Attention(cache, layout.n_heads, &query, 1, options).ok());
+          for (int64_t col = 0; col < width; ++col) ASSERT_EQ(out[col], 0.0f);
+          ExpectMatchesReference(cache, layout.n_heads, query, causal, 0.125f,
+                                 "masked, " + DtypeName(dtype));
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
@@ -308,34 +371,38 @@ TEST_P(AttentionTest, AdditiveMask) {
 // Several sequences of different lengths in one call: each matches the
 // reference.
 TEST_P(AttentionTest, SeveralSequences) {
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
-    const int64_t d = 64;
-    const std::vector<int64_t> lengths = {1, 90, 700, 33};
-    const std::vector<int64_t> tokens = {1, 90, 1, 5};
-    KvCache cache = MakeCache(layout.n_kv_heads, d, lengths, 41);
-    const int64_t width = layout.n_heads * d;
-    std::vector<std::vector<float>> qs, outs;
-    std::vector<AttentionQuery> queries;
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      qs.emplace_back(tokens[i] * width);
-      outs.emplace_back(tokens[i] * width);
-      test::FillRandom(qs.back().data(), qs.back().size(), 50 + i);
-    }
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      AttentionQuery query;
-      query.seq = static_cast<int64_t>(i);
-      query.q_pos0 = lengths[i] - tokens[i];
-      query.q = MatrixView<const float>(qs[i].data(), tokens[i], width);
-      query.out = MatrixView<float>(outs[i].data(), tokens[i], width);
-      queries.push_back(query);
-    }
-    ASSERT_TRUE(Attention(cache, layout.n_heads, queries.data(),
-                          static_cast<int64_t>(queries.size()))
-                    .ok());
-    for (const AttentionQuery& query : queries) {
-      ExpectMatchesReference(cache, layout.n_heads, query, true, 0.125f,
-                             "sequence " + std::to_string(query.seq));
-      if (HasFatalFailure()) return;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      const int64_t d = 64;
+      const std::vector<int64_t> lengths = {1, 90, 700, 33};
+      const std::vector<int64_t> tokens = {1, 90, 1, 5};
+      KvCache cache = MakeCache(layout.n_kv_heads, d, lengths, 41,
+                                /*extra_capacity=*/0, dtype);
+      const int64_t width = layout.n_heads * d;
+      std::vector<std::vector<float>> qs, outs;
+      std::vector<AttentionQuery> queries;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        qs.emplace_back(tokens[i] * width);
+        outs.emplace_back(tokens[i] * width);
+        test::FillRandom(qs.back().data(), qs.back().size(), 50 + i);
+      }
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        AttentionQuery query;
+        query.seq = static_cast<int64_t>(i);
+        query.q_pos0 = lengths[i] - tokens[i];
+        query.q = MatrixView<const float>(qs[i].data(), tokens[i], width);
+        query.out = MatrixView<float>(outs[i].data(), tokens[i], width);
+        queries.push_back(query);
+      }
+      ASSERT_TRUE(Attention(cache, layout.n_heads, queries.data(),
+                            static_cast<int64_t>(queries.size()))
+                      .ok());
+      for (const AttentionQuery& query : queries) {
+        ExpectMatchesReference(
+            cache, layout.n_heads, query, true, 0.125f,
+            DtypeName(dtype) + ", sequence " + std::to_string(query.seq));
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -343,42 +410,38 @@ TEST_P(AttentionTest, SeveralSequences) {
 // GQA with K/V heads repeated G times is MHA.
 TEST_P(AttentionTest, GqaEqualsRepeatedMha) {
   const int64_t d = 32, n_heads = 8, kv_len = 200, n_tokens = 40;
-  for (const int64_t n_kv : {1, 2, 4}) {
-    const int64_t group = n_heads / n_kv;
-    KvCache gqa = MakeCache(n_kv, d, {kv_len}, 61);
-    KvCacheConfig config = gqa.config();
-    config.n_kv_heads = n_heads;
-    KvCache mha;
-    ASSERT_TRUE(KvCache::Create(config, &mha).ok());
-    std::vector<float> k(kv_len * n_heads * d), v(kv_len * n_heads * d);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const MatrixView<const float> keys = FloatRows(gqa.Keys(0, h / group));
-      const MatrixView<const float> values =
-          FloatRows(gqa.Values(0, h / group));
-      for (int64_t s = 0; s < kv_len; ++s) {
-        std::memcpy(&k[(s * n_heads + h) * d], keys.data + s * keys.stride,
-                    d * sizeof(float));
-        std::memcpy(&v[(s * n_heads + h) * d], values.data + s * values.stride,
-                    d * sizeof(float));
+  for (const KvDtype dtype : kDtypes) {
+    for (const int64_t n_kv : {1, 2, 4}) {
+      const int64_t group = n_heads / n_kv;
+      // K and V of the GQA heads, repeated for the MHA cache: each (token,
+      // head) row rounds the same way in both (int8 scales are per row).
+      std::vector<float> k_gqa(kv_len * n_kv * d), v_gqa(k_gqa.size());
+      test::FillRandom(k_gqa.data(), k_gqa.size(), 61);
+      test::FillRandom(v_gqa.data(), v_gqa.size(), 63);
+      std::vector<float> k(kv_len * n_heads * d), v(kv_len * n_heads * d);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        for (int64_t s = 0; s < kv_len; ++s) {
+          const int64_t from = (s * n_kv + h / group) * d;
+          std::copy_n(&k_gqa[from], d, &k[(s * n_heads + h) * d]);
+          std::copy_n(&v_gqa[from], d, &v[(s * n_heads + h) * d]);
+        }
       }
-    }
-    ASSERT_TRUE(
-        mha.Append(0, MatrixView<const float>(k.data(), kv_len, n_heads * d),
-                   MatrixView<const float>(v.data(), kv_len, n_heads * d))
-            .ok());
-    std::vector<float> q(n_tokens * n_heads * d), out_gqa(q.size()),
-        out_mha(q.size());
-    test::FillRandom(q.data(), q.size(), 62);
-    AttentionQuery query;
-    query.q_pos0 = kv_len - n_tokens;
-    query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
-    query.out = MatrixView<float>(out_gqa.data(), n_tokens, n_heads * d);
-    ASSERT_TRUE(Attention(gqa, n_heads, &query, 1).ok());
-    query.out = MatrixView<float>(out_mha.data(), n_tokens, n_heads * d);
-    ASSERT_TRUE(Attention(mha, n_heads, &query, 1).ok());
-    for (size_t i = 0; i < q.size(); ++i) {
-      ASSERT_NEAR(out_gqa[i], out_mha[i], 1e-5)
-          << "n_kv " << n_kv << " at " << i;
+      const KvCache gqa = CacheHolding(dtype, n_kv, d, kv_len, k_gqa, v_gqa);
+      const KvCache mha = CacheHolding(dtype, n_heads, d, kv_len, k, v);
+      std::vector<float> q(n_tokens * n_heads * d), out_gqa(q.size()),
+          out_mha(q.size());
+      test::FillRandom(q.data(), q.size(), 62);
+      AttentionQuery query;
+      query.q_pos0 = kv_len - n_tokens;
+      query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
+      query.out = MatrixView<float>(out_gqa.data(), n_tokens, n_heads * d);
+      ASSERT_TRUE(Attention(gqa, n_heads, &query, 1).ok());
+      query.out = MatrixView<float>(out_mha.data(), n_tokens, n_heads * d);
+      ASSERT_TRUE(Attention(mha, n_heads, &query, 1).ok());
+      for (size_t i = 0; i < q.size(); ++i) {
+        ASSERT_NEAR(out_gqa[i], out_mha[i], 1e-5)
+            << DtypeName(dtype) << ", n_kv " << n_kv << " at " << i;
+      }
     }
   }
 }
@@ -386,39 +449,46 @@ TEST_P(AttentionTest, GqaEqualsRepeatedMha) {
 // The materialised path: weights are a softmax per row, masked entries are 0,
 // and its output matches both the reference and the fused path.
 TEST_P(AttentionTest, MaterializedMatchesFused) {
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
-    for (const int64_t n_tokens : {1, 37}) {
-      const int64_t d = 80, kv_len = 150;
-      KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 71);
-      const int64_t width = layout.n_heads * d;
-      std::vector<float> q(n_tokens * width), fused(q.size()), mat(q.size());
-      test::FillRandom(q.data(), q.size(), 72);
-      std::vector<float> weights(layout.n_heads * n_tokens * kv_len);
-      AttentionQuery query;
-      query.q_pos0 = kv_len - n_tokens;
-      query.q = MatrixView<const float>(q.data(), n_tokens, width);
-      query.out = MatrixView<float>(fused.data(), n_tokens, width);
-      ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1).ok());
-      query.out = MatrixView<float>(mat.data(), n_tokens, width);
-      const Status status = AttentionWithWeights(
-          cache, layout.n_heads, query,
-          MatrixView<float>(weights.data(), layout.n_heads * n_tokens, kv_len));
-      ASSERT_TRUE(status.ok()) << status.ToString();
-      ExpectMatchesReference(cache, layout.n_heads, query, true,
-                             static_cast<float>(1.0 / std::sqrt(d)),
-                             "materialized");
-      for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(fused[i], mat[i], 2e-6);
-      for (int64_t row = 0; row < layout.n_heads * n_tokens; ++row) {
-        const int64_t t = row % n_tokens;
-        double sum = 0.0;
-        for (int64_t s = 0; s < kv_len; ++s) {
-          const float w = weights[row * kv_len + s];
-          if (s > query.q_pos0 + t) {
-            ASSERT_EQ(w, 0.0f);
-          }
-          sum += w;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      for (const int64_t n_tokens : {1, 37}) {
+        const int64_t d = 80, kv_len = 150;
+        KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 71,
+                                  /*extra_capacity=*/0, dtype);
+        const int64_t width = layout.n_heads * d;
+        std::vector<float> q(n_tokens * width), fused(q.size()), mat(q.size());
+        test::FillRandom(q.data(), q.size(), 72);
+        std::vector<float> weights(layout.n_heads * n_tokens * kv_len);
+        AttentionQuery query;
+        query.q_pos0 = kv_len - n_tokens;
+        query.q = MatrixView<const float>(q.data(), n_tokens, width);
+        query.out = MatrixView<float>(fused.data(), n_tokens, width);
+        ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1).ok());
+        query.out = MatrixView<float>(mat.data(), n_tokens, width);
+        const Status status = AttentionWithWeights(
+            cache, layout.n_heads, query,
+            MatrixView<float>(weights.data(), layout.n_heads * n_tokens,
+                              kv_len));
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        ExpectMatchesReference(cache, layout.n_heads, query, true,
+                               static_cast<float>(1.0 / std::sqrt(d)),
+                               "materialized, " + DtypeName(dtype));
+        for (size_t i = 0; i < q.size(); ++i) {
+          ASSERT_NEAR(fused[i], mat[i], 2e-6)
+              << DtypeName(dtype) << " at " << i;
         }
-        ASSERT_NEAR(sum, 1.0, 1e-5);
+        for (int64_t row = 0; row < layout.n_heads * n_tokens; ++row) {
+          const int64_t t = row % n_tokens;
+          double sum = 0.0;
+          for (int64_t s = 0; s < kv_len; ++s) {
+            const float w = weights[row * kv_len + s];
+            if (s > query.q_pos0 + t) {
+              ASSERT_EQ(w, 0.0f);
+            }
+            sum += w;
+          }
+          ASSERT_NEAR(sum, 1.0, 1e-5);
+        }
       }
     }
   }
@@ -426,30 +496,34 @@ TEST_P(AttentionTest, MaterializedMatchesFused) {
 
 // Bit-identical outputs for 1, 2 and 7 threads: decode (chunked) and prefill.
 TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
-  for (const Case& c :
-       {Case{{8, 2}, 64, 5000, 1, true}, Case{{8, 8}, 128, 3000, 1, true},
-        Case{{32, 1}, 64, 2000, 1, true}, Case{{8, 4}, 64, 300, 300, true}}) {
-    KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 81);
-    const int64_t width = c.layout.n_heads * c.head_dim;
-    std::vector<float> q(c.n_tokens * width);
-    test::FillRandom(q.data(), q.size(), 82);
-    std::vector<float> first;
-    for (const int threads : {1, 2, 7}) {
-      std::vector<float> out(q.size());
-      AttentionQuery query;
-      query.q_pos0 = c.kv_len - c.n_tokens;
-      query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
-      query.out = MatrixView<float>(out.data(), c.n_tokens, width);
-      tbb::task_arena arena(threads);
-      arena.execute([&] {
-        ASSERT_TRUE(Attention(cache, c.layout.n_heads, &query, 1).ok());
-      });
-      if (first.empty()) {
-        first = out;
-      } else {
-        ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
-                                 out.size() * sizeof(float)))
-            << Describe(c) << ", " << threads << " threads";
+  for (const KvDtype dtype : kDtypes) {
+    for (Case c :
+         {Case{{8, 2}, 64, 5000, 1, true}, Case{{8, 8}, 128, 3000, 1, true},
+          Case{{32, 1}, 64, 2000, 1, true}, Case{{8, 4}, 64, 300, 300, true}}) {
+      c.dtype = dtype;
+      KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 81,
+                                /*extra_capacity=*/0, dtype);
+      const int64_t width = c.layout.n_heads * c.head_dim;
+      std::vector<float> q(c.n_tokens * width);
+      test::FillRandom(q.data(), q.size(), 82);
+      std::vector<float> first;
+      for (const int threads : {1, 2, 7}) {
+        std::vector<float> out(q.size());
+        AttentionQuery query;
+        query.q_pos0 = c.kv_len - c.n_tokens;
+        query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
+        query.out = MatrixView<float>(out.data(), c.n_tokens, width);
+        tbb::task_arena arena(threads);
+        arena.execute([&] {
+          ASSERT_TRUE(Attention(cache, c.layout.n_heads, &query, 1).ok());
+        });
+        if (first.empty()) {
+          first = out;
+        } else {
+          ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
+                                   out.size() * sizeof(float)))
+              << Describe(c) << ", " << threads << " threads";
+        }
       }
     }
   }
@@ -458,64 +532,70 @@ TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
 // Prefill of k tokens, then one-token decode steps, equals one-shot prefill of
 // all tokens.
 TEST_P(AttentionTest, PrefillThenDecodeEqualsOneShot) {
-  for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
-    const int64_t d = 64, total = 80, first = 50;
-    const int64_t width = layout.n_heads * d, kv_width = layout.n_kv_heads * d;
-    std::vector<float> q(total * width), k(total * kv_width),
-        v(total * kv_width);
-    test::FillRandom(q.data(), q.size(), 91);
-    test::FillRandom(k.data(), k.size(), 92);
-    test::FillRandom(v.data(), v.size(), 93);
-    KvCacheConfig config{1, layout.n_kv_heads, d, total};
-    KvCache one_shot, stepped;
-    ASSERT_TRUE(KvCache::Create(config, &one_shot).ok());
-    ASSERT_TRUE(KvCache::Create(config, &stepped).ok());
-    ASSERT_TRUE(one_shot
-                    .Append(0,
-                            MatrixView<const float>(k.data(), total, kv_width),
-                            MatrixView<const float>(v.data(), total, kv_width))
-                    .ok());
-    std::vector<float> want(total * width), got(total * width);
-    AttentionQuery query;
-    query.q = MatrixView<const float>(q.data(), total, width);
-    query.out = MatrixView<float>(want.data(), total, width);
-    ASSERT_TRUE(Attention(one_shot, layout.n_heads, &query, 1).ok());
-    for (int64_t t0 = 0; t0 < total;) {
-      const int64_t n = t0 == 0 ? first : 1;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      const int64_t d = 64, total = 80, first = 50;
+      const int64_t width = layout.n_heads * d,
+                    kv_width = layout.n_kv_heads * d;
+      std::vector<float> q(total * width), k(total * kv_width),
+          v(total * kv_width);
+      test::FillRandom(q.data(), q.size(), 91);
+      test::FillRandom(k.data(), k.size(), 92);
+      test::FillRandom(v.data(), v.size(), 93);
+      KvCacheConfig config{1, layout.n_kv_heads, d, total, dtype};
+      KvCache one_shot, stepped;
+      ASSERT_TRUE(KvCache::Create(config, &one_shot).ok());
+      ASSERT_TRUE(KvCache::Create(config, &stepped).ok());
       ASSERT_TRUE(
-          stepped
-              .Append(0,
-                      MatrixView<const float>(&k[t0 * kv_width], n, kv_width),
-                      MatrixView<const float>(&v[t0 * kv_width], n, kv_width))
+          one_shot
+              .Append(0, MatrixView<const float>(k.data(), total, kv_width),
+                      MatrixView<const float>(v.data(), total, kv_width))
               .ok());
-      query.q_pos0 = t0;
-      query.q = MatrixView<const float>(&q[t0 * width], n, width);
-      query.out = MatrixView<float>(&got[t0 * width], n, width);
-      ASSERT_TRUE(Attention(stepped, layout.n_heads, &query, 1).ok());
-      t0 += n;
+      std::vector<float> want(total * width), got(total * width);
+      AttentionQuery query;
+      query.q = MatrixView<const float>(q.data(), total, width);
+      query.out = MatrixView<float>(want.data(), total, width);
+      ASSERT_TRUE(Attention(one_shot, layout.n_heads, &query, 1).ok());
+      for (int64_t t0 = 0; t0 < total;) {
+        const int64_t n = t0 == 0 ? first : 1;
+        ASSERT_TRUE(
+            stepped
+                .Append(0,
+                        MatrixView<const float>(&k[t0 * kv_width], n, kv_width),
+                        MatrixView<const float>(&v[t0 * kv_width], n, kv_width))
+                .ok());
+        query.q_pos0 = t0;
+        query.q = MatrixView<const float>(&q[t0 * width], n, width);
+        query.out = MatrixView<float>(&got[t0 * width], n, width);
+        ASSERT_TRUE(Attention(stepped, layout.n_heads, &query, 1).ok());
+        t0 += n;
+      }
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-6) << DtypeName(dtype) << " at " << i;
     }
-    for (size_t i = 0; i < want.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 2e-6) << i;
   }
 }
 
 TEST_P(AttentionTest, NaNInAQueryRowReachesItsOutput) {
   const int64_t d = 32, n_heads = 8, kv_len = 100;
-  for (const int64_t n_kv : {8, 1}) {
-    for (const int64_t n_tokens : {1, 40}) {
-      KvCache cache = MakeCache(n_kv, d, {kv_len}, 101);
-      std::vector<float> q(n_tokens * n_heads * d), out(q.size());
-      test::FillRandom(q.data(), q.size(), 102);
-      q[(n_tokens - 1) * n_heads * d + 3] =
-          std::numeric_limits<float>::quiet_NaN();
-      AttentionQuery query;
-      query.q_pos0 = kv_len - n_tokens;
-      query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
-      query.out = MatrixView<float>(out.data(), n_tokens, n_heads * d);
-      ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
-      // Head 0 of the last token is NaN; head 1 is not.
-      EXPECT_TRUE(std::isnan(out[(n_tokens - 1) * n_heads * d]));
-      EXPECT_FALSE(std::isnan(out[(n_tokens - 1) * n_heads * d + d]));
+  for (const KvDtype dtype : kDtypes) {
+    for (const int64_t n_kv : {8, 1}) {
+      for (const int64_t n_tokens : {1, 40}) {
+        KvCache cache =
+            MakeCache(n_kv, d, {kv_len}, 101, /*extra_capacity=*/0, dtype);
+        std::vector<float> q(n_tokens * n_heads * d), out(q.size());
+        test::FillRandom(q.data(), q.size(), 102);
+        q[(n_tokens - 1) * n_heads * d + 3] =
+            std::numeric_limits<float>::quiet_NaN();
+        AttentionQuery query;
+        query.q_pos0 = kv_len - n_tokens;
+        query.q = MatrixView<const float>(q.data(), n_tokens, n_heads * d);
+        query.out = MatrixView<float>(out.data(), n_tokens, n_heads * d);
+        ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+        // Head 0 of the last token is NaN; head 1 is not.
+        EXPECT_TRUE(std::isnan(out[(n_tokens - 1) * n_heads * d]));
+        EXPECT_FALSE(std::isnan(out[(n_tokens - 1) * n_heads * d + d]));
+      }
     }
   }
 }
@@ -550,43 +630,46 @@ void ExpectBothPathsMatch(const KvCache& cache, int64_t n_heads,
 TEST_P(AttentionTest, MasksNearTheFloatRange) {
   const float lowest = std::numeric_limits<float>::lowest();
   const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
-  for (const Layout& layout : {Layout{4, 4}, Layout{8, 2}, Layout{8, 1}}) {
-    for (const int64_t n_tokens :
-         {int64_t{1}, int64_t{3}, 2 * lanes, int64_t{16}}) {
-      for (const int64_t kv_len : {66, 1500}) {
-        const int64_t d = 64;
-        KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 301);
-        const int64_t width = layout.n_heads * d;
-        std::vector<float> q(n_tokens * width), out(q.size(), -7.0f);
-        test::FillRandom(q.data(), q.size(), 302);
-        std::vector<float> mask(n_tokens * kv_len);
-        test::FillRandom(mask.data(), mask.size(), 303, -2.0f, 2.0f);
-        std::fill(mask.begin(), mask.begin() + kv_len, lowest);  // row 0
-        for (int64_t t = 1; t < n_tokens; ++t) {
-          float* row = mask.data() + t * kv_len;
-          if (t % 3 == 1) {
-            for (int64_t s = 0; s < kv_len; ++s) {
-              row[s] = s % 2 ? -3e38f : lowest;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{4, 4}, Layout{8, 2}, Layout{8, 1}}) {
+      for (const int64_t n_tokens :
+           {int64_t{1}, int64_t{3}, 2 * lanes, int64_t{16}}) {
+        for (const int64_t kv_len : {66, 1500}) {
+          const int64_t d = 64;
+          KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 301,
+                                    /*extra_capacity=*/0, dtype);
+          const int64_t width = layout.n_heads * d;
+          std::vector<float> q(n_tokens * width), out(q.size(), -7.0f);
+          test::FillRandom(q.data(), q.size(), 302);
+          std::vector<float> mask(n_tokens * kv_len);
+          test::FillRandom(mask.data(), mask.size(), 303, -2.0f, 2.0f);
+          std::fill(mask.begin(), mask.begin() + kv_len, lowest);  // row 0
+          for (int64_t t = 1; t < n_tokens; ++t) {
+            float* row = mask.data() + t * kv_len;
+            if (t % 3 == 1) {
+              for (int64_t s = 0; s < kv_len; ++s) {
+                row[s] = s % 2 ? -3e38f : lowest;
+              }
+            } else if (t % 3 == 2) {
+              row[t % kv_len] = 3e38f;
             }
-          } else if (t % 3 == 2) {
-            row[t % kv_len] = 3e38f;
           }
-        }
-        AttentionQuery query;
-        query.q_pos0 = kv_len - n_tokens - 3 * (kv_len > 100);
-        query.q = MatrixView<const float>(q.data(), n_tokens, width);
-        query.out = MatrixView<float>(out.data(), n_tokens, width);
-        query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len);
-        for (const AttentionMask kind :
-             {AttentionMask::kCausal, AttentionMask::kNone}) {
-          AttentionOptions options;
-          options.mask = kind;
-          options.scale = 0.125f;
-          ExpectBothPathsMatch(cache, layout.n_heads, query, options,
-                               "lowest mask, n_tokens " +
-                                   std::to_string(n_tokens) + ", kv_len " +
-                                   std::to_string(kv_len));
-          if (HasFatalFailure()) return;
+          AttentionQuery query;
+          query.q_pos0 = kv_len - n_tokens - 3 * (kv_len > 100);
+          query.q = MatrixView<const float>(q.data(), n_tokens, width);
+          query.out = MatrixView<float>(out.data(), n_tokens, width);
+          query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len);
+          for (const AttentionMask kind :
+               {AttentionMask::kCausal, AttentionMask::kNone}) {
+            AttentionOptions options;
+            options.mask = kind;
+            options.scale = 0.125f;
+            ExpectBothPathsMatch(cache, layout.n_heads, query, options,
+                                 DtypeName(dtype) + ", lowest mask, n_tokens " +
+                                     std::to_string(n_tokens) + ", kv_len " +
+                                     std::to_string(kv_len));
+            if (HasFatalFailure()) return;
+          }
         }
       }
     }
@@ -596,7 +679,9 @@ TEST_P(AttentionTest, MasksNearTheFloatRange) {
 // A NaN or inf in the K or V row of a key that a query must not see (past its
 // position, or under a -inf mask entry) changes nothing for that query; the
 // queries that see it get a non-finite row. Wide and narrow tiles, chunked
-// decode and the materialised path.
+// decode and the materialised path, every dtype: bf16 and f16 keep the NaN or
+// inf, int8 gives the row a NaN scale (storage.h), so the whole row reads NaN
+// and every query that sees it gets NaN in every column.
 TEST_P(AttentionTest, HiddenKeysContributeNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
@@ -611,48 +696,63 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
       {{32, 1}, 16, 200, 40, true}, {{8, 8}, 64, 3000, 1, true},
       {{8, 8}, 72, 150, 3, false},  {{4, 2}, 64, 3000, 5, true},
   };
-  for (const Shape& shape : shapes) {
-    for (const float poison : {nan, kInf}) {
-      for (const bool in_v : {true, false}) {
-        const int64_t d = shape.d, kv_len = shape.kv_len;
-        const int64_t n_tokens = shape.n_tokens;
-        const int64_t kv_width = shape.layout.n_kv_heads * d;
-        std::vector<float> k(kv_len * kv_width), v(k.size());
-        test::FillRandom(k.data(), k.size(), 401);
-        test::FillRandom(v.data(), v.size(), 402);
-        // The last key (seen by the last query only, under causal) and, with
-        // the mask, key 3 (hidden from even tokens by the mask).
-        (in_v ? v : k)[(kv_len - 1) * kv_width + d / 2] = poison;
-        if (shape.with_mask) (in_v ? v : k)[3 * kv_width + d / 2] = poison;
-        const KvCache cache =
-            CacheHolding(shape.layout.n_kv_heads, d, kv_len, k, v);
-        const int64_t width = shape.layout.n_heads * d;
-        std::vector<float> q(n_tokens * width), out(q.size(), -7.0f);
-        test::FillRandom(q.data(), q.size(), 403);
-        std::vector<float> mask(n_tokens * kv_len);
-        test::FillRandom(mask.data(), mask.size(), 404, -1.0f, 1.0f);
-        for (int64_t t = 0; t < n_tokens; t += 2) mask[t * kv_len + 3] = -kInf;
-        AttentionQuery query;
-        query.q_pos0 = kv_len - n_tokens;
-        query.q = MatrixView<const float>(q.data(), n_tokens, width);
-        query.out = MatrixView<float>(out.data(), n_tokens, width);
-        if (shape.with_mask) {
-          query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len);
-        }
-        AttentionOptions options;
-        options.scale = 0.25f;
-        const std::string what =
-            std::string(std::isnan(poison) ? "NaN" : "inf") + " in " +
-            (in_v ? "V" : "K") + ", heads " +
-            std::to_string(shape.layout.n_heads) + "/" +
-            std::to_string(shape.layout.n_kv_heads) + ", kv_len " +
-            std::to_string(kv_len) + ", n_tokens " + std::to_string(n_tokens);
-        ExpectBothPathsMatch(cache, shape.layout.n_heads, query, options, what);
-        if (HasFatalFailure()) return;
-        // The first query misses the last key under causal: finite.
-        if (n_tokens > 1 && !shape.with_mask) {
-          for (int64_t col = 0; col < width; ++col) {
-            ASSERT_TRUE(std::isfinite(out[col])) << what << ", col " << col;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Shape& shape : shapes) {
+      for (const float poison : {nan, kInf}) {
+        for (const bool in_v : {true, false}) {
+          const int64_t d = shape.d, kv_len = shape.kv_len;
+          const int64_t n_tokens = shape.n_tokens;
+          const int64_t kv_width = shape.layout.n_kv_heads * d;
+          std::vector<float> k(kv_len * kv_width), v(k.size());
+          test::FillRandom(k.data(), k.size(), 401);
+          test::FillRandom(v.data(), v.size(), 402);
+          // The last key (seen by the last query only, under causal) and, with
+          // the mask, key 3 (hidden from even tokens by the mask).
+          (in_v ? v : k)[(kv_len - 1) * kv_width + d / 2] = poison;
+          if (shape.with_mask) (in_v ? v : k)[3 * kv_width + d / 2] = poison;
+          const KvCache cache =
+              CacheHolding(dtype, shape.layout.n_kv_heads, d, kv_len, k, v);
+          const int64_t width = shape.layout.n_heads * d;
+          std::vector<float> q(n_tokens * width), out(q.size(), -7.0f);
+          test::FillRandom(q.data(), q.size(), 403);
+          std::vector<float> mask(n_tokens * kv_len);
+          test::FillRandom(mask.data(), mask.size(), 404, -1.0f, 1.0f);
+          for (int64_t t = 0; t < n_tokens; t += 2)
+            mask[t * kv_len + 3] = -kInf;
+          AttentionQuery query;
+          query.q_pos0 = kv_len - n_tokens;
+          query.q = MatrixView<const float>(q.data(), n_tokens, width);
+          query.out = MatrixView<float>(out.data(), n_tokens, width);
+          if (shape.with_mask) {
+            query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len);
+          }
+          AttentionOptions options;
+          options.scale = 0.25f;
+          const std::string what =
+              DtypeName(dtype) + ", " +
+              std::string(std::isnan(poison) ? "NaN" : "inf") + " in " +
+              (in_v ? "V" : "K") + ", heads " +
+              std::to_string(shape.layout.n_heads) + "/" +
+              std::to_string(shape.layout.n_kv_heads) + ", kv_len " +
+              std::to_string(kv_len) + ", n_tokens " + std::to_string(n_tokens);
+          ExpectBothPathsMatch(cache, shape.layout.n_heads, query, options,
+                               what);
+          if (HasFatalFailure()) return;
+          // The first query misses the last key under causal: finite.
+          if (n_tokens > 1 && !shape.with_mask) {
+            for (int64_t col = 0; col < width; ++col) {
+              ASSERT_TRUE(std::isfinite(out[col])) << what << ", col " << col;
+            }
+          }
+          // int8: the last query sees the NaN-scale row: NaN in every column of
+          // the heads that read its KV head (0).
+          if (dtype == KvDtype::kInt8 && !shape.with_mask) {
+            const int64_t group =
+                shape.layout.n_heads / shape.layout.n_kv_heads;
+            for (int64_t col = 0; col < group * d; ++col) {
+              ASSERT_TRUE(std::isnan(out[(n_tokens - 1) * width + col]))
+                  << what << ", col " << col;
+            }
           }
         }
       }
@@ -667,73 +767,261 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
 // Wide and narrow tiles, few keys (the error averages out over many).
 TEST_P(AttentionTest, LargeLogitsWithinTheBound) {
   const int64_t d = 64;
-  double worst = 0.0;
-  for (const Layout& layout : {Layout{8, 2}, Layout{8, 8}}) {
-    for (const auto& [kv_len, n_tokens] :
-         std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {5, 1}, {40, 40}}) {
-      const int64_t kv_width = layout.n_kv_heads * d;
-      std::vector<float> base(d), k(kv_len * kv_width), v(k.size());
-      test::FillRandom(base.data(), d, 501, 0.5f, 1.0f);
-      std::mt19937 rng(502);
-      for (int64_t i = 0; i < kv_len * layout.n_kv_heads; ++i) {
-        std::shuffle(base.begin(), base.end(), rng);
-        std::copy(base.begin(), base.end(), k.begin() + i * d);
+  for (const KvDtype dtype : kDtypes) {
+    double worst = 0.0;
+    for (const Layout& layout : {Layout{8, 2}, Layout{8, 8}}) {
+      for (const auto& [kv_len, n_tokens] :
+           std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {5, 1}, {40, 40}}) {
+        const int64_t kv_width = layout.n_kv_heads * d;
+        std::vector<float> base(d), k(kv_len * kv_width), v(k.size());
+        test::FillRandom(base.data(), d, 501, 0.5f, 1.0f);
+        std::mt19937 rng(502);
+        for (int64_t i = 0; i < kv_len * layout.n_kv_heads; ++i) {
+          std::shuffle(base.begin(), base.end(), rng);
+          std::copy(base.begin(), base.end(), k.begin() + i * d);
+        }
+        for (int64_t s = 0; s < kv_len; ++s) {
+          std::fill_n(v.begin() + s * kv_width, kv_width, s % 2 ? -1.0f : 1.0f);
+        }
+        const KvCache cache =
+            CacheHolding(dtype, layout.n_kv_heads, d, kv_len, k, v);
+        const int64_t width = layout.n_heads * d;
+        std::vector<float> q(n_tokens * width, 1.0f), out(q.size());
+        AttentionQuery query;
+        query.q_pos0 = kv_len - n_tokens;
+        query.q = MatrixView<const float>(q.data(), n_tokens, width);
+        query.out = MatrixView<float>(out.data(), n_tokens, width);
+        AttentionOptions options;
+        options.mask = AttentionMask::kNone;
+        options.scale = 20.0f;  // scores of 20 * 64 * 0.75 = 960
+        ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1, options).ok());
+        ExpectMatchesReference(cache, layout.n_heads, query, false,
+                               options.scale,
+                               DtypeName(dtype) + ", large logits, kv_len " +
+                                   std::to_string(kv_len),
+                               &worst);
+        if (HasFatalFailure()) return;
       }
-      for (int64_t s = 0; s < kv_len; ++s) {
-        std::fill_n(v.begin() + s * kv_width, kv_width, s % 2 ? -1.0f : 1.0f);
-      }
-      const KvCache cache = CacheHolding(layout.n_kv_heads, d, kv_len, k, v);
-      const int64_t width = layout.n_heads * d;
-      std::vector<float> q(n_tokens * width, 1.0f), out(q.size());
-      AttentionQuery query;
-      query.q_pos0 = kv_len - n_tokens;
-      query.q = MatrixView<const float>(q.data(), n_tokens, width);
-      query.out = MatrixView<float>(out.data(), n_tokens, width);
-      AttentionOptions options;
-      options.mask = AttentionMask::kNone;
-      options.scale = 20.0f;  // scores of 20 * 64 * 0.75 = 960
-      ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1, options).ok());
-      ExpectMatchesReference(cache, layout.n_heads, query, false, options.scale,
-                             "large logits, kv_len " + std::to_string(kv_len),
-                             &worst);
-      if (HasFatalFailure()) return;
     }
+    // Not vacuous: the score rounding shows, within the bound.
+    EXPECT_GT(worst, 0.01) << DtypeName(dtype);
+    std::printf("  %s, equal scores near 960: worst error / bound %.3f\n",
+                DtypeName(dtype).c_str(), worst);
   }
-  // Not vacuous: the score rounding shows, within the bound.
-  EXPECT_GT(worst, 0.01);
-  std::printf("  equal scores near 960: worst error / bound %.3f\n", worst);
 }
 
 // Decode (one query row: the narrow-tile path) with a NaN in q, in a visible K
 // row or in a visible V row: the NaN reaches the heads that read it and no
 // other, and no NaN is converted to an integer on the way (as EMU128's Exp
-// would; the clang build's -fsanitize=undefined reports one).
+// would; the clang build's -fsanitize=undefined reports one). Every dtype
+// (int8: the row's NaN scale).
 TEST_P(AttentionTest, DecodeWithNaNInQKOrV) {
-  const int64_t d = 16, n_heads = 4, kv_len = 70;
+  const int64_t d = 16, n_heads = 4, n_kv_heads = 2, kv_len = 70;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const int where : {0, 1, 2}) {  // q, K, V
-    KvCache cache = MakeCache(/*n_kv_heads=*/2, d, {kv_len}, 201);
-    if (where > 0) {
-      // Key 5 of KV head 0 (query heads 0 and 1).
-      const MatrixView<const float> rows =
-          FloatRows(where == 1 ? cache.Keys(0, 0) : cache.Values(0, 0));
-      const_cast<float*>(rows.data)[5 * rows.stride + 3] = nan;
+  for (const KvDtype dtype : kDtypes) {
+    for (const int where : {0, 1, 2}) {  // q, K, V
+      std::vector<float> k(kv_len * n_kv_heads * d), v(k.size());
+      test::FillRandom(k.data(), k.size(), 201);
+      test::FillRandom(v.data(), v.size(), 203);
+      // Key 5 of KV head 0 (query heads 0 and 1), column 3.
+      if (where > 0) (where == 1 ? k : v)[5 * n_kv_heads * d + 3] = nan;
+      const KvCache cache = CacheHolding(dtype, n_kv_heads, d, kv_len, k, v);
+      std::vector<float> q(n_heads * d), out(q.size());
+      test::FillRandom(q.data(), q.size(), 202);
+      if (where == 0) q[3] = nan;  // head 0
+      AttentionQuery query;
+      query.q_pos0 = kv_len - 1;
+      query.q = MatrixView<const float>(q.data(), 1, n_heads * d);
+      query.out = MatrixView<float>(out.data(), 1, n_heads * d);
+      ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+      const std::string what = DtypeName(dtype) + ", " + std::to_string(where);
+      EXPECT_TRUE(std::isnan(out[where == 2 ? 3 : 0])) << what;
+      if (where > 0) {
+        EXPECT_TRUE(std::isnan(out[d + (where == 2 ? 3 : 0)])) << what;
+      }
+      for (int64_t i = 2 * d; i < n_heads * d; ++i) {
+        ASSERT_FALSE(std::isnan(out[i])) << what << ", " << i;
+      }
     }
-    std::vector<float> q(n_heads * d), out(q.size());
-    test::FillRandom(q.data(), q.size(), 202);
-    if (where == 0) q[3] = nan;  // head 0
-    AttentionQuery query;
-    query.q_pos0 = kv_len - 1;
-    query.q = MatrixView<const float>(q.data(), 1, n_heads * d);
-    query.out = MatrixView<float>(out.data(), 1, n_heads * d);
-    ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
-    EXPECT_TRUE(std::isnan(out[where == 2 ? 3 : 0])) << where;
-    if (where > 0) {
-      EXPECT_TRUE(std::isnan(out[d + (where == 2 ? 3 : 0)]));
+  }
+}
+
+// q, out and the mask next to guard pages (test/support/guard_page.h), with
+// odd strides and start addresses aligned to a float only: no path reads or
+// writes a byte outside its views. Every dtype, narrow and wide tiles, the
+// fused and the materialised path.
+TEST_P(AttentionTest, ViewsAtGuardPages) {
+  const int64_t d = 40, kv_len = 200;
+  for (const KvDtype dtype : kDtypes) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      const KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 601,
+                                      /*extra_capacity=*/0, dtype);
+      for (const int64_t n_tokens : {1, 3, 40}) {
+        for (const test::GuardSide side :
+             {test::GuardSide::kAfter, test::GuardSide::kBefore}) {
+          const int64_t width = layout.n_heads * d;
+          const int64_t q_stride = width + 1, out_stride = width + 3;
+          const int64_t mask_stride = kv_len + 1;
+          test::GuardedBuffer<float> q((n_tokens - 1) * q_stride + width, side);
+          test::GuardedBuffer<float> out((n_tokens - 1) * out_stride + width,
+                                         side);
+          test::GuardedBuffer<float> mask((n_tokens - 1) * mask_stride + kv_len,
+                                          side);
+          test::FillRandom(q.data(), q.size(), 602);
+          test::FillRandom(mask.data(), mask.size(), 603);
+          for (size_t i = 0; i < mask.size(); i += 5) mask[i] = -kInf;
+          AttentionQuery query;
+          query.q_pos0 = kv_len - n_tokens;
+          query.q =
+              MatrixView<const float>(q.data(), n_tokens, width, q_stride);
+          query.out =
+              MatrixView<float>(out.data(), n_tokens, width, out_stride);
+          query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len,
+                                               mask_stride);
+          AttentionOptions options;
+          options.scale = 0.125f;
+          ExpectBothPathsMatch(cache, layout.n_heads, query, options,
+                               DtypeName(dtype) + ", guard pages, heads " +
+                                   std::to_string(layout.n_heads) + "/" +
+                                   std::to_string(layout.n_kv_heads) +
+                                   ", n_tokens " + std::to_string(n_tokens));
+          if (HasFatalFailure()) return;
+        }
+      }
     }
-    for (int64_t i = 2 * d; i < n_heads * d; ++i) {
-      ASSERT_FALSE(std::isnan(out[i])) << where << ", " << i;
+  }
+}
+
+// The most an element x of a row whose largest |x| is row_max moves when the
+// cache stores it (storage.h): bf16 and f16 round to nearest even, a relative
+// error of at most 2^-8 and 2^-11 (8 and 11 significant bits), f16 below 2^-14
+// in steps of 2^-24 (half a step: 2^-25); int8 rounds x / scale to an integer,
+// scale = row_max / 127, so at most scale / 2 = row_max / 254, plus 2^-22
+// row_max for the float32 roundings of the scale and of scale * q.
+double StorageError(KvDtype dtype, double row_max, double x) {
+  switch (dtype) {
+    case KvDtype::kFloat32:
+      return 0.0;
+    case KvDtype::kBFloat16:
+      return std::ldexp(std::fabs(x), -8);
+    case KvDtype::kFloat16:
+      return std::ldexp(std::fabs(x), -11) + std::ldexp(1.0, -25);
+    case KvDtype::kInt8:
+      return row_max * (1.0 / 254 + std::ldexp(1.0, -22));
+  }
+  return 0.0;
+}
+
+// The error of storage rounding: each dtype against the float64 attention over
+// K and V as appended (not rounded). For a query row whose visible scores move
+// by at most delta (|scale * q . (k' - k)| <= scale * sum_p |q_p| err(k_p),
+// err: StorageError), each softmax weight moves by a factor in [e^-2delta,
+// e^2delta], so sum_s |w'_s - w_s| <= e^(2 delta) - 1; with V's elements moved
+// by at most dv:
+//   |o' - o| = |sum_s (w'_s - w_s) v'_s + sum_s w_s (v'_s - v_s)|
+//           <= |V'|max (e^(2 delta) - 1) + dv,
+// plus the float32 tolerance of ExpectMatchesReference. This bound is the
+// worst case (every rounding against the result): the test checks it holds on
+// every target and prints the measured errors, relative to |V|max and as the
+// RMS error over the RMS output.
+TEST_P(AttentionTest, StorageErrorWithinBound) {
+  struct Shape {
+    Layout layout;
+    int64_t d, kv_len, n_tokens;
+  };
+  // MHA prefill, GQA-4 split-KV decode, MQA chunked prefill.
+  const Shape shapes[] = {
+      {{8, 8}, 64, 300, 300}, {{8, 2}, 128, 3001, 1}, {{8, 1}, 72, 300, 50}};
+  for (const KvDtype dtype : kDtypes) {
+    double worst_ratio = 0.0, worst_rel = 0.0, err_sq = 0.0, out_sq = 0.0;
+    for (const Shape& shape : shapes) {
+      const int64_t d = shape.d, kv_len = shape.kv_len;
+      const int64_t n_tokens = shape.n_tokens, n_heads = shape.layout.n_heads;
+      const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
+      const int64_t kv_width = n_kv * d, width = n_heads * d;
+      std::vector<float> k(kv_len * kv_width), v(k.size());
+      test::FillRandom(k.data(), k.size(), 701);
+      test::FillRandom(v.data(), v.size(), 702);
+      // An all-zero row (int8 scale 0) reads back exactly.
+      std::fill_n(k.begin() + 7 * kv_width, kv_width, 0.0f);
+      std::fill_n(v.begin() + 7 * kv_width, kv_width, 0.0f);
+      const KvCache cache = CacheHolding(dtype, n_kv, d, kv_len, k, v);
+      std::vector<float> q(n_tokens * width), out(q.size());
+      test::FillRandom(q.data(), q.size(), 703);
+      AttentionQuery query;
+      query.q_pos0 = kv_len - n_tokens;
+      query.q = MatrixView<const float>(q.data(), n_tokens, width);
+      query.out = MatrixView<float>(out.data(), n_tokens, width);
+      AttentionOptions options;
+      options.scale = static_cast<float>(1.0 / std::sqrt(d));
+      ASSERT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
+      const std::vector<double> qd =
+          test::ref::ToDouble(q.data(), n_tokens, width, width);
+      const std::vector<double> kd =
+          test::ref::ToDouble(k.data(), kv_len, kv_width, kv_width);
+      const std::vector<double> vd =
+          test::ref::ToDouble(v.data(), kv_len, kv_width, kv_width);
+      const std::vector<double> exact = test::ref::AttentionCore(
+          qd.data(), width, n_tokens, kd.data(), kv_width, vd.data(), kv_width,
+          kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, nullptr, 0,
+          options.scale);
+      // Per (key, KV head) row: the largest |x| of K and V, the bound on V's
+      // element errors.
+      std::vector<double> k_max(kv_len * n_kv), v_max(k_max.size());
+      for (int64_t i = 0; i < kv_len * n_kv; ++i) {
+        for (int64_t p = 0; p < d; ++p) {
+          k_max[i] = std::max<double>(k_max[i], std::fabs(k[i * d + p]));
+          v_max[i] = std::max<double>(v_max[i], std::fabs(v[i * d + p]));
+        }
+      }
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const int64_t seen = query.q_pos0 + t + 1;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t g = h / group;
+          const double* q_row = &qd[t * width + h * d];
+          double delta = 0.0, dv = 0.0, v_abs = 0.0, s_abs = 0.0;
+          for (int64_t s = 0; s < seen; ++s) {
+            const int64_t row = s * n_kv + g;
+            double shift = 0.0, dot = 0.0;
+            for (int64_t p = 0; p < d; ++p) {
+              const double kx = k[row * d + p];
+              shift +=
+                  std::fabs(q_row[p]) * StorageError(dtype, k_max[row], kx);
+              dot += std::fabs(q_row[p] * kx);
+              dv =
+                  std::max(dv, StorageError(dtype, v_max[row], v[row * d + p]));
+            }
+            delta = std::max(delta, options.scale * shift);
+            s_abs = std::max(s_abs, options.scale * (dot + shift));
+            v_abs = std::max(v_abs, v_max[row]);
+          }
+          v_abs += dv;  // |V'|max
+          const double f32_tol = 4 * kU * v_abs *
+                                 (std::sqrt(static_cast<double>(d)) * s_abs +
+                                  std::sqrt(static_cast<double>(seen)) + 8);
+          const double bound = v_abs * std::expm1(2 * delta) + dv + f32_tol;
+          for (int64_t p = 0; p < d; ++p) {
+            const double want = exact[t * width + h * d + p];
+            const double err = std::fabs(out[t * width + h * d + p] - want);
+            ASSERT_LE(err, bound)
+                << DtypeName(dtype) << ": heads " << n_heads << "/" << n_kv
+                << ", token " << t << ", head " << h << ", col " << p;
+            worst_ratio = std::max(worst_ratio, err / bound);
+            worst_rel = std::max(worst_rel, err / v_abs);
+            err_sq += err * err;
+            out_sq += want * want;
+          }
+        }
+      }
     }
+    std::printf(
+        "  %s storage: max |error| / |V|max %.2e, rms error / rms output "
+        "%.2e, worst error / bound %.3f\n",
+        DtypeName(dtype).c_str(), worst_rel, std::sqrt(err_sq / out_sq),
+        worst_ratio);
+    // Not vacuous: the storage rounding reaches a tenth of the worst case
+    // (0.12 for bf16, f16 and int8 when written).
+    if (dtype != KvDtype::kFloat32) EXPECT_GT(worst_ratio, 0.05);
   }
 }
 

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
@@ -138,7 +139,9 @@ inline ScratchBuffer& ThreadAttentionScratch() {
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "lib/attention/decode-inl.h"
 #include "lib/core/kernels-inl.h"
+#include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
 #include "lib/softmax/softmax-inl.h"
 
@@ -235,48 +238,6 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
   }
 }
 
-// C [n_i, n_vec vectors] += A B as OuterProductBlock, for few rows (n_i <
-// lanes): the tiles span up to 8 vectors of C, so that B is walked row by row
-// in long runs (the V rows of decode, streamed from memory) instead of in many
-// narrow column passes.
-template <size_t kJ>
-HWY_INLINE void NarrowAccumulateColumns(const float* a, size_t a_si,
-                                        size_t a_sk, const float* b,
-                                        size_t b_stride, size_t n_k, float* c,
-                                        size_t c_stride, size_t n_i) {
-  size_t i = 0;
-#if HWY_TARGET <= HWY_AVX3
-  for (; i + 2 <= n_i; i += 2) {
-    OuterProduct<2, kJ>(a + i * a_si, a_si, a_sk, b, b_stride, n_k,
-                        c + i * c_stride, c_stride, /*accumulate=*/true);
-  }
-#endif
-  for (; i < n_i; ++i) {
-    OuterProduct<1, kJ>(a + i * a_si, a_si, a_sk, b, b_stride, n_k,
-                        c + i * c_stride, c_stride, /*accumulate=*/true);
-  }
-}
-
-HWY_INLINE void NarrowAccumulate(const float* a, size_t a_si, size_t a_sk,
-                                 const float* b, size_t b_stride, size_t n_k,
-                                 float* c, size_t c_stride, size_t n_i,
-                                 size_t n_vec) {
-  const size_t N = hn::Lanes(AttnD());
-  size_t j = 0;
-  for (; j + 8 <= n_vec; j += 8) {
-    NarrowAccumulateColumns<8>(a, a_si, a_sk, b + j * N, b_stride, n_k,
-                               c + j * N, c_stride, n_i);
-  }
-  for (; j + 4 <= n_vec; j += 4) {
-    NarrowAccumulateColumns<4>(a, a_si, a_sk, b + j * N, b_stride, n_k,
-                               c + j * N, c_stride, n_i);
-  }
-  for (; j < n_vec; ++j) {
-    NarrowAccumulateColumns<1>(a, a_si, a_sk, b + j * N, b_stride, n_k,
-                               c + j * N, c_stride, n_i);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The rules every path asks: visible keys, the additive mask, K/V reads.
 
@@ -319,56 +280,145 @@ HWY_INLINE void HideOutside(KeyRange visible, int64_t k0, size_t n,
   std::fill(row + end, row + n_keys, neg_inf);
 }
 
-// Read access to the stored K or V rows of one KV head of one sequence,
-// [capacity][row_stride]: every kernel reads K and V through this, so that a
-// new storage type specialises it alone. float32 storage hands out pointers
-// into the cache (no copy); a narrower type would convert the rows asked for
-// into per-thread scratch of its own (a key block for prefill, a row at a time
-// for decode) and return that, valid until its next call.
-class KvRows {
- public:
-  KvRows(const float* head, int64_t row_stride)
-      : head_(head), row_stride_(static_cast<size_t>(row_stride)) {}
-
-  size_t row_stride() const { return row_stride_; }
-  // Rows [k0, k0 + n) as floats: [n][row_stride], the padding zero.
-  const float* Block(int64_t k0, size_t /*n*/) const {
-    return head_ + static_cast<size_t>(k0) * row_stride_;
+// Converts n stored rows of T (src [n][row_stride], int8 with one scale per
+// row) into floats, dst [n][row_stride]: the floats LoadRow (storage.h) gives,
+// padding included (an int8 row with a NaN scale is NaN throughout).
+template <class T>
+HWY_INLINE void ConvertRows(const T* HWY_RESTRICT src,
+                            const float* HWY_RESTRICT scales, size_t n,
+                            size_t row_stride, float* HWY_RESTRICT dst) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  for (size_t s = 0; s < n; ++s) {
+    const T* row = src + s * row_stride;
+    float* out = dst + s * row_stride;
+    if constexpr (internal::kKvScaled<T>) {
+      const auto scale = hn::Set(d, scales[s]);
+      for (size_t p = 0; p < row_stride; p += N) {
+        hn::Store(hn::Mul(LoadStored(d, row + p), scale), d, out + p);
+      }
+    } else {
+      for (size_t p = 0; p < row_stride; p += N) {
+        hn::Store(LoadStored(d, row + p), d, out + p);
+      }
+    }
   }
-  // Hints that row k (which may lie past the cache: prefetches never fault)
-  // is read soon, one prefetch per 64-byte line.
-  void Prefetch(int64_t k) const {
-    const float* row = head_ + static_cast<size_t>(k) * row_stride_;
-    for (size_t p = 0; p < row_stride_; p += 16) hwy::Prefetch(row + p);
-  }
-
- private:
-  const float* head_;
-  size_t row_stride_;
-};
-
-HWY_INLINE KvRows KeyRows(const AttentionDims& dims, const AttentionWork& work,
-                          int64_t kv_head) {
-  return KvRows(work.keys + kv_head * dims.head_stride, dims.row_stride);
-}
-HWY_INLINE KvRows ValueRows(const AttentionDims& dims,
-                            const AttentionWork& work, int64_t kv_head) {
-  return KvRows(work.values + kv_head * dims.head_stride, dims.row_stride);
 }
 
 // Whether rows [0, n_rows) of v (row stride `stride`, a multiple of the vector
 // length; columns past the head's are zero) are all finite. Not inlined:
 // inlined into a work item, GCC 12 reloads a pointer from the stack in its loop
 // (25% more instructions on AVX2).
-inline HWY_NOINLINE bool RowsFinite(const float* HWY_RESTRICT v, size_t n_rows,
-                                    size_t stride) {
+template <class T>
+HWY_NOINLINE bool RowsFinite(const T* HWY_RESTRICT v, size_t n_rows,
+                             size_t stride) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
   // x * 0 is 0 for finite x and NaN for +-inf and NaN.
   auto acc = hn::Zero(d);
-  const float* end = v + n_rows * stride;
-  for (; v < end; v += N) acc = hn::MulAdd(hn::Load(d, v), hn::Zero(d), acc);
+  const T* end = v + n_rows * stride;
+  for (; v < end; v += N) acc = hn::MulAdd(LoadStored(d, v), hn::Zero(d), acc);
   return hn::AllTrue(d, hn::Eq(acc, hn::Zero(d)));
+}
+
+// Read access to the stored K or V rows of one KV head of one sequence,
+// [capacity][row_stride] elements of T (int8: times one float scale per row):
+// every kernel reads K and V through this, so that a new storage type needs
+// only its LoadStored (storage-inl.h). Narrow tiles read the stored rows
+// (Stored, Scales) and convert on the fly; Block hands out float rows:
+// float32 storage pointers into the cache (no copy), the other types the rows
+// converted into the reader's scratch, once per key block of a wide group.
+template <class T>
+class KvRows {
+ public:
+  // Whether Block converts (and needs scratch).
+  static constexpr bool kConverts = !hwy::IsSame<T, float>();
+  // The scratch Block needs for up to `rows` rows: [rows][row_stride] floats,
+  // none for float.
+  static size_t ScratchFloats(size_t rows, size_t row_stride) {
+    return kConverts ? rows * row_stride : 0;
+  }
+
+  // scales: one per row for int8, else null. scratch: ScratchFloats(n_max,
+  // row_stride) floats, vector-aligned, for Block calls of up to n_max rows.
+  KvRows(const T* head, const float* scales, int64_t row_stride, float* scratch)
+      : head_(head),
+        scales_(scales),
+        scratch_(scratch),
+        row_stride_(static_cast<size_t>(row_stride)) {}
+
+  size_t row_stride() const { return row_stride_; }
+  // Stored row k (row k + 1 is row_stride elements on).
+  const T* Stored(int64_t k) const {
+    return head_ + static_cast<size_t>(k) * row_stride_;
+  }
+  // The scales of rows k, k + 1, ... (int8), or null.
+  const float* Scales(int64_t k) const {
+    return internal::kKvScaled<T> ? scales_ + k : nullptr;
+  }
+  // Rows [k0, k0 + n) as floats: [n][row_stride], the padding zero (NaN for
+  // an int8 row with a NaN scale). Converted rows stay valid until the next
+  // Block call on this reader.
+  const float* Block(int64_t k0, size_t n) const {
+    if constexpr (kConverts) {
+      ConvertRows(Stored(k0), Scales(k0), n, row_stride_, scratch_);
+      return scratch_;
+    } else {
+      (void)n;
+      return Stored(k0);
+    }
+  }
+  // Whether rows [k0, k0 + n) read back finite (int8: their scales are).
+  bool Finite(int64_t k0, size_t n) const {
+    if constexpr (internal::kKvScaled<T>) {
+      const float* scales = Scales(k0);
+      for (size_t s = 0; s < n; ++s) {
+        if (!std::isfinite(scales[s])) return false;
+      }
+      return true;
+    } else {
+      return RowsFinite(Stored(k0), n, row_stride_);
+    }
+  }
+  // Hints that row k (which may lie past the cache: prefetches never fault)
+  // is read soon, one prefetch per 64-byte line of its stored bytes.
+  void Prefetch(int64_t k) const {
+    const char* row = reinterpret_cast<const char*>(Stored(k));
+    for (size_t b = 0; b < row_stride_ * sizeof(T); b += 64) {
+      hwy::Prefetch(row + b);
+    }
+  }
+
+ private:
+  const T* head_;
+  const float* scales_;
+  float* scratch_;
+  size_t row_stride_;
+};
+
+// The K (V) rows of KV head kv_head of `work`, with Block scratch for
+// converting types (KvRows::ScratchFloats; null for float).
+template <class T>
+HWY_INLINE KvRows<T> KeyRows(const AttentionDims& dims,
+                             const AttentionWork& work, int64_t kv_head,
+                             float* scratch) {
+  return KvRows<T>(
+      static_cast<const T*>(work.keys) + kv_head * dims.head_stride,
+      internal::kKvScaled<T>
+          ? work.key_scales + kv_head * dims.scale_head_stride
+          : nullptr,
+      dims.row_stride, scratch);
+}
+template <class T>
+HWY_INLINE KvRows<T> ValueRows(const AttentionDims& dims,
+                               const AttentionWork& work, int64_t kv_head,
+                               float* scratch) {
+  return KvRows<T>(
+      static_cast<const T*>(work.values) + kv_head * dims.head_stride,
+      internal::kKvScaled<T>
+          ? work.value_scales + kv_head * dims.scale_head_stride
+          : nullptr,
+      dims.row_stride, scratch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,48 +765,6 @@ HWY_INLINE void WideTileBlock(const AttentionDims& dims,
 // ---------------------------------------------------------------------------------------------
 // Narrow tiles: fewer query rows than lanes; vectors along head_dim.
 
-// Dot product of two rows of n floats, n a multiple of the vector length (rows
-// zero-padded).
-HWY_INLINE float DotPadded(const float* HWY_RESTRICT a,
-                           const float* HWY_RESTRICT b, size_t n) {
-  const AttnD d;
-  const size_t N = hn::Lanes(d);
-  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
-  size_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    acc0 = hn::MulAdd(hn::Load(d, a + i), hn::Load(d, b + i), acc0);
-    acc1 = hn::MulAdd(hn::Load(d, a + i + N), hn::Load(d, b + i + N), acc1);
-  }
-  if (i < n) acc0 = hn::MulAdd(hn::Load(d, a + i), hn::Load(d, b + i), acc0);
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
-}
-
-// Scores sc[r * bkp + s] = qs_r . K[k0 + s] of a key block, key by key. With
-// kPrefetch (several query rows, whose dot products let the hardware
-// prefetchers fall behind), K rows 16 keys ahead and the block's V rows are
-// prefetched as the keys go by: GQA-8 decode at 16384 keys reads at 82/100%
-// of the bandwidth with it, 67/73% without (1/2 threads, Zen 5). One row does
-// without: there it costs 6-9%.
-template <bool kPrefetch>
-HWY_INLINE void NarrowScores(const KvRows& keys, const KvRows& values,
-                             int64_t k0, size_t n_keys,
-                             const float* HWY_RESTRICT qs, size_t rows,
-                             float* HWY_RESTRICT sc, size_t bkp) {
-  const size_t row_stride = keys.row_stride();
-  const float* k_block = keys.Block(k0, n_keys);
-  for (size_t s = 0; s < n_keys; ++s) {
-    if constexpr (kPrefetch) {
-      const int64_t key = k0 + static_cast<int64_t>(s);
-      keys.Prefetch(key + 16);
-      values.Prefetch(key);
-    }
-    const float* k_row = k_block + s * row_stride;
-    for (size_t r = 0; r < rows; ++r) {
-      sc[r * bkp + s] = DotPadded(qs + r * row_stride, k_row, row_stride);
-    }
-  }
-}
-
 // The online-softmax step on the scores sc [rows, bkp] of a key block (along
 // each row; hidden keys and padding -inf): replaces sc by P = exp(sc - m_new),
 // rescales o [rows, row_stride] by alpha and updates m, l.
@@ -792,9 +800,11 @@ HWY_INLINE void NarrowSoftmaxStep(float* HWY_RESTRICT sc, size_t rows,
   }
 }
 
-// One work item on a narrow tile. qs [rows, row_stride]: QueryScale * q,
-// zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
-// vectors); o [rows, row_stride] unnormalised output.
+// One work item on a narrow tile, reading the stored K and V rows directly
+// (ScoreRows and AccumulateRows, decode-inl.h). qs [rows, row_stride]:
+// QueryScale * q, zero-padded; sc [rows, bkp] scores (bkp: the key block
+// rounded up to vectors); o [rows, row_stride] unnormalised output.
+template <class T>
 HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
                            float* HWY_RESTRICT qs, float* HWY_RESTRICT sc,
                            float* HWY_RESTRICT o, OnlineSoftmaxState state) {
@@ -818,20 +828,21 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
   std::fill(state.max, state.max + rows, neg_inf);
   std::fill(state.sum, state.sum + rows, 0.0f);
 
-  const KvRows keys = KeyRows(dims, work, tile.kv_head);
-  const KvRows values = ValueRows(dims, work, tile.kv_head);
+  const KvRows<T> keys = KeyRows<T>(dims, work, tile.kv_head, nullptr);
+  const KvRows<T> values = ValueRows<T>(dims, work, tile.kv_head, nullptr);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
         static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
     // Scores key by key: a K row comes from memory once and serves every query
-    // row while it is in L1 (row by row, the first row would stream K and the
-    // others re-read it).
-    if (rows > 1) {
-      NarrowScores<true>(keys, values, k0, n_keys, qs, rows, sc, bkp);
-    } else {
-      NarrowScores<false>(keys, values, k0, n_keys, qs, rows, sc, bkp);
-    }
+    // row while it is in L1. With several query rows, whose dot products let
+    // the hardware prefetchers fall behind, the block's V rows are prefetched
+    // as the keys go by: GQA-8 decode at 16384 keys read at 82/100% of the
+    // bandwidth with it, 67/73% without (1/2 threads, Zen 5); one row does
+    // without (there it cost 6-9%).
+    ScoreRows(qs, row_stride, rows, keys.Stored(k0), row_stride,
+              keys.Scales(k0), n_keys, row_stride,
+              rows > 1 ? values.Stored(k0) : nullptr, row_stride, sc, bkp);
     // Masks: the additive one, each row's VisibleKeys, -inf for the padding.
     const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
                                                static_cast<int64_t>(n_keys));
@@ -852,27 +863,31 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       NarrowSoftmaxStep<false>(sc, rows, bkp, o, row_stride, state);
     }
     // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride].
-    const float* v_block = values.Block(k0, n_keys);
     if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
                       static_cast<int64_t>(n_keys)) ||
-        RowsFinite(v_block, n_keys, row_stride)) {
-      NarrowAccumulate(sc, bkp, 1, v_block, row_stride, n_keys, o, row_stride,
-                       rows, row_stride / N);
+        values.Finite(k0, n_keys)) {
+      AccumulateRows(sc, bkp, rows, values.Stored(k0), row_stride,
+                     values.Scales(k0), n_keys, row_stride, o, row_stride);
       continue;
     }
-    // A NaN or inf in V where some row must not see it: the same FMAs key by
-    // key, skipping the keys a row does not see (their 0 * V adds nothing).
+    // A NaN or inf in V where some row must not see it: row by row, over the
+    // runs of keys it sees (a hidden key's 0 * V would add a NaN).
     for (size_t r = 0; r < rows; ++r) {
       const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-      for (size_t s = 0; s < n_keys; ++s) {
-        if (KeyHidden(dims, work, t, k0 + static_cast<int64_t>(s))) continue;
-        const auto p = hn::Set(d, sc[r * bkp + s]);
-        for (size_t c = 0; c < row_stride; c += N) {
-          float* o_at = o + r * row_stride + c;
-          hn::Store(hn::MulAdd(p, hn::Load(d, v_block + s * row_stride + c),
-                               hn::Load(d, o_at)),
-                    d, o_at);
+      const auto hidden = [&](size_t s) {
+        return KeyHidden(dims, work, t, k0 + static_cast<int64_t>(s));
+      };
+      for (size_t s = 0; s < n_keys;) {
+        if (hidden(s)) {
+          ++s;
+          continue;
         }
+        const size_t begin = s;
+        while (s < n_keys && !hidden(s)) ++s;
+        const int64_t key = k0 + static_cast<int64_t>(begin);
+        AccumulateRows(sc + r * bkp + begin, bkp, 1, values.Stored(key),
+                       row_stride, values.Scales(key), s - begin, row_stride,
+                       o + r * row_stride, row_stride);
       }
     }
   }
@@ -1017,20 +1032,27 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 // Running a work item.
 
 // A wide group: tiles[0, n) over their key ranges, key block by key block
-// with the tiles inside, so that each K and V block is read (KvRows::Block)
-// once and serves all the tiles while it is in cache (every tile sees the
-// same blocks as it would alone).
+// with the tiles inside, so that each K and V block is read (KvRows::Block,
+// which converts a narrower type here) once and serves all the tiles while it
+// is in cache (every tile sees the same blocks as it would alone).
+template <class T>
 HWY_INLINE void RunWideGroup(const AttentionDims& dims,
                              const AttentionTile* tiles, int64_t n,
                              TileResult* results) {
   const size_t N = hn::Lanes(AttnD());
   const size_t rp = RoundUp(static_cast<size_t>(tiles[0].rows), N);
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  // [tile][QT, OT, m, l], then ST shared by the tiles.
+  // [tile][QT, OT, m, l], then ST shared by the tiles, then the K and V
+  // blocks' scratch (converting types).
   const size_t tile_floats = 2 * dim * rp + 2 * rp;
-  float* buf = ThreadAttentionScratch().Get(
-      static_cast<size_t>(n) * tile_floats + kAttentionKeyBlock * rp);
+  const size_t kv_floats =
+      KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
+                               static_cast<size_t>(dims.row_stride));
+  float* buf =
+      ThreadAttentionScratch().Get(static_cast<size_t>(n) * tile_floats +
+                                   kAttentionKeyBlock * rp + 2 * kv_floats);
   float* st = buf + static_cast<size_t>(n) * tile_floats;
+  float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
   int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
   for (int64_t i = 0; i < n; ++i) {
@@ -1041,8 +1063,10 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
     key_begin = std::min(key_begin, tiles[i].key_begin);
     key_end = std::max(key_end, tiles[i].key_end);
   }
-  const KvRows keys = KeyRows(dims, *tiles[0].work, tiles[0].kv_head);
-  const KvRows values = ValueRows(dims, *tiles[0].work, tiles[0].kv_head);
+  const KvRows<T> keys =
+      KeyRows<T>(dims, *tiles[0].work, tiles[0].kv_head, kv_scratch);
+  const KvRows<T> values = ValueRows<T>(dims, *tiles[0].work, tiles[0].kv_head,
+                                        kv_scratch + kv_floats);
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
     const size_t n_block =
         static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
@@ -1059,6 +1083,7 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
 }
 
 // A narrow tile: [qs, o, sc, m, l] in the thread's scratch.
+template <class T>
 HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
                               const AttentionTile& tile, TileResult* result) {
   const size_t N = hn::Lanes(AttnD());
@@ -1071,7 +1096,7 @@ HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
   float* o = qs + rows * row_stride;
   float* sc = o + rows * row_stride;
   *result = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
-  NarrowTile(dims, tile, qs, sc, o, result->state);
+  NarrowTile<T>(dims, tile, qs, sc, o, result->state);
 }
 
 // Applies RowNormalizer to a finished tile's output, in place.
@@ -1164,6 +1189,7 @@ HWY_INLINE void SavePartial(const AttentionDims& dims,
 
 // Runs work item `item`: its wide group or narrow tile, then writes each
 // tile's output, or saves it as a partial when the sequence is chunked.
+template <class T>
 HWY_INLINE void RunWorkItem(const AttentionWork* works,
                             const AttentionDims& dims, AttentionPlan& plan,
                             int64_t item) {
@@ -1176,9 +1202,9 @@ HWY_INLINE void RunWorkItem(const AttentionWork* works,
   }
   TileResult results[kAttentionGroupTiles];
   if (sp.wide) {
-    RunWideGroup(dims, tiles, it.n_tiles, results);
+    RunWideGroup<T>(dims, tiles, it.n_tiles, results);
   } else {
-    RunNarrowTile(dims, tiles[0], &results[0]);
+    RunNarrowTile<T>(dims, tiles[0], &results[0]);
   }
   for (int64_t i = 0; i < it.n_tiles; ++i) {
     NormalizeTile(dims, tiles[i], results[i]);
@@ -1256,7 +1282,9 @@ HWY_INLINE void MergeChunks(const AttentionWork* works, size_t n_works,
 }
 
 // The fused attention over all sequences of a call: plan, run every work item
-// (sequence, KV head, tile group, key chunk), merge the chunked tiles.
+// (sequence, KV head, tile group, key chunk), merge the chunked tiles. T: the
+// stored type of K and V (dims.dtype).
+template <class T>
 HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
                                const AttentionDims& dims, AttentionPlan* plan) {
   PlanAttention(works, n_works, dims, plan);
@@ -1264,7 +1292,7 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
       tbb::blocked_range<int64_t>(0, plan->first_item[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
         for (int64_t item = range.begin(); item < range.end(); ++item) {
-          RunWorkItem(works, dims, *plan, item);
+          RunWorkItem<T>(works, dims, *plan, item);
         }
       });
   if (plan->merge_first[n_works] > 0) MergeChunks(works, n_works, dims, *plan);
@@ -1274,7 +1302,10 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
 // a BLAS, head by head: weights_h [n_tokens, kv_len] (row stride w_stride) =
 // scale * Q_h K_g^T (matmul), masks, softmax (rows in parallel), out_h =
 // weights_h V_g (matmul). The weights are [n_heads * n_tokens, kv_len]: head
-// h's rows start at h * n_tokens.
+// h's rows start at h * n_tokens. T: the stored type of K and V; a narrower
+// one is converted per KV head into K_g and V_g [kv_len, row_stride] floats
+// (scratch of 2 * kv_len * row_stride floats), then the same GEMMs.
+template <class T>
 HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
                                       const AttentionWork& work, float* weights,
                                       int64_t w_stride) {
@@ -1283,11 +1314,22 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
   const size_t kv_len = static_cast<size_t>(work.kv_len);
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const size_t kv_floats = KvRows<T>::ScratchFloats(kv_len, row_stride);
+  hwy::AlignedFreeUniquePtr<float[]> kv_scratch;
+  if (kv_floats > 0) {
+    kv_scratch = hwy::AllocateAligned<float>(2 * kv_floats);
+    if (!kv_scratch) throw std::bad_alloc();
+  }
+  const float* keys = nullptr;
+  const float* values = nullptr;
   std::vector<int64_t> bad_keys;
   for (int64_t h = 0; h < dims.n_heads; ++h) {
     const int64_t g = h / group;
-    const float* keys = KeyRows(dims, work, g).Block(0, kv_len);
-    const float* values = ValueRows(dims, work, g).Block(0, kv_len);
+    if (h % group == 0) {
+      keys = KeyRows<T>(dims, work, g, kv_scratch.get()).Block(0, kv_len);
+      values = ValueRows<T>(dims, work, g, kv_scratch.get() + kv_floats)
+                   .Block(0, kv_len);
+    }
     float* w = weights + h * work.n_tokens * w_stride;
     MatmulUnpackedT(
         work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),

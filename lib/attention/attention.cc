@@ -40,14 +40,19 @@ void FusedAttentionT(const AttentionWork* works, size_t n_works,
   // and reuses the same plan.
   thread_local ThreadAttentionPlan thread_plan;
   if (plan == nullptr) plan = &thread_plan.plan;
-  tbb::this_task_arena::isolate(
-      [&]() HWY_ATTR { FusedAttention(works, n_works, dims, plan); });
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    internal::VisitKvDtype(dims.dtype, [&](auto stored) HWY_ATTR {
+      FusedAttention<decltype(stored)>(works, n_works, dims, plan);
+    });
+  });
 }
 
 void MaterializedAttentionT(const AttentionWork& work,
                             const AttentionDims& dims, float* weights,
                             int64_t w_stride) {
-  MaterializedAttention(dims, work, weights, w_stride);
+  internal::VisitKvDtype(dims.dtype, [&](auto stored) HWY_ATTR {
+    MaterializedAttention<decltype(stored)>(dims, work, weights, w_stride);
+  });
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -159,13 +164,20 @@ struct CallSpans {
     }
   }
 
-  // The cache's K and V buffers (no sequence's state is read: other threads
-  // may be changing other sequences).
+  // The cache's K and V buffers and their int8 scales (no sequence's state is
+  // read: other threads may be changing other sequences).
   void AddCache(const KvCache& cache) {
-    read.push_back(SpanOf(cache.KeyBuffer()));
+    const KvView keys = cache.KeyBuffer(), values = cache.ValueBuffer();
+    read.push_back(SpanOf(keys));
     read_names.push_back("the cache's keys");
-    read.push_back(SpanOf(cache.ValueBuffer()));
+    read.push_back(SpanOf(values));
     read_names.push_back("the cache's values");
+    if (keys.scales != nullptr) {
+      read.push_back(internal::ScaleSpanOf(keys));
+      read_names.push_back("the cache's key scales");
+      read.push_back(internal::ScaleSpanOf(values));
+      read_names.push_back("the cache's value scales");
+    }
   }
 
   Status Check(const char* fn) const {

@@ -35,6 +35,8 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
   dims.head_dim = cache.head_dim();
   dims.row_stride = cache.row_stride();
   dims.head_stride = cache.head_stride();
+  dims.dtype = cache.config().dtype;
+  dims.scale_head_stride = cache.scale_head_stride();
   dims.scale = AttentionScale(options, cache.head_dim());
   dims.causal = options.mask == AttentionMask::kCausal;
   return dims;
@@ -56,8 +58,12 @@ AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
   work.q_pos0 = q_pos0;
   work.kv_len = kv_len;
   // Head 0 of seq; head g is g * dims.head_stride further.
-  work.keys = static_cast<const float*>(cache.Keys(seq, 0).data);
-  work.values = static_cast<const float*>(cache.Values(seq, 0).data);
+  const KvView keys = cache.Keys(seq, 0);
+  const KvView values = cache.Values(seq, 0);
+  work.keys = keys.data;
+  work.values = values.data;
+  work.key_scales = keys.scales;  // int8; else null
+  work.value_scales = values.scales;
   return work;
 }
 

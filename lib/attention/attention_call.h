@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "headway/kv_cache.h"
 #include "lib/core/blocks.h"
 
 namespace headway {
@@ -22,9 +23,15 @@ struct AttentionWork {
   int64_t mask_stride;
   int64_t n_tokens;
   int64_t q_pos0;
-  int64_t kv_len;       // cached rows to attend to
-  const float* keys;    // this sequence's K: [n_kv_heads][capacity][row_stride]
-  const float* values;  // likewise V
+  int64_t kv_len;  // cached rows to attend to
+  // This sequence's K, head 0: [n_kv_heads][capacity][row_stride] elements of
+  // the stored type (dims.dtype); head g is g * dims.head_stride elements on.
+  const void* keys;
+  const void* values;  // likewise V
+  // int8: K's row scales, head 0: [n_kv_heads][scale_head_stride] floats
+  // (scale of row s of head g at g * dims.scale_head_stride + s); else null.
+  const float* key_scales;
+  const float* value_scales;  // likewise V's
 };
 
 // Shape of the call, shared by all sequences.
@@ -35,6 +42,9 @@ struct AttentionDims {
   int64_t row_stride;   // cache row stride (multiple of 16, rows zero-padded)
   int64_t head_stride;  // capacity * row_stride: from one KV head's rows to the
                         // next
+  KvDtype dtype;        // the cache's stored type of K and V
+  int64_t scale_head_stride;  // int8: from one KV head's scales to the next
+                              // (capacity); else 0
   float scale;
   bool causal;
 };
