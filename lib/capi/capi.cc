@@ -766,9 +766,8 @@ int hw_attention_layer_create_cache_typed(const hw_attention_layer* layer,
   return Guard(kFn, [&]() -> int {
     if (layer == nullptr) return Null(kFn, "layer");
     if (out == nullptr) return Null(kFn, "out");
-    headway::KvCacheConfig config =
-        layer->layer.CacheConfig(n_sequences, capacity);
-    config.dtype = static_cast<headway::KvDtype>(dtype);
+    const headway::KvCacheConfig config = layer->layer.CacheConfig(
+        n_sequences, capacity, static_cast<headway::KvDtype>(dtype));
     auto handle = std::make_unique<hw_kv_cache>();
     const int code = FromStatus(
         kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
