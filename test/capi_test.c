@@ -364,7 +364,7 @@ static const int kDtypes[4] = {HW_KV_FLOAT32, HW_KV_BFLOAT16, HW_KV_FLOAT16,
                                HW_KV_INT8};
 
 /* The largest |stored - x| that a dtype's rounding allows for x in a row whose
- * largest |x| is row_max (headway.h, hw_kv_dtype): half an ulp of x for the
+ * largest |x| is row_max (headway/kv_cache.h's table): half an ulp of x for the
  * floats (at most 2^-8 |x| for bfloat16's 8-bit significand, 2^-11 |x| for
  * float16's 11 bits, or half float16's subnormal step, 2^-25), half a step
  * for int8 (scale / 2 = row_max / 254), plus float32's own rounding of the
@@ -532,7 +532,7 @@ static void TestKvDtypeCache(int dtype) {
     free(loaded);
   }
 
-  /* NaN and inf are stored, not errors (headway.h, hw_kv_dtype): int8 makes
+  /* NaN and inf are stored, not errors (headway/kv_cache.h's table): int8 makes
    * the row NaN, the float types keep them; other rows are untouched. */
   {
     float* bad = RandomArray(kCols, 1.0f);

@@ -140,15 +140,10 @@ typedef enum hw_kv_dtype {
   HW_KV_INT8 = 3      /* 1 byte, plus one float scale per row (below) */
 } hw_kv_dtype;
 
-/* Stored values, per type (headway/kv_cache.h and lib/core/storage.h):
- * - bfloat16, float16: the float rounded to nearest even; NaN stays NaN, inf
- *   stays inf, and a float16 beyond +-65504 (from 65520 on) becomes +-inf.
- * - int8: per row (one token of one KV head), scale = max |x| / 127 and
- *   q = round-to-even(x / scale) in [-127, 127]; the row stands for
- *   scale * q. An all-zero row has scale 0; a row holding a NaN or inf has
- *   scale NaN and reads back as NaN throughout (attention then gives NaN for
- *   the query rows that see it, as with a NaN in a float32 cache).
- * Appending NaN or inf is not an error for any type. */
+/* What each type stores (its rounding, int8's row scale, what NaN and inf
+ * become) is the table at the top of headway/kv_cache.h. Appending NaN or inf
+ * is never an error: it changes only its own row (a whole int8 row reads back
+ * as NaN). */
 
 /* Bytes per stored element of dtype: 4, 2, 2, 1; 0 for a value that is not
  * a hw_kv_dtype. */
