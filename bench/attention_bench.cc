@@ -1,28 +1,38 @@
 // headway::Attention per target and thread count: decode against a long cache
 // and causal prefill, for MHA, GQA-8 and MQA with 32 query heads of head_dim
-// 128; and the materialised path (AttentionWithWeights) on the same shapes,
-// the seed-style peer that the fused path is measured against.
+// 128, with the cache stored as float32 and, for decode MHA and GQA-8 and
+// prefill MHA on the key targets, as bfloat16, float16 and int8 (argument
+// dtype: the KvDtype value, 0 float32, 1 bfloat16, 2 float16, 3 int8); and
+// the materialised path (AttentionWithWeights) on the float32 shapes, the
+// seed-style peer that the fused path is measured against.
 //
 // Counted work (docs/BENCHMARKS.md), with H = 32 query heads, G KV heads, d =
 // 128, L cached rows, n query rows:
-// - flops: the two products only, 4 * H * d per (query, visible key) pair
-//   (QK^T and PV, two flops per multiply-add): decode 4 * H * L * d, prefill
+// - flops: the two products, 4 * H * d per (query, visible key) pair (QK^T
+//   and PV, two flops per multiply-add): decode 4 * H * L * d, prefill
 //   4 * H * d * n * n / 2 (the half of the square under the causal mask);
-// - bytes: what must be read and written, 4 * (2 * G * L * d + 2 * n * H * d)
-//   (K and V read, q read, out written); the materialised path also writes its
-//   weights, 4 * H * n * L more.
+//   plus, for a stored type other than float32, one per stored K and V
+//   element converted, 2 * G * L * d (prefill converts each block once);
+// - bytes: what must be read and written: the K and V rows as stored, L *
+//   KvCache::bytes_per_token() (int8's scales included), plus
+//   4 * 2 * n * H * d (q read, out written); the materialised path also writes
+//   its weights, 4 * H * n * L more.
 // Each row reports the percentage of the ceiling that bounds it at that
-// arithmetic intensity: decode MHA and GQA-8 (0.5 and 2 flops per byte) the
-// DRAM read bandwidth ("%read"; at L = 16384 the MHA cache is 512 MiB, GQA-8's
-// 128 MiB), MQA decode (16 flops per byte; its 16 MiB cache fits in L3) and
-// prefill the FMA peak ("%FMA") on the vector targets (SCALAR's ridge point is
-// near 0.5 flop per byte, so there decode is compute-bound too).
+// arithmetic intensity: decode MHA (0.5 flops per byte for float32, 1.5 for
+// bfloat16 and float16, 3 for int8) and float32 GQA-8 (2) the DRAM read
+// bandwidth ("%read"; at L = 16384 the float32 MHA cache is 512 MiB, GQA-8's
+// 128 MiB); GQA-8 in the narrower types (4.5 and 9 flops per byte) whichever
+// bound is lower on that target and thread count; MQA decode (16 flops per
+// byte; its 16 MiB cache fits in L3) and prefill the FMA peak ("%FMA") on the
+// vector targets (SCALAR's ridge point is near 0.5 flop per byte, so there
+// decode is compute-bound too).
 #include <stddef.h>
 #include <stdint.h>
 
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bench/harness/harness.h"
@@ -38,14 +48,23 @@ namespace {
 constexpr int64_t kHeads = 32, kHeadDim = 128;
 constexpr int64_t kDecodeLen = 16384, kPrefillLen = 2048;
 
-// One cache per (n_kv_heads, length), filled once for the whole run.
-const KvCache& SharedCache(int64_t n_kv_heads, int64_t length) {
-  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<KvCache>> caches;
-  std::unique_ptr<KvCache>& cache = caches[{n_kv_heads, length}];
+// One cache per (n_kv_heads, length, dtype), filled once for the whole run
+// with the same random floats for every dtype; null after skipping the
+// benchmark if it cannot be made. Decode's at L = 16384 take 1.4 GiB in all
+// (float32 MHA 512 MiB, GQA-8 128 MiB; bfloat16 and float16 half of that,
+// int8 a quarter plus the scales).
+const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
+                           int64_t length, KvDtype dtype) {
+  static std::map<std::tuple<int64_t, int64_t, KvDtype>,
+                  std::unique_ptr<KvCache>>
+      caches;
+  std::unique_ptr<KvCache>& cache = caches[{n_kv_heads, length, dtype}];
   if (!cache) {
-    cache = std::make_unique<KvCache>();
+    auto made = std::make_unique<KvCache>();
     KvCacheConfig config{1, n_kv_heads, kHeadDim, length};
-    if (!KvCache::Create(config, cache.get()).ok()) std::abort();
+    config.dtype = dtype;
+    if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
+    cache = std::move(made);
     const int64_t width = n_kv_heads * kHeadDim, step = 256;
     auto k = hwy::AllocateAligned<float>(step * width);
     auto v = hwy::AllocateAligned<float>(step * width);
@@ -60,7 +79,7 @@ const KvCache& SharedCache(int64_t n_kv_heads, int64_t length) {
       }
     }
   }
-  return *cache;
+  return cache.get();
 }
 
 struct Buffers {
@@ -95,17 +114,23 @@ AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
   return query;
 }
 
-// The counters of n_tokens query rows against kv_len cached rows, with or
-// without the weights written.
-void Report(benchmark::State& state, const RunConfig& run, int64_t n_kv,
+// The counters of n_tokens query rows against the kv_len cached rows of
+// `cache`, with or without the weights written.
+void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
             int64_t n_tokens, int64_t kv_len, bool weights) {
   // Visible (query, key) pairs: all of them for one decode row, the lower half
   // of the square for a prefill.
   const double pairs =
       n_tokens == 1 ? static_cast<double>(kv_len) : 0.5 * n_tokens * kv_len;
-  const double flops = 4.0 * kHeads * kHeadDim * pairs;
-  double bytes = sizeof(float) * (2.0 * n_kv * kv_len * kHeadDim +
-                                  2.0 * n_tokens * kHeads * kHeadDim);
+  // One conversion per stored K and V element, unless stored as float32.
+  const double conversions =
+      cache.config().dtype == KvDtype::kFloat32
+          ? 0.0
+          : 2.0 * static_cast<double>(cache.n_kv_heads() * kv_len * kHeadDim);
+  const double flops = 4.0 * kHeads * kHeadDim * pairs + conversions;
+  // K and V as stored: the cache's own count (padding, int8's scales).
+  double bytes = static_cast<double>(cache.bytes_per_token()) * kv_len +
+                 sizeof(float) * 2.0 * n_tokens * kHeads * kHeadDim;
   if (weights) bytes += sizeof(float) * 1.0 * kHeads * n_tokens * kv_len;
   ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, run.target,
                  run.threads);
@@ -113,62 +138,87 @@ void Report(benchmark::State& state, const RunConfig& run, int64_t n_kv,
 
 void BM_Decode(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
-  const KvCache& cache = SharedCache(n_kv, kDecodeLen);
+  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
+  const KvCache* cache = SharedCache(state, n_kv, kDecodeLen, dtype);
+  if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
-  const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
+  const auto step = [&] { return Attention(*cache, kHeads, &query, 1); };
   if (!TimeSteps(state, step)) return;
-  Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/false);
+  Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
 }
 
 void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
-  const KvCache& cache = SharedCache(n_kv, kDecodeLen);
+  const KvDtype dtype = KvDtype::kFloat32;
+  const KvCache* cache = SharedCache(state, n_kv, kDecodeLen, dtype);
+  if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(1, true, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
   const MatrixView<float> weights(buffers.weights.get(), kHeads, kDecodeLen);
   const auto step = [&] {
-    return AttentionWithWeights(cache, kHeads, query, weights);
+    return AttentionWithWeights(*cache, kHeads, query, weights);
   };
   if (!TimeSteps(state, step)) return;
-  Report(state, run, n_kv, 1, kDecodeLen, /*weights=*/true);
+  Report(state, run, *cache, 1, kDecodeLen, /*weights=*/true);
 }
 
 void BM_Prefill(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
-  const KvCache& cache = SharedCache(n_kv, kPrefillLen);
+  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
+  const KvCache* cache = SharedCache(state, n_kv, kPrefillLen, dtype);
+  if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
-  const auto step = [&] { return Attention(cache, kHeads, &query, 1); };
+  const auto step = [&] { return Attention(*cache, kHeads, &query, 1); };
   if (!TimeSteps(state, step)) return;
-  Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/false);
+  Report(state, run, *cache, kPrefillLen, kPrefillLen, /*weights=*/false);
 }
 
 void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
-  const KvCache& cache = SharedCache(n_kv, kPrefillLen);
+  const KvDtype dtype = KvDtype::kFloat32;
+  const KvCache* cache = SharedCache(state, n_kv, kPrefillLen, dtype);
+  if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(kPrefillLen, true, kPrefillLen);
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
   const MatrixView<float> weights(buffers.weights.get(), kHeads * kPrefillLen,
                                   kPrefillLen);
   const auto step = [&] {
-    return AttentionWithWeights(cache, kHeads, query, weights);
+    return AttentionWithWeights(*cache, kHeads, query, weights);
   };
   if (!TimeSteps(state, step)) return;
-  Report(state, run, n_kv, kPrefillLen, kPrefillLen, /*weights=*/true);
+  Report(state, run, *cache, kPrefillLen, kPrefillLen, /*weights=*/true);
 }
 
 void RegisterAttention() {
-  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA). Decode, at most tens of ms per
-  // call, runs all three on every target; prefill, about 0.1 s per call on
-  // AVX-512 and 2-4 s on SCALAR, MHA on every target and all three on the key
-  // targets, as the materialised peers (harness.h).
-  const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
-  RegisterPerTarget("attention_decode", BM_Decode, {"kv_heads"}, layouts,
+  // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA); dtype: the KvDtype. Decode, at
+  // most tens of ms per call, runs the three float32 layouts on every target,
+  // MHA and GQA-8 in the other dtypes on the key targets; prefill, about 0.1 s
+  // per call on AVX-512 and 2-4 s on SCALAR, float32 MHA on every target, the
+  // other layouts and MHA in the other dtypes on the key targets, as the
+  // float32 materialised peers (harness.h).
+  constexpr int64_t kF32 = static_cast<int64_t>(KvDtype::kFloat32);
+  constexpr int64_t kBF16 = static_cast<int64_t>(KvDtype::kBFloat16);
+  constexpr int64_t kF16 = static_cast<int64_t>(KvDtype::kFloat16);
+  constexpr int64_t kI8 = static_cast<int64_t>(KvDtype::kInt8);
+  RegisterPerTarget("attention_decode", BM_Decode, {"kv_heads", "dtype"},
+                    {{32, kF32},
+                     {8, kF32},
+                     {1, kF32},
+                     {32, kBF16},
+                     {32, kF16},
+                     {32, kI8},
+                     {8, kBF16},
+                     {8, kF16},
+                     {8, kI8}},
                     /*every_target_sets=*/3);
+  RegisterPerTarget(
+      "attention_prefill", BM_Prefill, {"kv_heads", "dtype"},
+      {{32, kF32}, {8, kF32}, {1, kF32}, {32, kBF16}, {32, kF16}, {32, kI8}});
+  const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
   RegisterPerTarget("attention_decode_materialized", BM_DecodeMaterialized,
                     {"kv_heads"}, layouts);
-  RegisterPerTarget("attention_prefill", BM_Prefill, {"kv_heads"}, layouts);
   RegisterPerTarget("attention_prefill_materialized", BM_PrefillMaterialized,
                     {"kv_heads"}, layouts);
 }

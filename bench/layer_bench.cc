@@ -1,6 +1,8 @@
 // headway::AttentionLayer per target and thread count: one decode step at a
 // context of 4096 tokens and a causal prefill of 512 tokens, for a d_model 4096
-// layer with 32 query heads of head_dim 128 as MHA, GQA-8 and MQA; and the
+// layer with 32 query heads of head_dim 128 as MHA, GQA-8 and MQA, its cache
+// in float32 and, for MHA decode on the key targets, in bfloat16, float16 and
+// int8 (argument dtype: the KvDtype value; the weights stay float32); and the
 // "seed" peer, the same layer computed the way the seed's numpy code does it,
 // composed from Headway's public kernels.
 //
@@ -12,8 +14,9 @@
 // - bytes: the packed weights (packed_bytes(): about 256 MiB for MHA, 160 MiB
 //   for GQA-8, 132 MiB for MQA, all far larger than the 32 MiB L3, so every
 //   call reads them from memory), the L cached tokens read and the n new ones
-//   written (cache_bytes_per_token() each: at L = 4096, 128 MiB for MHA,
-//   32 MiB for GQA-8, 4 MiB for MQA), x read and y written.
+//   written as stored (KvCache::bytes_per_token() each: at L = 4096 and
+//   float32, 128 MiB for MHA, 32 MiB for GQA-8, 4 MiB for MQA; MHA in
+//   bfloat16 64 MiB), x read and y written.
 // Each row reports the percentage of the ceiling that bounds it at that
 // arithmetic intensity: decode the DRAM read bandwidth ("%read"), prefill the
 // FMA peak ("%FMA"). The decode cache is filled once and truncated back to
@@ -45,6 +48,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -153,16 +157,21 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
 // Frees the shared layer (the seed benchmarks do not use it).
 void DropSharedLayer() { SharedLayerSlot().layer.reset(); }
 
-// One cache per (n_kv_heads, capacity) for the whole run, holding `filled`
-// random tokens when handed out (decode: kContext of kContext + 1; prefill:
-// none).
-KvCache& SharedCache(int64_t n_kv, int64_t capacity, int64_t filled) {
-  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<KvCache>> caches;
-  std::unique_ptr<KvCache>& cache = caches[{n_kv, capacity}];
+// One cache per (n_kv_heads, capacity, dtype) for the whole run, holding
+// `filled` random tokens when handed out (decode: kContext of kContext + 1;
+// prefill: none); null after skipping the benchmark if it cannot be made.
+KvCache* SharedCache(benchmark::State& state, int64_t n_kv, int64_t capacity,
+                     int64_t filled, KvDtype dtype) {
+  static std::map<std::tuple<int64_t, int64_t, KvDtype>,
+                  std::unique_ptr<KvCache>>
+      caches;
+  std::unique_ptr<KvCache>& cache = caches[{n_kv, capacity, dtype}];
   if (!cache) {
-    cache = std::make_unique<KvCache>();
-    const KvCacheConfig config{1, n_kv, kHeadDim, capacity};
-    if (!KvCache::Create(config, cache.get()).ok()) std::abort();
+    auto made = std::make_unique<KvCache>();
+    KvCacheConfig config{1, n_kv, kHeadDim, capacity};
+    config.dtype = dtype;
+    if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
+    cache = std::move(made);
     const int64_t width = n_kv * kHeadDim, step = 256;
     auto k = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
     auto v = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
@@ -182,14 +191,15 @@ KvCache& SharedCache(int64_t n_kv, int64_t capacity, int64_t filled) {
   }
   // A benchmark that stopped on an error may have left other lengths.
   if (!cache->Truncate(0, filled).ok()) std::abort();
-  return *cache;
+  return cache.get();
 }
 
-KvCache& DecodeCache(int64_t n_kv) {
-  return SharedCache(n_kv, kContext + 1, kContext);
+KvCache* DecodeCache(benchmark::State& state, int64_t n_kv,
+                     KvDtype dtype = KvDtype::kFloat32) {
+  return SharedCache(state, n_kv, kContext + 1, kContext, dtype);
 }
-KvCache& PrefillCache(int64_t n_kv) {
-  return SharedCache(n_kv, kPrefillLen, 0);
+KvCache* PrefillCache(benchmark::State& state, int64_t n_kv) {
+  return SharedCache(state, n_kv, kPrefillLen, 0, KvDtype::kFloat32);
 }
 
 // x and y [n_tokens, d_model], written once before timing (a first touch costs
@@ -253,33 +263,37 @@ double HostWeightBytes(int64_t n_kv) {
 
 void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
+  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
   AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
   if (layer == nullptr) return;
-  KvCache& cache = DecodeCache(n_kv);
+  KvCache* cache = DecodeCache(state, n_kv, dtype);
+  if (cache == nullptr) return;
   const Activations io(1);
   const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/1};
   const auto step = [&] {
-    Status status = layer->Forward(&cache, &sequence, 1, io.X(), io.Y());
-    if (status.ok()) status = cache.Truncate(0, kContext);
+    Status status = layer->Forward(cache, &sequence, 1, io.X(), io.Y());
+    if (status.ok()) status = cache->Truncate(0, kContext);
     return status;
   };
   if (!TimeSteps(state, step)) return;
+  // The cache's bytes as stored.
   Report(state, run, n_kv, 1, kContext,
          static_cast<double>(layer->packed_bytes()),
-         static_cast<double>(layer->cache_bytes_per_token()));
+         static_cast<double>(cache->bytes_per_token()));
 }
 
 void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
   AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
   if (layer == nullptr) return;
-  KvCache& cache = PrefillCache(n_kv);
+  KvCache* cache = PrefillCache(state, n_kv);
+  if (cache == nullptr) return;
   const Activations io(kPrefillLen);
   const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/kPrefillLen};
   const auto step = [&] {
-    Status status = cache.Reset(0);
+    Status status = cache->Reset(0);
     if (status.ok()) {
-      status = layer->Forward(&cache, &sequence, 1, io.X(), io.Y());
+      status = layer->Forward(cache, &sequence, 1, io.X(), io.Y());
     }
     return status;
   };
@@ -361,18 +375,19 @@ void BM_SeedDecode(benchmark::State& state, const RunConfig& run,
   const int64_t n_kv = state.range(0);
   DropSharedLayer();
   const HostWeights& host = SharedHostWeights();
-  KvCache& cache = DecodeCache(n_kv);
+  KvCache* cache = DecodeCache(state, n_kv);
+  if (cache == nullptr) return;
   const Activations io(1);
   SeedBuffers buffers(1, n_kv, kContext + 1);
   const auto step = [&] {
-    Status status = SeedForward(host, &cache, io, buffers, peer, run.threads);
-    if (status.ok()) status = cache.Truncate(0, kContext);
+    Status status = SeedForward(host, cache, io, buffers, peer, run.threads);
+    if (status.ok()) status = cache->Truncate(0, kContext);
     return status;
   };
   if (!TimeSteps(state, step)) return;
   // The same work as the layer's.
   Report(state, run, n_kv, 1, kContext, HostWeightBytes(n_kv),
-         static_cast<double>(cache.bytes_per_token()));
+         static_cast<double>(cache->bytes_per_token()));
 }
 
 void BM_SeedPrefill(benchmark::State& state, const RunConfig& run,
@@ -380,18 +395,19 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run,
   const int64_t n_kv = state.range(0);
   DropSharedLayer();
   const HostWeights& host = SharedHostWeights();
-  KvCache& cache = PrefillCache(n_kv);
+  KvCache* cache = PrefillCache(state, n_kv);
+  if (cache == nullptr) return;
   const Activations io(kPrefillLen);
   SeedBuffers buffers(kPrefillLen, n_kv, kPrefillLen);
   const auto step = [&] {
-    Status status = cache.Reset(0);
+    Status status = cache->Reset(0);
     if (status.ok())
-      status = SeedForward(host, &cache, io, buffers, peer, run.threads);
+      status = SeedForward(host, cache, io, buffers, peer, run.threads);
     return status;
   };
   if (!TimeSteps(state, step)) return;
   Report(state, run, n_kv, kPrefillLen, 0, HostWeightBytes(n_kv),
-         static_cast<double>(cache.bytes_per_token()));
+         static_cast<double>(cache->bytes_per_token()));
 }
 
 void RegisterLayer() {
@@ -417,7 +433,10 @@ void RegisterLayer() {
           {"kv_heads"}, layouts);
     }
   };
-  RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads"}, layouts);
+  // Decode also with the MHA cache in the narrower dtypes (KvDtype values 1-3),
+  // on the key targets, beside the float32-cache rows (dtype 0).
+  RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads", "dtype"},
+                    {{32, 0}, {8, 0}, {1, 0}, {32, 1}, {32, 2}, {32, 3}});
   register_seeds("decode", BM_SeedDecode);
   RegisterPerTarget("layer_prefill", BM_LayerPrefill, {"kv_heads"}, layouts);
   register_seeds("prefill", BM_SeedPrefill);

@@ -5,7 +5,8 @@
 #
 # Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and
 # the fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers (the prefills, seconds long on
-# the fallback, on the best target only). Checks that the progress line and the summary table appear
+# the fallback, on the best target only), plus two rows on stored KV types (GQA-8 decode on an
+# int8 cache, MHA prefill on a bf16 cache). Checks that the progress line and the summary table appear
 # and that the JSON has rows with both GFLOP/s and GB/s. The charts are drawn only where
 # matplotlib is installed; the test passes without it.
 set -eu
@@ -23,7 +24,8 @@ filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
 filter="$filter|fma_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
-filter="$filter|attention_prefill/$not_scalar/kv_heads:1/"
+filter="$filter|attention_decode/[^/]+/kv_heads:8/dtype:3/"
+filter="$filter|attention_prefill/$not_scalar/kv_heads:(1/|32/dtype:1/)"
 filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"
 filter="$filter|layer_prefill/$not_scalar/kv_heads:1/)"
 

@@ -13,6 +13,13 @@
 //
 // One op is one function below (Op...), chosen by a byte of the input; add an
 // op by writing its function and its line in kOps.
+//
+// KV dtypes: caches are made in every hw_kv_dtype (and invalid values). The
+// model holds the rows as the cache should store them read back as float32:
+// what hw_kv_store_rows then hw_kv_load_rows make of the appended floats,
+// which is checked against the rounding bound of the type (OpKvRows and
+// ModelRow); the cache is compared with it bit for bit, and attention against
+// float64 over these dequantized rows with float32's tolerance.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -133,8 +140,10 @@ std::vector<float> MakeMatrix(FuzzedDataProvider& in, int64_t rows,
 struct Shadow {
   hw_kv_cache* cache = nullptr;
   int64_t n_sequences = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
+  int dtype = HW_KV_FLOAT32;
   std::vector<int64_t> length;
-  // Per sequence: [capacity, n_kv_heads * head_dim] keys and values.
+  // Per sequence: [capacity, n_kv_heads * head_dim] keys and values as the
+  // cache stores them, read back as float32.
   std::vector<std::vector<float>> k, v;
 
   hw_attention_layer* layer = nullptr;
@@ -148,9 +157,10 @@ struct Shadow {
     cache = nullptr;
   }
   void AdoptCache(hw_kv_cache* c, int64_t seqs, int64_t heads, int64_t dim,
-                  int64_t cap) {
+                  int64_t cap, int type) {
     DestroyCache();
     cache = c;
+    dtype = type;
     n_sequences = seqs;
     n_kv_heads = heads;
     head_dim = dim;
@@ -164,6 +174,116 @@ struct Shadow {
     hw_attention_layer_destroy(layer);
   }
 };
+
+// ------------------------------------------------------------ KV dtypes
+
+bool DtypeOk(int dtype) {
+  return dtype >= HW_KV_FLOAT32 && dtype <= HW_KV_INT8;
+}
+
+// A dtype: mostly valid, sometimes one outside [0, 3].
+int ConsumeDtype(FuzzedDataProvider& in) {
+  return in.ConsumeIntegralInRange(-1, 4);
+}
+
+// The largest |read back - x| that the dtype's rounding allows for a finite x
+// (headway/kv_cache.h's table) in a row whose largest |x| is row_max: half an
+// ulp (at most bfloat16 2^-8 |x|, float16 2^-11 |x| or half its subnormal step
+// 2^-25),
+// int8 half a step, row_max / 254, each plus float32's rounding.
+double RoundingBound(int dtype, double x, double row_max) {
+  const double f32 = 2.0 * kU * std::fabs(x);
+  switch (dtype) {
+    case HW_KV_BFLOAT16:
+      return std::fabs(x) * 0x1p-8 + f32 + 0x1p-134;  // + bf16's subnormal step
+    case HW_KV_FLOAT16:
+      return std::fabs(x) * 0x1p-11 + 0x1p-25 + f32;
+    case HW_KV_INT8:
+      return row_max / 254.0 * (1.0 + 4 * kU) + f32;
+    default:
+      return 0.0;
+  }
+}
+
+// src [n] stored as a row of `dtype` and read back (hw_kv_store_rows, then
+// hw_kv_load_rows) into dst [n], and checked against the rounding bound:
+// what a cache of that dtype holds for these floats.
+void ModelRow(int dtype, const float* src, int64_t n, float* dst) {
+  std::vector<unsigned char> stored(static_cast<size_t>(n) * 4);
+  float scale = kNaN;
+  ExpectStatus(hw_kv_store_rows(dtype, 1, n, src, 0, stored.data(), 0,
+                                dtype == HW_KV_INT8 ? &scale : nullptr),
+               HW_OK, "hw_kv_store_rows");
+  ExpectStatus(hw_kv_load_rows(dtype, 1, n, stored.data(), 0,
+                               dtype == HW_KV_INT8 ? &scale : nullptr, dst, 0),
+               HW_OK, "hw_kv_load_rows");
+  double row_max = 0.0;
+  bool finite = true;
+  for (int64_t c = 0; c < n; ++c) {
+    finite &= std::isfinite(src[c]);
+    row_max = std::max(row_max, static_cast<double>(std::fabs(src[c])));
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    const float x = src[c], got = dst[c];
+    if (dtype == HW_KV_INT8 && !finite) {
+      Check(std::isnan(got), "int8 row with NaN or inf: not NaN", x, got);
+    } else if (std::isnan(x)) {
+      Check(std::isnan(got), "NaN not kept", x, got);
+    } else if (std::isinf(x)) {
+      Check(got == x, "inf not kept", x, got);
+    } else if (dtype == HW_KV_FLOAT16 && std::fabs(x) >= 65520.0f) {
+      Check(got == (x > 0 ? kInf : -kInf), "float16 overflow not inf", x, got);
+    } else if (dtype == HW_KV_BFLOAT16 && std::isinf(got)) {
+      // Rounds up past FLT_MAX: within half a bfloat16 ulp of it.
+      Check(std::fabs(x) >= 0x1.fefffep127f && (got > 0) == (x > 0),
+            "bfloat16 inf", x, got);
+    } else if (dtype == HW_KV_INT8 && std::isinf(got)) {
+      // scale * q overflows: scale = row_max / 127 rounded up, times 127, for
+      // a row_max within float32's rounding of FLT_MAX.
+      Check(std::fabs(x) * (1.0 + 4 * kU) >= row_max &&
+                row_max >= 0x1.fffffcp127 && (got > 0) == (x > 0),
+            "int8 inf", x, got);
+    } else {
+      Check(std::fabs(got - x) <= RoundingBound(dtype, x, row_max),
+            "stored value beyond the rounding bound", x, got);
+    }
+  }
+}
+
+// Rows of one head of one sequence as stored, read back as float32: dense
+// [*rows, head_dim], after checking type, size, stride, alignment (16
+// elements) and scales.
+std::vector<float> StoredRows(const Shadow& s, int64_t seq, int64_t g,
+                              bool keys, int64_t* rows) {
+  int dtype = -1;
+  size_t size = 0;
+  const void* data = nullptr;
+  const float* scales = nullptr;
+  int64_t stride = -1, row_stride = -1;
+  *rows = -1;
+  ExpectStatus(keys ? hw_kv_cache_stored_keys(s.cache, seq, g, &dtype, &size,
+                                              &data, rows, &stride, &scales)
+                    : hw_kv_cache_stored_values(s.cache, seq, g, &dtype, &size,
+                                                &data, rows, &stride, &scales),
+               HW_OK, "hw_kv_cache_stored_keys/values");
+  ExpectStatus(hw_kv_cache_shape(s.cache, nullptr, nullptr, nullptr, nullptr,
+                                 &row_stride),
+               HW_OK, "hw_kv_cache_shape");
+  Check(dtype == s.dtype && size == hw_kv_dtype_size(s.dtype), "stored type",
+        dtype, static_cast<double>(size));
+  Check(stride == row_stride && data != nullptr &&
+            reinterpret_cast<uintptr_t>(data) % (16 * size) == 0,
+        "stored rows' stride or alignment", stride);
+  Check((scales != nullptr) == (s.dtype == HW_KV_INT8), "scales");
+  std::vector<float> out(
+      static_cast<size_t>(std::max<int64_t>(*rows, 0) * s.head_dim));
+  if (*rows > 0) {
+    ExpectStatus(hw_kv_load_rows(dtype, *rows, s.head_dim, data, stride, scales,
+                                 out.data(), 0),
+                 HW_OK, "hw_kv_load_rows");
+  }
+  return out;
+}
 
 // The cache agrees with the model: shape, lengths and every cached row.
 void CheckCache(const Shadow& s) {
@@ -183,19 +303,35 @@ void CheckCache(const Shadow& s) {
     Check(length == s.length[seq], "cache length", length, s.length[seq]);
     for (int64_t g = 0; g < heads; ++g) {
       for (int which = 0; which < 2; ++which) {
-        const float* data = nullptr;
-        int64_t rows = -1, stride = -1;
-        const int status =
-            which == 0
-                ? hw_kv_cache_keys(s.cache, seq, g, &data, &rows, &stride)
-                : hw_kv_cache_values(s.cache, seq, g, &data, &rows, &stride);
-        ExpectStatus(status, HW_OK, "hw_kv_cache_keys/values");
-        Check(rows == length && stride == row_stride, "cache view");
+        int64_t rows = -1;
+        const std::vector<float> got = StoredRows(s, seq, g, which == 0, &rows);
+        Check(rows == length, "cache view", rows, length);
         const std::vector<float>& want = which == 0 ? s.k[seq] : s.v[seq];
         for (int64_t r = 0; r < rows; ++r) {
-          Check(std::memcmp(data + r * stride, &want[r * s.Width() + g * dim],
+          Check(std::memcmp(&got[r * dim], &want[r * s.Width() + g * dim],
                             dim * sizeof(float)) == 0,
                 "cached row differs from the model", r, g);
+        }
+        // The float32 view: the same rows for a float32 cache, an error
+        // naming the type for the others.
+        const float* data = nullptr;
+        int64_t f32_rows = -1, stride = -1;
+        const int status =
+            which == 0
+                ? hw_kv_cache_keys(s.cache, seq, g, &data, &f32_rows, &stride)
+                : hw_kv_cache_values(s.cache, seq, g, &data, &f32_rows,
+                                     &stride);
+        if (s.dtype != HW_KV_FLOAT32) {
+          ExpectStatus(status, HW_INVALID_ARGUMENT, "hw_kv_cache_keys/values");
+          Check(data == nullptr && f32_rows == -1, "written on error");
+          continue;
+        }
+        ExpectStatus(status, HW_OK, "hw_kv_cache_keys/values");
+        Check(f32_rows == length && stride == row_stride, "float32 view");
+        for (int64_t r = 0; r < f32_rows; ++r) {
+          Check(std::memcmp(data + r * stride, &got[r * dim],
+                            dim * sizeof(float)) == 0,
+                "float32 view differs from the stored rows", r, g);
         }
       }
     }
@@ -218,16 +354,28 @@ void OpCacheCreate(FuzzedDataProvider& in, Shadow& s) {
   const int64_t heads = in.ConsumeIntegralInRange<int64_t>(0, 3);
   const int64_t dim = in.ConsumeIntegralInRange<int64_t>(0, 20);
   const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int dtype = ConsumeDtype(in);
+  // hw_kv_cache_create is the float32 one.
+  const bool typed = dtype != HW_KV_FLOAT32 || in.ConsumeBool();
   hw_kv_cache* cache = nullptr;
   const int want =
-      seqs < 1 || heads < 1 || dim < 1 || cap < 1 ? HW_INVALID_ARGUMENT : HW_OK;
-  ExpectStatus(hw_kv_cache_create(seqs, heads, dim, cap, &cache), want,
-               "hw_kv_cache_create");
+      seqs < 1 || heads < 1 || dim < 1 || cap < 1 || !DtypeOk(dtype)
+          ? HW_INVALID_ARGUMENT
+          : HW_OK;
+  ExpectStatus(
+      typed ? hw_kv_cache_create_typed(seqs, heads, dim, cap, dtype, &cache)
+            : hw_kv_cache_create(seqs, heads, dim, cap, &cache),
+      want, "hw_kv_cache_create");
   if (want != HW_OK) {
     Check(cache == nullptr, "*out written on error");
     return;
   }
-  s.AdoptCache(cache, seqs, heads, dim, cap);
+  int got = -1;
+  size_t size = 0;
+  ExpectStatus(hw_kv_cache_dtype(cache, &got, &size), HW_OK,
+               "hw_kv_cache_dtype");
+  Check(got == dtype && size == hw_kv_dtype_size(dtype), "hw_kv_cache_dtype");
+  s.AdoptCache(cache, seqs, heads, dim, cap, dtype);
 }
 
 void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
@@ -265,10 +413,13 @@ void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
   if (want != HW_OK) return;
   for (int64_t r = 0; r < n_new; ++r) {
     const int64_t at = (s.length[seq] + r) * width;
-    std::memcpy(&s.k[seq][at], &k[r * Dense(k_stride, width)],
-                width * sizeof(float));
-    std::memcpy(&s.v[seq][at], &v[r * Dense(v_stride, width)],
-                width * sizeof(float));
+    for (int64_t g = 0; g < s.n_kv_heads; ++g) {
+      const int64_t col = g * s.head_dim;
+      ModelRow(s.dtype, &k[r * Dense(k_stride, width) + col], s.head_dim,
+               &s.k[seq][at + col]);
+      ModelRow(s.dtype, &v[r * Dense(v_stride, width) + col], s.head_dim,
+               &s.v[seq][at + col]);
+    }
   }
   s.length[seq] += n_new;
 }
@@ -619,16 +770,25 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
 void OpLayerCreateCache(FuzzedDataProvider& in, Shadow& s) {
   const int64_t seqs = in.ConsumeIntegralInRange<int64_t>(0, 3);
   const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 8);
+  const int dtype = ConsumeDtype(in);
+  const bool typed = dtype != HW_KV_FLOAT32 || in.ConsumeBool();
   hw_kv_cache* cache = nullptr;
-  const int want =
-      s.layer == nullptr || seqs < 1 || cap < 1 ? HW_INVALID_ARGUMENT : HW_OK;
-  ExpectStatus(hw_attention_layer_create_cache(s.layer, seqs, cap, &cache),
-               want, "hw_attention_layer_create_cache");
-  if (want != HW_OK) return;
+  const int want = s.layer == nullptr || seqs < 1 || cap < 1 || !DtypeOk(dtype)
+                       ? HW_INVALID_ARGUMENT
+                       : HW_OK;
+  ExpectStatus(
+      typed ? hw_attention_layer_create_cache_typed(s.layer, seqs, cap, dtype,
+                                                    &cache)
+            : hw_attention_layer_create_cache(s.layer, seqs, cap, &cache),
+      want, "hw_attention_layer_create_cache");
+  if (want != HW_OK) {
+    Check(cache == nullptr, "*out written on error");
+    return;
+  }
   const hw_attention_layer_config& c = s.config;
   const int64_t group = c.n_heads / c.n_kv_heads;
   s.AdoptCache(cache, seqs, (c.head_end - c.head_begin) / group, c.head_dim,
-               cap);
+               cap, dtype);
 }
 
 // One forward call: predicted status and lengths; on success the appended K
@@ -699,28 +859,41 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
   for (int64_t i = 0; i < n_seq; ++i) {
     const int64_t seq = seqs[i].seq, len0 = length_before[seq];
     for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
-      // The new K and V rows, read back from the cache into the model.
+      // The new K and V rows, read back from the cache into the model:
+      // float64's projection within the float32 dot product's bound plus the
+      // storage rounding (int8's relative to the row's largest |value|).
       for (int64_t g = 0; g < kv_local; ++g) {
-        const float *kd, *vd;
-        int64_t rows, stride;
-        ExpectStatus(hw_kv_cache_keys(s.cache, seq, g, &kd, &rows, &stride),
-                     HW_OK, "hw_kv_cache_keys");
-        ExpectStatus(hw_kv_cache_values(s.cache, seq, g, &vd, &rows, &stride),
-                     HW_OK, "hw_kv_cache_values");
-        Check(rows == len0 + seqs[i].n_tokens, "length after forward", rows);
+        int64_t rows = -1, v_rows = -1;
+        const std::vector<float> kd = StoredRows(s, seq, g, true, &rows);
+        const std::vector<float> vd = StoredRows(s, seq, g, false, &v_rows);
+        Check(rows == len0 + seqs[i].n_tokens && v_rows == rows,
+              "length after forward", rows);
+        const float* k_row = &kd[(len0 + j) * hd];
+        const float* v_row = &vd[(len0 + j) * hd];
+        double k_max = 0.0, v_max = 0.0;
+        for (int64_t p = 0; p < hd; ++p) {
+          k_max = std::max(k_max, std::fabs(static_cast<double>(k_row[p])));
+          v_max = std::max(v_max, std::fabs(static_cast<double>(v_row[p])));
+        }
+        // The stored row's largest |value| is within a step of the
+        // projection's.
+        k_max *= 1.0 + 1.0 / 64;
+        v_max *= 1.0 + 1.0 / 64;
         for (int64_t p = 0; p < hd; ++p) {
           const int64_t col = (g0 + g) * hd + p;
           double bound;
           const double kw = project(s.w_k, s.b_k, hkv, t, col, &bound);
-          const float kg = kd[(len0 + j) * stride + p];
-          Check(std::fabs(kg - kw) <= bound + 0x1p-126, "forward: K row", kg,
-                kw);
+          Check(
+              std::fabs(k_row[p] - kw) <= bound * (1.0 + 0x1p-7) + 0x1p-126 +
+                                              RoundingBound(s.dtype, kw, k_max),
+              "forward: K row", k_row[p], kw);
           const double vw = project(s.w_v, s.b_v, hkv, t, col, &bound);
-          const float vg = vd[(len0 + j) * stride + p];
-          Check(std::fabs(vg - vw) <= bound + 0x1p-126, "forward: V row", vg,
-                vw);
-          s.k[seq][(len0 + j) * width + g * hd + p] = kg;
-          s.v[seq][(len0 + j) * width + g * hd + p] = vg;
+          Check(
+              std::fabs(v_row[p] - vw) <= bound * (1.0 + 0x1p-7) + 0x1p-126 +
+                                              RoundingBound(s.dtype, vw, v_max),
+              "forward: V row", v_row[p], vw);
+          s.k[seq][(len0 + j) * width + g * hd + p] = k_row[p];
+          s.v[seq][(len0 + j) * width + g * hd + p] = v_row[p];
         }
       }
     }
@@ -1223,6 +1396,79 @@ void OpThreads(FuzzedDataProvider& in, Shadow&) {
                "hw_set_max_threads");
 }
 
+// hw_kv_store_rows and hw_kv_load_rows on their own: random dtypes, shapes,
+// strides and values (NaN, inf, huge), against the model's status; a valid
+// round trip within the rounding bound (ModelRow's checks, row by row), and
+// nothing written on an error.
+void OpKvRows(FuzzedDataProvider& in, Shadow&) {
+  const int dtype = ConsumeDtype(in);
+  const int64_t rows = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t cols = in.ConsumeIntegralInRange<int64_t>(0, 40);
+  const int64_t src_stride = ConsumeStride(in, cols);
+  const int64_t dst_stride = ConsumeStride(in, cols);
+  const bool null_scales = in.ConsumeIntegralInRange(0, 7) == 7;
+  const int64_t r_alloc = std::max<int64_t>(rows, 1);
+  const int64_t c_alloc = std::max<int64_t>(cols, 1);
+  const std::vector<float> src =
+      MakeMatrix(in, r_alloc, c_alloc, src_stride, true, 300.0f);
+  // Room for [rows, dst_stride] of 4-byte elements: every type fits.
+  const int64_t ds = std::max<int64_t>(Dense(dst_stride, cols), 1);
+  std::vector<float> dst(static_cast<size_t>(r_alloc * ds), kSentinel);
+  std::vector<float> scales(static_cast<size_t>(r_alloc), kSentinel);
+  const std::vector<float> dst_before = dst, scales_before = scales;
+  float* scale_arg = null_scales ? nullptr : scales.data();
+  const bool invalid =
+      !DtypeOk(dtype) || rows < 1 || cols < 1 || !StrideOk(src_stride, cols) ||
+      !StrideOk(dst_stride, cols) || (dtype == HW_KV_INT8 && null_scales);
+  ExpectStatus(hw_kv_store_rows(dtype, rows, cols, src.data(), src_stride,
+                                dst.data(), dst_stride, scale_arg),
+               invalid ? HW_INVALID_ARGUMENT : HW_OK, "hw_kv_store_rows");
+  if (invalid) {
+    Check(SameBits(dst, dst_before) && SameBits(scales, scales_before),
+          "hw_kv_store_rows wrote on error");
+    // The same rows read back (dst as the source): the same checks but
+    // src_stride's.
+    const bool load_invalid = !DtypeOk(dtype) || rows < 1 || cols < 1 ||
+                              !StrideOk(dst_stride, cols) ||
+                              (dtype == HW_KV_INT8 && null_scales);
+    std::vector<float> back(static_cast<size_t>(r_alloc * c_alloc), kSentinel);
+    const std::vector<float> back_before = back;
+    ExpectStatus(hw_kv_load_rows(dtype, rows, cols, dst.data(), dst_stride,
+                                 scale_arg, back.data(), 0),
+                 load_invalid ? HW_INVALID_ARGUMENT : HW_OK, "hw_kv_load_rows");
+    if (load_invalid) {
+      Check(SameBits(back, back_before), "hw_kv_load_rows wrote on error");
+    }
+    return;
+  }
+  // Each stored row reads back as the model's row (one row at a time, the
+  // same function).
+  const size_t size = hw_kv_dtype_size(dtype);
+  std::vector<float> back(static_cast<size_t>(rows * cols), kSentinel);
+  ExpectStatus(hw_kv_load_rows(dtype, rows, cols, dst.data(), dst_stride,
+                               scale_arg, back.data(), 0),
+               HW_OK, "hw_kv_load_rows");
+  std::vector<float> want(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    ModelRow(dtype, &src[r * Dense(src_stride, cols)], cols, want.data());
+    Check(std::memcmp(&back[r * cols], want.data(), cols * sizeof(float)) == 0,
+          "hw_kv_load_rows differs from a one-row round trip", r);
+    // Past cols, the destination row is not written.
+    const unsigned char* row =
+        reinterpret_cast<const unsigned char*>(dst.data()) +
+        static_cast<size_t>(r * Dense(dst_stride, cols)) * size;
+    const unsigned char* row_before =
+        reinterpret_cast<const unsigned char*>(dst_before.data()) +
+        static_cast<size_t>(r * Dense(dst_stride, cols)) * size;
+    const size_t tail = (Dense(dst_stride, cols) - cols) * size;
+    Check(std::memcmp(row + cols * size, row_before + cols * size, tail) == 0,
+          "hw_kv_store_rows wrote past cols", r);
+  }
+  if (dtype != HW_KV_INT8) {
+    Check(SameBits(scales, scales_before), "scales written for a float type");
+  }
+}
+
 // Null handles: every entry answers HW_INVALID_ARGUMENT, never crashes.
 void OpNullHandles(FuzzedDataProvider&, Shadow&) {
   int64_t i64 = 0;
@@ -1235,6 +1481,14 @@ void OpNullHandles(FuzzedDataProvider&, Shadow&) {
                "hw_attention_layer_n_weights");
   ExpectStatus(hw_kv_cache_create(1, 1, 1, 1, nullptr), HW_INVALID_ARGUMENT,
                "hw_kv_cache_create");
+  ExpectStatus(hw_kv_cache_dtype(nullptr, nullptr, nullptr),
+               HW_INVALID_ARGUMENT, "hw_kv_cache_dtype");
+  const void* data = nullptr;
+  ExpectStatus(hw_kv_cache_stored_keys(nullptr, 0, 0, nullptr, nullptr, &data,
+                                       nullptr, nullptr, nullptr),
+               HW_INVALID_ARGUMENT, "hw_kv_cache_stored_keys");
+  ExpectStatus(hw_attention_layer_create_cache_typed(nullptr, 1, 1, 0, nullptr),
+               HW_INVALID_ARGUMENT, "hw_attention_layer_create_cache_typed");
 }
 
 // The ops, chosen by one byte each.
@@ -1247,6 +1501,7 @@ constexpr Op kOps[] = {
     OpLayerForward,     OpLayerForward, OpLayerDestroy,
     OpLayerCreateCache, OpThreads,      OpNullHandles,
     OpAttention,        OpAttention,    OpAttentionWithWeights,
+    OpKvRows,
 };
 
 }  // namespace

@@ -358,6 +358,362 @@ static void TestKvCache(void) {
   hw_kv_cache_destroy(cache);
 }
 
+/* ------------------------------------------------------------ KV dtypes */
+
+static const int kDtypes[4] = {HW_KV_FLOAT32, HW_KV_BFLOAT16, HW_KV_FLOAT16,
+                               HW_KV_INT8};
+
+/* The largest |stored - x| that a dtype's rounding allows for x in a row whose
+ * largest |x| is row_max (headway/kv_cache.h's table): half an ulp of x for the
+ * floats (at most 2^-8 |x| for bfloat16's 8-bit significand, 2^-11 |x| for
+ * float16's 11 bits, or half float16's subnormal step, 2^-25), half a step
+ * for int8 (scale / 2 = row_max / 254), plus float32's own rounding of the
+ * products. */
+static double RoundingBound(int dtype, double x, double row_max) {
+  const double f32 = 2.0 * fabs(x) / 16777216.0;
+  switch (dtype) {
+    case HW_KV_BFLOAT16:
+      return fabs(x) / 256.0 + f32;
+    case HW_KV_FLOAT16:
+      return fabs(x) / 2048.0 + 1.0 / 33554432.0 + f32;
+    case HW_KV_INT8:
+      return row_max / 254.0 * (1.0 + 1e-6) + f32;
+    default:
+      return 0.0;
+  }
+}
+
+/* The rows of one head of a sequence as float32, dense [rows, head_dim]
+ * (malloc'ed), read through hw_kv_cache_stored_keys (values) and
+ * hw_kv_load_rows. */
+static float* LoadedRows(const hw_kv_cache* cache, int keys, int64_t seq,
+                         int64_t g, int64_t head_dim, int64_t* rows_out) {
+  int dtype = -1;
+  size_t size = 0;
+  const void* data = NULL;
+  const float* scales = NULL;
+  int64_t rows = 0, stride = 0;
+  CHECK_OK(keys ? hw_kv_cache_stored_keys(cache, seq, g, &dtype, &size, &data,
+                                          &rows, &stride, &scales)
+                : hw_kv_cache_stored_values(cache, seq, g, &dtype, &size, &data,
+                                            &rows, &stride, &scales));
+  float* out = FilledArray(rows > 0 ? rows * head_dim : 1, NAN);
+  if (rows > 0) {
+    CHECK_OK(
+        hw_kv_load_rows(dtype, rows, head_dim, data, stride, scales, out, 0));
+  }
+  *rows_out = rows;
+  return out;
+}
+
+/* Every dtype: sizes, stored rows (type, element size, stride, alignment,
+ * scales) bit for bit what hw_kv_store_rows makes of the appended floats, read
+ * back within the rounding bound, and kept through truncate and copy. */
+static void TestKvDtypeCache(int dtype) {
+  enum { kSeqs = 2, kHeads = 2, kDim = 5, kCap = 6, kCols = kHeads * kDim };
+  const size_t size = hw_kv_dtype_size(dtype);
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create_typed(kSeqs, kHeads, kDim, kCap, dtype, &cache));
+  if (cache == NULL) return;
+  int got_dtype = -1;
+  size_t got_size = 0, bytes = 0, per_token = 0;
+  CHECK_OK(hw_kv_cache_dtype(cache, &got_dtype, &got_size));
+  CHECK(got_dtype == dtype && got_size == size);
+  CHECK_OK(hw_kv_cache_dtype(cache, NULL, NULL));
+  int64_t row_stride = 0;
+  CHECK_OK(hw_kv_cache_shape(cache, NULL, NULL, NULL, NULL, &row_stride));
+  CHECK(row_stride == 16);
+  CHECK_OK(hw_kv_cache_bytes_per_token(cache, &per_token));
+  CHECK(per_token ==
+        2u * kHeads * (16u * size + (dtype == HW_KV_INT8 ? 4u : 0u)));
+  CHECK_OK(hw_kv_cache_bytes(cache, &bytes));
+  CHECK(bytes == per_token * kSeqs * kCap);
+
+  /* Four tokens, rows padded to 13 floats; row 2 of K is all zero (int8:
+   * scale 0). */
+  const int64_t stride = kCols + 3, n = 4;
+  float* k = RandomArray(n * stride, 3.0f);
+  float* v = RandomArray(n * stride, 0.75f);
+  for (int64_t c = 0; c < kCols; ++c) k[2 * stride + c] = 0.0f;
+  CHECK_OK(hw_kv_cache_append(cache, 0, n, k, stride, v, stride));
+  CHECK(Length(cache, 0) == n);
+  unsigned char* want = (unsigned char*)calloc(16 * n, sizeof(float));
+  float want_scales[4];
+  for (int keys = 0; keys < 2; ++keys) {
+    const float* src = keys ? k : v;
+    for (int64_t g = 0; g < kHeads; ++g) {
+      int d = -1;
+      size_t es = 0;
+      const void* data = NULL;
+      const float* scales = (const float*)&d; /* overwritten */
+      int64_t rows = 0, rs = 0;
+      CHECK_OK(keys ? hw_kv_cache_stored_keys(cache, 0, g, &d, &es, &data,
+                                              &rows, &rs, &scales)
+                    : hw_kv_cache_stored_values(cache, 0, g, &d, &es, &data,
+                                                &rows, &rs, &scales));
+      CHECK(d == dtype && es == size && rows == n && rs == 16);
+      CHECK(data != NULL && (uintptr_t)data % (16 * size) == 0);
+      CHECK((scales != NULL) == (dtype == HW_KV_INT8));
+      if (data == NULL || want == NULL) continue;
+      /* The stored bits are what hw_kv_store_rows makes of the same floats
+       * (dst rows 16 elements apart, as in the cache). */
+      CHECK_OK(hw_kv_store_rows(dtype, n, kDim, src + g * kDim, stride, want,
+                                16, dtype == HW_KV_INT8 ? want_scales : NULL));
+      for (int64_t r = 0; r < n; ++r) {
+        CHECK(memcmp((const char*)data + (size_t)(r * rs) * size,
+                     want + (size_t)(r * 16) * size, kDim * size) == 0);
+        if (dtype == HW_KV_INT8 && scales != NULL) {
+          CHECK(scales[r] == want_scales[r]);
+        }
+      }
+      if (dtype == HW_KV_INT8 && keys && scales != NULL) {
+        CHECK(scales[2] == 0.0f); /* the all-zero row */
+      }
+      /* Read back within the rounding bound; float32 exactly. */
+      int64_t got_rows = 0;
+      float* loaded = LoadedRows(cache, keys, 0, g, kDim, &got_rows);
+      CHECK(got_rows == n);
+      for (int64_t r = 0; r < n; ++r) {
+        double row_max = 0.0;
+        for (int64_t c = 0; c < kDim; ++c) {
+          const double x = fabs(src[r * stride + g * kDim + c]);
+          if (x > row_max) row_max = x;
+        }
+        for (int64_t c = 0; c < kDim; ++c) {
+          const double x = src[r * stride + g * kDim + c];
+          CHECK(fabs(loaded[r * kDim + c] - x) <=
+                RoundingBound(dtype, x, row_max));
+        }
+      }
+      free(loaded);
+    }
+  }
+  /* hw_kv_cache_keys is for float32 caches; others name their type. */
+  {
+    const float* data = NULL;
+    int64_t rows = 77;
+    if (dtype == HW_KV_FLOAT32) {
+      CHECK_OK(hw_kv_cache_keys(cache, 0, 1, &data, &rows, NULL));
+      CHECK(rows == n && data != NULL);
+    } else {
+      char needle[96];
+      snprintf(needle, sizeof(needle),
+               "hw_kv_cache_values: cache stores %s, not float32: read it "
+               "with hw_kv_cache_stored_values",
+               hw_kv_dtype_name(dtype));
+      CHECK_ERR(hw_kv_cache_values(cache, 0, 1, &data, &rows, NULL),
+                HW_INVALID_ARGUMENT, needle);
+      CHECK(data == NULL && rows == 77);
+    }
+  }
+
+  /* Truncate, copy and reset keep the stored rows and scales. */
+  CHECK_OK(hw_kv_cache_truncate(cache, 0, 3));
+  CHECK_OK(hw_kv_cache_copy_sequence(cache, 0, 1));
+  CHECK(Length(cache, 1) == 3);
+  for (int64_t g = 0; g < kHeads; ++g) {
+    int64_t r0 = 0, r1 = 0;
+    float* a = LoadedRows(cache, 1, 0, g, kDim, &r0);
+    float* b = LoadedRows(cache, 1, 1, g, kDim, &r1);
+    CHECK(r0 == 3 && r1 == 3 && memcmp(a, b, 3 * kDim * sizeof(float)) == 0);
+    free(a);
+    free(b);
+  }
+  /* Appending after a truncate overwrites the dropped row and its scale. */
+  CHECK_OK(hw_kv_cache_append(cache, 0, 1, v, stride, k, stride));
+  {
+    int64_t rows = 0;
+    float* loaded = LoadedRows(cache, 1, 0, 0, kDim, &rows);
+    CHECK(rows == 4);
+    for (int64_t c = 0; c < kDim; ++c) {
+      CHECK(fabs(loaded[3 * kDim + c] - v[c]) <=
+            RoundingBound(dtype, v[c], 1.0));
+    }
+    free(loaded);
+  }
+
+  /* NaN and inf are stored, not errors (headway/kv_cache.h's table): int8 makes
+   * the row NaN, the float types keep them; other rows are untouched. */
+  {
+    float* bad = RandomArray(kCols, 1.0f);
+    bad[1] = NAN;
+    bad[kDim + 2] = INFINITY;
+    CHECK_OK(hw_kv_cache_append(cache, 0, 1, bad, 0, bad, 0));
+    for (int64_t g = 0; g < kHeads; ++g) {
+      int64_t rows = 0;
+      float* loaded = LoadedRows(cache, 1, 0, g, kDim, &rows);
+      CHECK(rows == 5);
+      for (int64_t c = 0; c < kDim; ++c) {
+        const float x = bad[g * kDim + c], got = loaded[4 * kDim + c];
+        if (dtype == HW_KV_INT8) {
+          CHECK(isnan(got));
+        } else if (isnan(x)) {
+          CHECK(isnan(got));
+        } else if (isinf(x)) {
+          CHECK(got == x);
+        } else {
+          CHECK(isfinite(got));
+        }
+        CHECK(isfinite(loaded[3 * kDim + c]));
+      }
+      free(loaded);
+    }
+    free(bad);
+  }
+  free(want);
+  free(k);
+  free(v);
+  hw_kv_cache_destroy(cache);
+}
+
+/* Known roundings: to nearest even (not truncation), float16's overflow to
+ * inf, int8's scale; and hw_kv_load_rows of them. */
+static void TestKvRounding(void) {
+  /* Ties and above-ties: 1 + 2^-8 and 1 + 3 * 2^-8 for bfloat16 (ulp 2^-7),
+   * 1 + 2^-11 and 1 + 3 * 2^-11 for float16 (ulp 2^-10). */
+  const float bf_in[4] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.0f, 0.0f};
+  const float bf_want[4] = {1.0f, 1.0f + 1.0f / 64, -2.0f, 0.0f};
+  const float f16_in[4] = {1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 70000.0f,
+                           -65519.0f};
+  const float f16_want[4] = {1.0f, 1.0f + 1.0f / 512, INFINITY, -65504.0f};
+  uint16_t halves[4];
+  float out[4], scale = -1.0f;
+  CHECK_OK(hw_kv_store_rows(HW_KV_BFLOAT16, 1, 4, bf_in, 0, halves, 0, NULL));
+  CHECK(halves[0] == 0x3F80 && halves[1] == 0x3F82 && halves[2] == 0xC000);
+  CHECK_OK(hw_kv_load_rows(HW_KV_BFLOAT16, 1, 4, halves, 0, NULL, out, 0));
+  for (int i = 0; i < 4; ++i) CHECK(out[i] == bf_want[i]);
+  CHECK_OK(hw_kv_store_rows(HW_KV_FLOAT16, 1, 4, f16_in, 0, halves, 0, NULL));
+  CHECK(halves[0] == 0x3C00 && halves[1] == 0x3C02 && halves[2] == 0x7C00);
+  CHECK_OK(hw_kv_load_rows(HW_KV_FLOAT16, 1, 4, halves, 0, NULL, out, 0));
+  for (int i = 0; i < 4; ++i) CHECK(out[i] == f16_want[i]);
+
+  /* int8: max |x| 254 gives scale 2; -127 / 2 = -63.5 rounds to even. */
+  const float i8_in[4] = {254.0f, -127.0f, 0.0f, 0.5f};
+  int8_t q[4];
+  CHECK_OK(hw_kv_store_rows(HW_KV_INT8, 1, 4, i8_in, 0, q, 0, &scale));
+  CHECK(scale == 2.0f);
+  CHECK(q[0] == 127 && q[1] == -64 && q[2] == 0 && q[3] == 0);
+  CHECK_OK(hw_kv_load_rows(HW_KV_INT8, 1, 4, q, 0, &scale, out, 0));
+  CHECK(out[0] == 254.0f && out[1] == -128.0f && out[3] == 0.0f);
+
+  /* Two rows, strided both ways; float32 is a copy. */
+  {
+    const float src[2 * 7] = {1, 2, 3, 4, 5, -9, -9, 6, 7, 8, 9, 10, -9, -9};
+    float dst[2 * 6], back[2 * 5];
+    memset(dst, 0xFF, sizeof(dst));
+    CHECK_OK(hw_kv_store_rows(HW_KV_FLOAT32, 2, 5, src, 7, dst, 6, NULL));
+    CHECK(dst[0] == 1 && dst[4] == 5 && dst[6] == 6 && dst[10] == 10);
+    CHECK(isnan(dst[5])); /* past cols: not written */
+    CHECK_OK(hw_kv_load_rows(HW_KV_FLOAT32, 2, 5, dst, 6, NULL, back, 0));
+    CHECK(back[5] == 6 && back[9] == 10);
+  }
+}
+
+static void TestKvDtypeErrors(void) {
+  CHECK(hw_kv_dtype_size(HW_KV_FLOAT32) == 4 &&
+        hw_kv_dtype_size(HW_KV_BFLOAT16) == 2 &&
+        hw_kv_dtype_size(HW_KV_FLOAT16) == 2 &&
+        hw_kv_dtype_size(HW_KV_INT8) == 1);
+  CHECK(hw_kv_dtype_size(4) == 0 && hw_kv_dtype_size(-1) == 0);
+  CHECK(strcmp(hw_kv_dtype_name(HW_KV_FLOAT32), "float32") == 0);
+  CHECK(strcmp(hw_kv_dtype_name(HW_KV_BFLOAT16), "bfloat16") == 0);
+  CHECK(strcmp(hw_kv_dtype_name(HW_KV_FLOAT16), "float16") == 0);
+  CHECK(strcmp(hw_kv_dtype_name(HW_KV_INT8), "int8") == 0);
+  CHECK(strcmp(hw_kv_dtype_name(9), "unknown") == 0);
+
+  hw_kv_cache* cache = NULL;
+  CHECK_ERR(hw_kv_cache_create_typed(1, 1, 4, 4, 4, &cache),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_create_typed: dtype (4)");
+  CHECK_ERR(hw_kv_cache_create_typed(1, 1, 4, 4, -1, &cache),
+            HW_INVALID_ARGUMENT, "dtype (-1)");
+  CHECK_ERR(hw_kv_cache_create_typed(1, 1, 0, 4, HW_KV_INT8, &cache),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create_typed: head_dim must be >= 1");
+  CHECK_ERR(hw_kv_cache_create_typed(1, 1, 4, 4, HW_KV_INT8, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_create_typed: out is null");
+  CHECK_ERR(
+      hw_kv_cache_create_typed(INT64_MAX / 4, 4, 16, 16, HW_KV_INT8, &cache),
+      HW_RESOURCE_EXHAUSTED, "hw_kv_cache_create_typed");
+  CHECK(cache == NULL);
+  CHECK_ERR(hw_kv_cache_dtype(NULL, NULL, NULL), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_dtype: cache is null");
+
+  CHECK_OK(hw_kv_cache_create_typed(2, 2, 4, 4, HW_KV_INT8, &cache));
+  if (cache == NULL) return;
+  {
+    int dtype = 77;
+    size_t es = 77;
+    const void* data = NULL;
+    int64_t rows = 77, stride = 77;
+    const float* scales = NULL;
+    CHECK_ERR(hw_kv_cache_stored_keys(cache, 0, 2, &dtype, &es, &data, &rows,
+                                      &stride, &scales),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_stored_keys: kv_head (2)");
+    CHECK_ERR(hw_kv_cache_stored_values(cache, -1, 0, &dtype, &es, &data, &rows,
+                                        &stride, &scales),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_stored_values: seq (-1)");
+    CHECK_ERR(hw_kv_cache_stored_keys(NULL, 0, 0, &dtype, &es, &data, &rows,
+                                      &stride, &scales),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_stored_keys: cache is null");
+    CHECK_ERR(hw_kv_cache_stored_values(cache, 0, 0, &dtype, &es, NULL, &rows,
+                                        &stride, &scales),
+              HW_INVALID_ARGUMENT, "hw_kv_cache_stored_values: data is null");
+    CHECK(dtype == 77 && es == 77 && data == NULL && rows == 77 &&
+          stride == 77 && scales == NULL);
+    /* Only data is required; an empty sequence has 0 rows. */
+    CHECK_OK(hw_kv_cache_stored_keys(cache, 1, 1, NULL, NULL, &data, NULL, NULL,
+                                     NULL));
+    CHECK(data != NULL);
+    CHECK_OK(hw_kv_cache_stored_keys(cache, 1, 1, NULL, NULL, &data, &rows,
+                                     NULL, &scales));
+    CHECK(rows == 0 && scales != NULL);
+  }
+  hw_kv_cache_destroy(cache);
+
+  /* hw_kv_store_rows and hw_kv_load_rows: nothing written on an error. */
+  float src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8], scales[2] = {-5, -5};
+  int8_t q[8];
+  memset(q, 0x55, sizeof(q));
+  memset(dst, 0xFF, sizeof(dst));
+  CHECK_ERR(hw_kv_store_rows(5, 2, 4, src, 0, q, 0, scales),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_store_rows: dtype (5) is not a hw_kv_dtype");
+  CHECK_ERR(hw_kv_load_rows(-2, 2, 4, q, 0, scales, dst, 0),
+            HW_INVALID_ARGUMENT, "hw_kv_load_rows: dtype (-2)");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_INT8, 2, 4, NULL, 0, q, 0, scales),
+            HW_INVALID_ARGUMENT, "hw_kv_store_rows: src is null");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_INT8, 2, 4, src, 0, NULL, 0, scales),
+            HW_INVALID_ARGUMENT, "hw_kv_store_rows: dst is null");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_INT8, 2, 4, src, 0, q, 0, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_store_rows: scales is null");
+  CHECK_ERR(hw_kv_load_rows(HW_KV_INT8, 2, 4, q, 0, NULL, dst, 0),
+            HW_INVALID_ARGUMENT, "hw_kv_load_rows: scales is null");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_BFLOAT16, 0, 4, src, 0, q, 0, NULL),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_store_rows: rows and cols must be >= 1 (got rows = 0, "
+            "cols = 4)");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_BFLOAT16, 2, -1, src, 0, q, 0, NULL),
+            HW_INVALID_ARGUMENT, "cols = -1)");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_FLOAT16, 2, 4, src, 3, q, 0, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_store_rows: src_stride (3)");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_INT8, 2, 4, src, 0, q, 2, scales),
+            HW_INVALID_ARGUMENT, "hw_kv_store_rows: dst_stride (2)");
+  CHECK_ERR(hw_kv_load_rows(HW_KV_FLOAT16, 2, 4, q, 0, NULL, dst, 1),
+            HW_INVALID_ARGUMENT, "hw_kv_load_rows: dst_stride (1)");
+  CHECK_ERR(hw_kv_load_rows(HW_KV_FLOAT16, 2, 4, q, 3, NULL, dst, 0),
+            HW_INVALID_ARGUMENT, "hw_kv_load_rows: src_stride (3)");
+  CHECK_ERR(hw_kv_store_rows(HW_KV_INT8, INT64_MAX, 4, src, 0, q, 0, scales),
+            HW_RESOURCE_EXHAUSTED, "hw_kv_store_rows");
+  for (int i = 0; i < 8; ++i) CHECK(q[i] == 0x55 && isnan(dst[i]));
+  CHECK(scales[0] == -5 && scales[1] == -5);
+}
+
+static void TestKvDtypes(void) {
+  TestKvRounding();
+  for (int i = 0; i < 4; ++i) TestKvDtypeCache(kDtypes[i]);
+  TestKvDtypeErrors();
+}
+
 /* ------------------------------------------------------- Attention layer */
 
 typedef struct Model {
@@ -696,6 +1052,112 @@ static void TestLayerShapes(void) {
   for (int i = 0; i < 4; ++i) FreeModel(&models[i]);
 }
 
+/* The layer writing K and V into a cache of each dtype: the stored rows are
+ * the float32 cache's rows rounded (within the rounding bound, plus float32's
+ * own rounding of the projection), and the outputs of a prefill and a decode
+ * step differ from the float32 cache's by the storage rounding only:
+ * normwise 2e-2 for bfloat16 and int8 (2^-8 relative per element, int8 up to
+ * row_max / 254), 3e-3 for float16 (2^-11); observed at most 2.1e-3, 6.3e-3
+ * and 2.4e-4 on every target (float32: 0, the same cache). */
+static void TestLayerDtypesOnTarget(const Model* m) {
+  const hw_attention_layer_config config = Config(m);
+  const hw_attention_layer_weights weights = Weights(m);
+  hw_attention_layer* layer = NULL;
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &layer));
+  if (layer == NULL) return;
+  enum { kN = 6, kCap = 8 };
+  const int64_t d = m->d_model, hd = m->head_dim, G = m->n_kv_heads;
+  float* x = RandomArray((kN + 1) * d, 2.0f);
+  float* y32 = FilledArray((kN + 1) * d, NAN);
+  float* y = FilledArray((kN + 1) * d, NAN);
+  hw_kv_cache* f32 = NULL;
+  CHECK_OK(hw_attention_layer_create_cache(layer, 1, kCap, &f32));
+  const hw_layer_sequence prompt = Seq(0, kN), step = Seq(0, 1);
+  CHECK_OK(hw_attention_layer_forward(layer, f32, &prompt, 1, x, 0, y32, 0));
+  CHECK_OK(hw_attention_layer_forward(layer, f32, &step, 1, x + kN * d, 0,
+                                      y32 + kN * d, 0));
+  for (int i = 0; i < 4 && f32 != NULL; ++i) {
+    const int dtype = kDtypes[i];
+    hw_kv_cache* cache = NULL;
+    CHECK_OK(
+        hw_attention_layer_create_cache_typed(layer, 1, kCap, dtype, &cache));
+    if (cache == NULL) continue;
+    int got = -1;
+    CHECK_OK(hw_kv_cache_dtype(cache, &got, NULL));
+    CHECK(got == dtype);
+    CHECK_OK(hw_attention_layer_forward(layer, cache, &prompt, 1, x, 0, y, 0));
+    CHECK_OK(hw_attention_layer_forward(layer, cache, &step, 1, x + kN * d, 0,
+                                        y + kN * d, 0));
+    for (int keys = 0; keys < 2; ++keys) {
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t rows = 0, rows32 = 0;
+        float* got_rows = LoadedRows(cache, keys, 0, g, hd, &rows);
+        float* want = LoadedRows(f32, keys, 0, g, hd, &rows32);
+        CHECK(rows == kN + 1 && rows32 == kN + 1);
+        for (int64_t r = 0; r < rows && r < rows32; ++r) {
+          double row_max = 0.0;
+          for (int64_t c = 0; c < hd; ++c) {
+            if (fabs(want[r * hd + c]) > row_max)
+              row_max = fabs(want[r * hd + c]);
+          }
+          for (int64_t c = 0; c < hd; ++c) {
+            const double w = want[r * hd + c];
+            CHECK(fabs(got_rows[r * hd + c] - w) <=
+                  RoundingBound(dtype, w, row_max) * 1.01 + 1e-6 * row_max);
+          }
+        }
+        free(got_rows);
+        free(want);
+      }
+    }
+    const double tolerance = dtype == HW_KV_FLOAT32   ? kTolerance
+                             : dtype == HW_KV_FLOAT16 ? 3e-3
+                                                      : 2e-2;
+    const double diff = NormwiseDiff(y, d, y32, d, kN + 1, d);
+    if (!(diff <= tolerance)) {
+      fprintf(stderr, "  layer with a %s cache: diff %g\n",
+              hw_kv_dtype_name(dtype), diff);
+    }
+    CHECK(diff <= tolerance);
+    hw_kv_cache_destroy(cache);
+  }
+  hw_kv_cache* other = NULL;
+  CHECK_ERR(hw_attention_layer_create_cache_typed(layer, 1, kCap, 9, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache_typed: dtype (9)");
+  CHECK_ERR(hw_attention_layer_create_cache_typed(NULL, 1, kCap, 0, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache_typed: layer is null");
+  CHECK_ERR(hw_attention_layer_create_cache_typed(layer, 0, kCap, 1, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_cache_typed: n_sequences must be >= 1");
+  CHECK_ERR(hw_attention_layer_create_cache_typed(layer, 1, kCap, 1, NULL),
+            HW_INVALID_ARGUMENT, "out is null");
+  CHECK(other == NULL);
+  hw_kv_cache_destroy(f32);
+  free(x);
+  free(y32);
+  free(y);
+  hw_attention_layer_destroy(layer);
+}
+
+static void TestLayerDtypes(void) {
+  Model m = MakeModel(32, 4, 2, 12, HW_MASK_CAUSAL, 1); /* GQA, odd tail */
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    TestLayerDtypesOnTarget(&m);
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+  FreeModel(&m);
+}
+
 static void TestLayerErrors(void) {
   Model m = MakeModel(16, 4, 2, 4, HW_MASK_CAUSAL, 1);
   hw_attention_layer_config config = Config(&m);
@@ -903,9 +1365,9 @@ static void TestLayerErrors(void) {
   CHECK_OK(hw_kv_cache_create(1, 2, 8, 8, &other)); /* head_dim 8, not 4 */
   CHECK_ERR(hw_attention_layer_forward(layer, other, &s, 1, x, 0, y, 0),
             HW_INVALID_ARGUMENT,
-            "hw_attention_layer_forward: cache has n_kv_heads 2 and head_dim 8 "
-            "but the layer needs n_kv_heads 2 and head_dim 4 (see "
-            "hw_attention_layer_create_cache)");
+            "hw_attention_layer_forward: cache (float32) has n_kv_heads 2 and "
+            "head_dim 8 but the layer needs n_kv_heads 2 and head_dim 4 (see "
+            "hw_attention_layer_create_cache; any dtype)");
   CHECK(Length(other, 0) == 0);
   hw_kv_cache_destroy(other);
   CHECK(Length(cache, 0) == 0);
@@ -1024,20 +1486,39 @@ static double DiffToReference(const float* got, int64_t gs, const double* want,
   return diff;
 }
 
+/* The rows of sequence seq as the attention calls see them: float32, dense
+ * [length, G * hd] (K if keys, else V), from the cache's stored rows. */
+static float* DequantizedRows(const hw_kv_cache* cache, int keys, int64_t seq,
+                              int64_t G, int64_t hd, int64_t length) {
+  float* out = FilledArray(length * G * hd, NAN);
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t rows = 0;
+    float* head = LoadedRows(cache, keys, seq, g, hd, &rows);
+    CHECK(rows == length);
+    for (int64_t r = 0; r < length && r < rows; ++r) {
+      memcpy(out + r * G * hd + g * hd, head + r * hd, hd * sizeof(float));
+    }
+    free(head);
+  }
+  return out;
+}
+
 /* GQA (4 query heads on 2 KV heads, head_dim 5) over a cache of three
- * sequences; one call with three queries (a prefill chunk with a mask that
- * has -inf entries and a fully masked row, a decode step without a mask, a
- * prefill from position 0 with a mask), causal and not, default and given
- * scale; and the materialised path. Against float64, on the target active
- * now. */
-static void TestAttentionOnTarget(void) {
+ * sequences stored as dtype; one call with three queries (a prefill chunk with
+ * a mask that has -inf entries and a fully masked row, a decode step without a
+ * mask, a prefill from position 0 with a mask), causal and not, default and
+ * given scale; and the materialised path. Against float64 attention over the
+ * dequantized rows (the stored K and V as float32: the storage rounding is
+ * the only difference from float32 storage), on the target active now, with
+ * float32's tolerance. */
+static void TestAttentionOnTarget(int dtype) {
   enum { H = 4, G = 2, D = 5, W = H * D, KW = G * D, kCap = 16, kQ = 3 };
   const int64_t lengths[kQ] = {10, 7, 3};
   const int64_t n_tokens[kQ] = {6, 1, 3};
   const int64_t q_pos0[kQ] = {4, 6, 0};
   const int has_mask[kQ] = {1, 0, 1};
   hw_kv_cache* cache = NULL;
-  CHECK_OK(hw_kv_cache_create(kQ, G, D, kCap, &cache));
+  CHECK_OK(hw_kv_cache_create_typed(kQ, G, D, kCap, dtype, &cache));
   if (cache == NULL) return;
   float *k[kQ], *v[kQ], *q[kQ], *out[kQ], *mask[kQ];
   int64_t qs[kQ], os[kQ], ms[kQ];
@@ -1046,6 +1527,13 @@ static void TestAttentionOnTarget(void) {
     k[i] = RandomArray(lengths[i] * KW, 4.0f);
     v[i] = RandomArray(lengths[i] * KW, 2.0f);
     CHECK_OK(hw_kv_cache_append(cache, i, lengths[i], k[i], 0, v[i], 0));
+    /* The reference reads the stored rows. */
+    float* stored_k = DequantizedRows(cache, 1, i, G, D, lengths[i]);
+    float* stored_v = DequantizedRows(cache, 0, i, G, D, lengths[i]);
+    free(k[i]);
+    free(v[i]);
+    k[i] = stored_k;
+    v[i] = stored_v;
     /* Padded strides for the first query, dense (0) for the others. */
     qs[i] = i == 0 ? W + 3 : W;
     os[i] = i == 0 ? W + 2 : W;
@@ -1085,7 +1573,8 @@ static void TestAttentionOnTarget(void) {
                          ms[i], causal, scale, ref, NULL);
       const double diff = DiffToReference(out[i], os[i], ref, n_tokens[i], W);
       if (!(diff <= kTolerance)) {
-        fprintf(stderr, "  query %d, variant %d: diff %g\n", i, variant, diff);
+        fprintf(stderr, "  %s, query %d, variant %d: diff %g\n",
+                hw_kv_dtype_name(dtype), i, variant, diff);
       }
       CHECK(diff <= kTolerance);
       free(ref);
@@ -1134,7 +1623,7 @@ static void TestAttention(void) {
   for (int64_t t = 0; t < n_targets; ++t) {
     CHECK_OK(hw_set_max_target(targets[t]));
     const int before = g_failures;
-    TestAttentionOnTarget();
+    for (int i = 0; i < 4; ++i) TestAttentionOnTarget(kDtypes[i]);
     if (g_failures != before) {
       fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
     }
@@ -1485,7 +1974,9 @@ int main(void) {
   TestStatusAndVersion();
   TestTargetsAndThreads();
   TestKvCache();
+  TestKvDtypes();
   TestLayerShapes();
+  TestLayerDtypes();
   TestLayerErrors();
   TestAttention();
   TestAttentionErrors();

@@ -7,7 +7,9 @@ Reads Google Benchmark's JSON output of headway_bench and
 - writes DIR/roofline.svg and .png: arithmetic intensity (flop/byte) against
   GFLOP/s, log-log, with the machine's measured ceilings as lines (FMA peak
   per target, flat; DRAM and L2 read bandwidth, slanted) and one point per
-  benchmark row;
+  benchmark row, a marker per kernel family and KV cache type (bytes as
+  stored, so a bf16 cache's decode sits at about 3x the float32 row's
+  intensity);
 - writes DIR/speedup.svg and .png: the speed-up over SCALAR of each
   instruction set, per kernel.
 DIR defaults to the JSON file's folder. The charts need matplotlib (Debian:
@@ -29,6 +31,9 @@ KNOWN_TARGETS = ["AVX3_ZEN4", "AVX3_SPR", "AVX3_DL", "AVX3", "AVX2", "SSE4",
 # Run settings in a benchmark's name, not part of its shape.
 SETTINGS = ("min_time:", "min_warmup_time:", "repeats:", "iterations:")
 TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+# The KV cache's stored type in a "dtype:N" argument (N: the KvDtype value),
+# as the summary table names it.
+DTYPES = {"0": "f32", "1": "bf16", "2": "f16", "3": "int8"}
 
 
 class Row:
@@ -42,11 +47,18 @@ class Row:
         self.target = parts[1] if len(parts) > 1 and parts[1] in targets else ""
         shape = []
         self.threads = 0
+        self.dtype = ""  # "bf16", ...; "" for float32 storage or no cache
         for arg in parts[2:]:
             if arg.startswith("threads:"):
                 self.threads = int(arg[len("threads:"):])
             elif ":" in arg and not arg.startswith(SETTINGS):
                 shape.append(arg)
+                if arg.startswith("dtype:"):
+                    name = DTYPES.get(arg[len("dtype:"):], arg)
+                    self.dtype = "" if name == "f32" else name
+        # The roofline's marker: one per kernel family and stored type, so the
+        # bf16, f16 and int8 rows stand apart from the float32 ones.
+        self.kind = self.family + (" " + self.dtype if self.dtype else "")
         self.shape = "/".join(shape)
         self.error = entry.get("error_message", "") if entry.get(
             "error_occurred") else ""
@@ -124,9 +136,9 @@ def roofline_chart(plt, rows, context, targets, out_dir):
     all_threads = max([t for _, t in fma] + [r.threads for r in rows] + [1])
     families = []
     for r in points:
-        if r.family not in families:
-            families.append(r.family)
-    markers = "os^vDPX*hp<>dH8"
+        if r.kind not in families:
+            families.append(r.kind)
+    markers = "os^vDPX*hp<>dH8+x1234"
     marker = {f: markers[i % len(markers)] for i, f in enumerate(families)}
 
     fig, ax = plt.subplots(figsize=(13, 8.5))
@@ -191,7 +203,7 @@ def roofline_chart(plt, rows, context, targets, out_dir):
         c = colour.get(r.target, "black")
         shift = 1.06 ** (slots.index(r.target) - (len(slots) - 1) / 2)
         ax.scatter([r.gflops / r.gbps * shift], [r.gflops],
-                   marker=marker[r.family], s=36, linewidths=1.1,
+                   marker=marker[r.kind], s=36, linewidths=1.1,
                    edgecolors=c, facecolors=c if filled else "none",
                    alpha=0.85, zorder=3)
 
@@ -216,7 +228,8 @@ def roofline_chart(plt, rows, context, targets, out_dir):
                markerfacecolor="none"),
         Line2D([], [], ls="", marker="o", color="grey",
                label="%d threads" % all_threads)]
-    first = ax.legend(handles=family_handles, title="kernel", fontsize=7,
+    first = ax.legend(handles=family_handles,
+                      title="kernel (and KV dtype)", fontsize=7,
                       title_fontsize=8, loc="upper left",
                       bbox_to_anchor=(1.01, 1.0))
     ax.add_artist(first)

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -49,6 +50,13 @@ bool StartsWith(const std::string& text, const char* prefix) {
   return text.rfind(prefix, 0) == 0;
 }
 
+// The short name of a KvDtype value in a "dtype:N" argument.
+std::string DtypeName(const std::string& value) {
+  static const char* const kNames[] = {"f32", "bf16", "f16", "int8"};
+  const int n = std::atoi(value.c_str());
+  return n >= 0 && n < 4 ? kNames[n] : "dtype" + value;
+}
+
 // One benchmark row of the summary, parsed from its name
 // (family/TARGET/arg:value/.../threads:N/real_time; peers without a target
 // have their kernel's name in place of TARGET).
@@ -58,9 +66,15 @@ struct Row {
   std::string peer;    // "onednn/sgemm", "materialized", ...; "" if Headway's
   std::string target;  // "AVX2", ...; "" for a peer that has none
   std::string shape;   // the arguments but threads: "m:1/n:4096/..."
-  // `shape` without "packed:" (pre-packing B is Headway's, peers have none).
+  // `shape` without "packed:" (pre-packing B is Headway's, peers have none)
+  // and "dtype:" (the peers store float32): the rows a block of the summary
+  // compares.
   std::string peer_shape;
   std::string packed;  // the "packed:1" argument, if any
+  // The KV cache's stored type, from the "dtype:N" argument (the KvDtype
+  // value): "f32", "bf16", "f16", "int8"; "" for a row without one (float32
+  // storage, or no cache).
+  std::string dtype;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
   double gflops = 0.0;   // 0: not reported
@@ -103,6 +117,9 @@ Row ParseRow(const Run& run) {
       shape.push_back(arg);
       if (StartsWith(arg, "packed:")) {
         row.packed = arg;
+      } else if (StartsWith(arg, "dtype:")) {
+        // The stored type is a variant of the shape, as packed is.
+        row.dtype = DtypeName(arg.substr(6));
       } else {
         peer_shape.push_back(arg);
       }
@@ -144,6 +161,20 @@ std::string Figure(const Row& row) {
   return text;
 }
 
+// float32 first, then bf16, f16, int8: the KvDtype order.
+int DtypeRank(const Row& row) {
+  static const char* const kOrder[] = {"f32", "bf16", "f16", "int8"};
+  for (int i = 0; i < 4; ++i) {
+    if (row.dtype == kOrder[i]) return i;
+  }
+  return row.dtype.empty() ? 0 : 4;
+}
+
+// True if the row stores K and V as float32 (or has no cache).
+bool Float32Storage(const Row& row) {
+  return row.dtype.empty() || row.dtype == "f32";
+}
+
 // Prints the summary of `rows` (in run order) to `out`.
 void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
   if (rows.empty()) return;
@@ -165,7 +196,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     // others.
     const int t = row.target.empty() ? 99 : target_rank[row.target];
     return std::make_tuple(row.peer.empty() ? 0 : 1, row.target.empty(), t,
-                           row.peer, row.packed);
+                           row.peer, row.packed, DtypeRank(row));
   };
   std::vector<size_t> order(rows.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -178,10 +209,11 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
   });
 
   out << "\nSummary (figure: the rate that the bounding ceiling limits; bound: "
-         "its % of that\nceiling; vs peer, vs SCALAR: the fastest peer's or "
-         "SCALAR's time / this row's time\non the same shape and thread "
-         "count, so 2.00x is twice as fast)\n";
-  char line[256];
+         "its % of that\nceiling; vs peer, vs SCALAR, vs f32: the fastest "
+         "peer's, SCALAR's or the float32-cache\nrow's time / this row's "
+         "time on the same shape, target and thread count, so 2.00x\nis "
+         "twice as fast; bf16, f16, int8: the KV cache's stored type)\n";
+  char line[288];
   size_t previous_group = rows.size();
   for (size_t i : order) {
     const Row& row = rows[i];
@@ -191,14 +223,15 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       for (const std::string& arg : Split(row.peer_shape, '/')) {
         title += " " + arg;
       }
-      snprintf(line, sizeof(line), "\n%s\n  %-22s %3s %16s %9s %20s %9s\n",
+      snprintf(line, sizeof(line), "\n%s\n  %-22s %3s %16s %9s %20s %9s %7s\n",
                title.c_str(), "variant", "thr", "figure", "bound", "vs peer",
-               "vs SCALAR");
+               "vs SCALAR", "vs f32");
       out << line;
     }
     std::string variant = row.target;
     if (!row.peer.empty()) variant += (variant.empty() ? "" : " ") + row.peer;
     if (!row.packed.empty() && row.packed != "packed:0") variant += " packed";
+    if (!row.dtype.empty()) variant += " " + row.dtype;
     if (!row.error.empty()) {
       snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
                row.threads, row.error.c_str());
@@ -212,15 +245,23 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     // The fastest peer on this shape and thread count (on the same target if
     // the peer has targets).
+    // The peers store float32: they compare with float32-storage rows.
     const Row* best_peer = nullptr;
     const Row* scalar = nullptr;
+    const Row* float32 = nullptr;  // this row with a float32 cache
     for (const Row& other : rows) {
       if (!other.error.empty() || other.threads != row.threads) continue;
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
-          other.peer_shape == row.peer_shape &&
+          other.peer_shape == row.peer_shape && Float32Storage(row) &&
           (other.target.empty() || other.target == row.target) &&
           (best_peer == nullptr || other.seconds < best_peer->seconds)) {
         best_peer = &other;
+      }
+      if (!Float32Storage(row) && other.dtype == "f32" &&
+          other.family == row.family && other.target == row.target &&
+          other.peer == row.peer && other.peer_shape == row.peer_shape &&
+          other.packed == row.packed) {
+        float32 = &other;
       }
       if (!row.target.empty() && other.target == "SCALAR" &&
           other.family == row.family && other.shape == row.shape) {
@@ -238,9 +279,14 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       snprintf(vs_scalar, sizeof(vs_scalar), "%7.1fx",
                scalar->seconds / row.seconds);
     }
-    snprintf(line, sizeof(line), "  %-22s %3d %16s %9s %20s %9s\n",
+    char vs_f32[32] = "-";
+    if (float32 != nullptr) {
+      snprintf(vs_f32, sizeof(vs_f32), "%6.2fx",
+               float32->seconds / row.seconds);
+    }
+    snprintf(line, sizeof(line), "  %-22s %3d %16s %9s %20s %9s %7s\n",
              variant.c_str(), row.threads, Figure(row).c_str(), bound, vs_peer,
-             vs_scalar);
+             vs_scalar, vs_f32);
     out << line;
   }
   out.flush();

@@ -28,6 +28,12 @@
  * int64_t so that a negative size is reported, not wrapped; a size or stride
  * whose byte count overflows is HW_RESOURCE_EXHAUSTED.
  *
+ * Compatibility: a released function keeps its signature and meaning; a new
+ * argument comes with a new function (hw_kv_cache_create is
+ * hw_kv_cache_create_typed with HW_KV_FLOAT32). Enum values travel as int
+ * and match the C++ enums'; 0 is the default, so a zeroed struct is the
+ * default configuration. Handles are opaque, so what they hold can grow.
+ *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
  * forward calls at once; calls that change one cache sequence must not run
@@ -123,15 +129,46 @@ HEADWAY_C_API int64_t hw_release_thread_scratch(void);
 
 /* -------------------------------------------------------------- KV cache */
 
+/* The element type a cache stores K and V in; the same values as
+ * headway::KvDtype (headway/kv_cache.h, which has the rounding rules). 0, the
+ * default, is float32. Every type is appended as float32 and read by the
+ * attention calls in its stored form, accumulating in float32. */
+typedef enum hw_kv_dtype {
+  HW_KV_FLOAT32 = 0,  /* 4 bytes per element, as appended */
+  HW_KV_BFLOAT16 = 1, /* 2 bytes: bfloat16, rounded to nearest even */
+  HW_KV_FLOAT16 = 2,  /* 2 bytes: IEEE half, rounded to nearest even */
+  HW_KV_INT8 = 3      /* 1 byte, plus one float scale per row (below) */
+} hw_kv_dtype;
+
+/* What each type stores (its rounding, int8's row scale, what NaN and inf
+ * become) is the table at the top of headway/kv_cache.h. Appending NaN or inf
+ * is never an error: it changes only its own row (a whole int8 row reads back
+ * as NaN). */
+
+/* Bytes per stored element of dtype: 4, 2, 2, 1; 0 for a value that is not
+ * a hw_kv_dtype. */
+HEADWAY_C_API size_t hw_kv_dtype_size(int dtype);
+
+/* "float32", "bfloat16", "float16", "int8"; "unknown" for other values.
+ * Static storage. */
+HEADWAY_C_API const char* hw_kv_dtype_name(int dtype);
+
 /* The keys and values of one attention layer for n_sequences sequences (slots
- * 0 .. n_sequences - 1), up to `capacity` tokens each, float32. */
+ * 0 .. n_sequences - 1), up to `capacity` tokens each, stored in one
+ * hw_kv_dtype. */
 typedef struct hw_kv_cache hw_kv_cache;
 
-/* Creates a cache, every sequence empty, into *out. Allocates and zeroes
- * hw_kv_cache_bytes() bytes up front.
- * Errors: HW_INVALID_ARGUMENT for a NULL out or any size < 1;
- * HW_RESOURCE_EXHAUSTED when the byte count overflows (the message names the
- * sizes) or memory runs out. */
+/* Creates a cache of element type dtype (a hw_kv_dtype), every sequence
+ * empty, into *out. Allocates and zeroes hw_kv_cache_bytes() bytes up front.
+ * Errors: HW_INVALID_ARGUMENT for a NULL out, any size < 1, a dtype that is
+ * not a hw_kv_dtype; HW_RESOURCE_EXHAUSTED when the byte count overflows (the
+ * message names the sizes) or memory runs out. */
+HEADWAY_C_API int hw_kv_cache_create_typed(int64_t n_sequences,
+                                           int64_t n_kv_heads, int64_t head_dim,
+                                           int64_t capacity, int dtype,
+                                           hw_kv_cache** out);
+
+/* hw_kv_cache_create_typed with dtype HW_KV_FLOAT32. */
 HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t capacity,
                                      hw_kv_cache** out);
@@ -140,12 +177,19 @@ HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
 HEADWAY_C_API void hw_kv_cache_destroy(hw_kv_cache* cache);
 
 /* The cache's sizes; any output pointer may be NULL (not written).
- * row_stride: elements between cached rows, head_dim rounded up to 16.
+ * row_stride: elements between cached rows, head_dim rounded up to 16 (for
+ * every dtype).
  * Error: HW_INVALID_ARGUMENT for a NULL cache. */
 HEADWAY_C_API int hw_kv_cache_shape(const hw_kv_cache* cache,
                                     int64_t* n_sequences, int64_t* n_kv_heads,
                                     int64_t* head_dim, int64_t* capacity,
                                     int64_t* row_stride);
+
+/* *dtype = the cache's hw_kv_dtype, *element_size = its bytes per element
+ * (hw_kv_dtype_size); either pointer may be NULL (not written).
+ * Error: HW_INVALID_ARGUMENT for a NULL cache. */
+HEADWAY_C_API int hw_kv_cache_dtype(const hw_kv_cache* cache, int* dtype,
+                                    size_t* element_size);
 
 /* *length = tokens cached for sequence seq.
  * Errors: HW_INVALID_ARGUMENT for a NULL cache or length, seq outside
@@ -153,19 +197,22 @@ HEADWAY_C_API int hw_kv_cache_shape(const hw_kv_cache* cache,
 HEADWAY_C_API int hw_kv_cache_length(const hw_kv_cache* cache, int64_t seq,
                                      int64_t* length);
 
-/* *bytes = bytes of the K and V buffers together, padding included.
+/* *bytes = bytes of the K and V buffers together, padding and int8 scales
+ * included.
  * Errors: HW_INVALID_ARGUMENT for a NULL cache or bytes. */
 HEADWAY_C_API int hw_kv_cache_bytes(const hw_kv_cache* cache, size_t* bytes);
 
-/* *bytes = bytes one token of one sequence takes:
- * 2 * n_kv_heads * row_stride * 4.
+/* *bytes = bytes one token of one sequence takes, as stored:
+ * 2 * n_kv_heads * (row_stride * element size + 4 for int8's scale), e.g.
+ * 2 * n_kv_heads * row_stride * 4 for float32.
  * Errors: HW_INVALID_ARGUMENT for a NULL cache or bytes. */
 HEADWAY_C_API int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache,
                                               size_t* bytes);
 
-/* Appends n_new tokens to sequence seq. k and v: [n_new, n_kv_heads *
- * head_dim] (head g in columns [g * head_dim, (g + 1) * head_dim)), row
- * strides k_stride and v_stride (0: dense).
+/* Appends n_new tokens to sequence seq, converted to the cache's dtype (see
+ * hw_kv_dtype). k and v: float32 [n_new, n_kv_heads * head_dim] (head g in
+ * columns [g * head_dim, (g + 1) * head_dim)), row strides k_stride and
+ * v_stride (0: dense).
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, k or v, a
  * bad seq, n_new < 1, a stride (other than 0) < n_kv_heads * head_dim;
  * HW_RESOURCE_EXHAUSTED if n_new rows of k or v at their stride overflow the
@@ -176,19 +223,73 @@ HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
                                      int64_t k_stride, const float* v,
                                      int64_t v_stride);
 
-/* The cached keys (or values) of one head of sequence seq: *data points at
- * [*rows, head_dim] floats inside the cache, rows *stride elements apart
- * (*rows == length(seq)). The pointer stays valid until the cache is
- * destroyed; the rows it shows change with appends and truncations. Any of
- * rows and stride may be NULL.
+/* The cached keys (or values) of one head of sequence seq, as stored, for a
+ * host that inspects or serializes them: *data points at [*rows, head_dim]
+ * elements of type *dtype (a hw_kv_dtype) and *element_size bytes each inside
+ * the cache, element (r, c) at
+ *   (const char*)*data + (r * *stride + c) * *element_size,
+ * each row aligned to 16 elements (64 bytes for float32, 16 for int8; *rows
+ * == length(seq)). For HW_KV_INT8, *scales
+ * points at the *rows row scales (element (r, c) stands for
+ * (*scales)[r] * q); for the other types *scales is NULL. hw_kv_load_rows
+ * turns the rows into float32. The pointers stay valid until the cache is
+ * destroyed; the rows they show change with appends and truncations. Any
+ * output pointer but data may be NULL (not written).
  * Errors: HW_INVALID_ARGUMENT for a NULL cache or data, a bad seq or
  * kv_head. */
+HEADWAY_C_API int hw_kv_cache_stored_keys(const hw_kv_cache* cache, int64_t seq,
+                                          int64_t kv_head, int* dtype,
+                                          size_t* element_size,
+                                          const void** data, int64_t* rows,
+                                          int64_t* stride,
+                                          const float** scales);
+HEADWAY_C_API int hw_kv_cache_stored_values(const hw_kv_cache* cache,
+                                            int64_t seq, int64_t kv_head,
+                                            int* dtype, size_t* element_size,
+                                            const void** data, int64_t* rows,
+                                            int64_t* stride,
+                                            const float** scales);
+
+/* The cached keys (or values) of one head of sequence seq of a float32 cache:
+ * hw_kv_cache_stored_keys (values) without the type, as float pointers. Any
+ * of rows and stride may be NULL.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or data, a bad seq or kv_head,
+ * a cache of another dtype (the message names it: read that one with
+ * hw_kv_cache_stored_keys). */
 HEADWAY_C_API int hw_kv_cache_keys(const hw_kv_cache* cache, int64_t seq,
                                    int64_t kv_head, const float** data,
                                    int64_t* rows, int64_t* stride);
 HEADWAY_C_API int hw_kv_cache_values(const hw_kv_cache* cache, int64_t seq,
                                      int64_t kv_head, const float** data,
                                      int64_t* rows, int64_t* stride);
+
+/* Converts float32 rows into a dtype's stored form with the cache's rounding
+ * (what hw_kv_cache_append stores): src [rows, cols] at row stride
+ * src_stride (0: dense) into dst, rows of cols elements of dtype, dst_stride
+ * elements apart (0: dense), and for HW_KV_INT8 the row scales into
+ * scales[0, rows) (ignored, and may be NULL, for the other types). Only
+ * columns [0, cols) of dst are written.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a dtype that is not a
+ * hw_kv_dtype, a NULL src or dst, NULL scales with HW_KV_INT8, rows or
+ * cols < 1, a stride (other than 0) < cols, src overlapping dst or scales;
+ * HW_RESOURCE_EXHAUSTED for sizes whose byte count overflows. */
+HEADWAY_C_API int hw_kv_store_rows(int dtype, int64_t rows, int64_t cols,
+                                   const float* src, int64_t src_stride,
+                                   void* dst, int64_t dst_stride,
+                                   float* scales);
+
+/* Reads stored rows back as float32, the values the attention calls use:
+ * src, rows of cols elements of dtype, src_stride elements apart (0: dense),
+ * with scales[0, rows) for HW_KV_INT8 (ignored, and may be NULL, for the
+ * other types), into dst [rows, cols] at row stride dst_stride (0: dense).
+ * Reads what hw_kv_cache_stored_keys and _values return, or what
+ * hw_kv_store_rows wrote.
+ * Errors (nothing written): as hw_kv_store_rows, with dst overlapping src or
+ * scales. */
+HEADWAY_C_API int hw_kv_load_rows(int dtype, int64_t rows, int64_t cols,
+                                  const void* src, int64_t src_stride,
+                                  const float* scales, float* dst,
+                                  int64_t dst_stride);
 
 /* Keeps the first new_length tokens of sequence seq (rolls back rejected
  * speculative tokens). O(1).
@@ -197,8 +298,8 @@ HEADWAY_C_API int hw_kv_cache_values(const hw_kv_cache* cache, int64_t seq,
 HEADWAY_C_API int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq,
                                        int64_t new_length);
 
-/* Makes sequence `to` a copy of sequence `from` (length and rows), e.g. to
- * fork a shared prompt. from == to: nothing to do.
+/* Makes sequence `to` a copy of sequence `from` (length and rows, with their
+ * scales), e.g. to fork a shared prompt. from == to: nothing to do.
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, a bad from
  * or to. */
 HEADWAY_C_API int hw_kv_cache_copy_sequence(hw_kv_cache* cache, int64_t from,
@@ -312,18 +413,25 @@ HEADWAY_C_API int hw_attention_layer_n_weights(const hw_attention_layer* layer,
 HEADWAY_C_API int hw_attention_layer_packed_bytes(
     const hw_attention_layer* layer, size_t* bytes);
 
-/* *bytes = KV cache bytes per token of one sequence for this layer
- * (2 * local KV heads * row stride * 4).
+/* *bytes = float32 KV cache bytes per token of one sequence for this layer
+ * (2 * local KV heads * row stride * 4); a cache of another dtype says its own
+ * with hw_kv_cache_bytes_per_token.
  * Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
 HEADWAY_C_API int hw_attention_layer_cache_bytes_per_token(
     const hw_attention_layer* layer, size_t* bytes);
 
 /* Creates a cache for this layer (its local KV heads and head_dim) with
- * n_sequences slots of `capacity` tokens into *out. Free it with
- * hw_kv_cache_destroy.
+ * n_sequences slots of `capacity` tokens of element type dtype (a
+ * hw_kv_dtype) into *out; the layer's forward writes K and V into it in that
+ * type. Free it with hw_kv_cache_destroy.
  * Errors: HW_INVALID_ARGUMENT for a NULL layer or out, n_sequences or
- * capacity < 1; HW_RESOURCE_EXHAUSTED when the byte count overflows or memory
- * runs out. */
+ * capacity < 1, a dtype that is not a hw_kv_dtype; HW_RESOURCE_EXHAUSTED when
+ * the byte count overflows or memory runs out. */
+HEADWAY_C_API int hw_attention_layer_create_cache_typed(
+    const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
+    int dtype, hw_kv_cache** out);
+
+/* hw_attention_layer_create_cache_typed with dtype HW_KV_FLOAT32. */
 HEADWAY_C_API int hw_attention_layer_create_cache(
     const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
     hw_kv_cache** out);
@@ -365,7 +473,9 @@ HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
  *                           V_g[s]
  * over the cached rows s < length(seq), M = the causal mask (-inf for
  * s > q_pos0 + t, HW_MASK_CAUSAL only) plus the optional additive mask. A row
- * whose every score is masked gives zeros. The queries' keys and values must
+ * whose every score is masked gives zeros. K_g and V_g are the cache's rows
+ * as stored (hw_kv_load_rows gives them as float32): the calls read them in
+ * their hw_kv_dtype and compute in float32. The queries' keys and values must
  * be in the cache already (hw_kv_cache_append first). */
 
 /* A float32 matrix a call writes; otherwise as hw_matrix. */

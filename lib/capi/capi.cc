@@ -32,6 +32,7 @@
 #include "headway/version.h"
 #include "headway/view.h"
 #include "lib/core/message.h"
+#include "lib/core/storage.h"
 #include "lib/core/validate.h"
 
 using headway::StatusCode;
@@ -60,6 +61,14 @@ static_assert(HW_MASK_CAUSAL ==
                   HW_MASK_NONE ==
                       static_cast<int>(headway::AttentionMask::kNone),
               "mask values");
+// A dtype value is passed on likewise (the C++ checks name a bad one).
+static_assert(HW_KV_FLOAT32 == static_cast<int>(headway::KvDtype::kFloat32) &&
+                  HW_KV_BFLOAT16 ==
+                      static_cast<int>(headway::KvDtype::kBFloat16) &&
+                  HW_KV_FLOAT16 ==
+                      static_cast<int>(headway::KvDtype::kFloat16) &&
+                  HW_KV_INT8 == static_cast<int>(headway::KvDtype::kInt8),
+              "dtype values");
 
 struct hw_kv_cache {
   headway::KvCache cache;
@@ -106,6 +115,18 @@ int Fail(int code, const char* fn, const Pieces&... pieces) noexcept {
                   headway::internal::Cat(fn, ": ", pieces...).c_str());
   } catch (...) {
     return Record(code, fn, ": (no memory for the message)");
+  }
+}
+
+// The last error of a call that a shorter wrapper made, in the wrapper's
+// name: its prefix `from` becomes `to`.
+void RenameLastError(const char* from, const char* to) noexcept {
+  try {
+    const size_t n = std::strlen(from);
+    if (t_fallback == nullptr && t_message.compare(0, n, from) == 0) {
+      t_message.replace(0, n, to);
+    }
+  } catch (...) {
   }
 }
 
@@ -166,7 +187,9 @@ constexpr Rename kMaskEnum = {"AttentionMask", "hw_attention_mask"};
 constexpr Renames kCacheConfig = {{"config.n_sequences", "n_sequences"},
                                   {"config.n_kv_heads", "n_kv_heads"},
                                   {"config.head_dim", "head_dim"},
-                                  {"config.capacity", "capacity"}};
+                                  {"config.capacity", "capacity"},
+                                  {"config.dtype", "dtype"},
+                                  {"KvDtype", "hw_kv_dtype"}};
 
 // Runs body (returning an int status) with every exception caught.
 template <typename Body>
@@ -236,27 +259,98 @@ int CheckTranspose(const char* fn, const char* name, int value) {
               ") is not HW_NO_TRANS (0) or HW_TRANS (1)");
 }
 
+// The rows of one head of one sequence (keys or values) after the checks
+// that hw_kv_cache_keys and hw_kv_cache_stored_keys share; HW_OK or the
+// error recorded.
+int StoredRows(const char* fn, bool keys, const hw_kv_cache* cache, int64_t seq,
+               int64_t kv_head, const void* data, headway::KvView* view) {
+  if (cache == nullptr) return Null(fn, "cache");
+  if (data == nullptr) return Null(fn, "data");
+  if (CheckSeq(fn, "seq", seq, cache->cache) != HW_OK) {
+    return HW_INVALID_ARGUMENT;
+  }
+  if (kv_head < 0 || kv_head >= cache->cache.n_kv_heads()) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "kv_head (", kv_head,
+                ") is out of range [0, ", cache->cache.n_kv_heads(), ")");
+  }
+  *view = keys ? cache->cache.Keys(seq, kv_head)
+               : cache->cache.Values(seq, kv_head);
+  return HW_OK;
+}
+
 int KeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
                  int64_t seq, int64_t kv_head, const float** data,
                  int64_t* rows, int64_t* stride) {
   return Guard(fn, [&]() -> int {
-    if (cache == nullptr) return Null(fn, "cache");
-    if (data == nullptr) return Null(fn, "data");
-    if (CheckSeq(fn, "seq", seq, cache->cache) != HW_OK) {
-      return HW_INVALID_ARGUMENT;
+    headway::KvView view;
+    const int code = StoredRows(fn, keys, cache, seq, kv_head, data, &view);
+    if (code != HW_OK) return code;
+    if (view.dtype != headway::KvDtype::kFloat32) {
+      return Fail(
+          HW_INVALID_ARGUMENT, fn, "cache stores ",
+          headway::internal::KvDtypeName(view.dtype),
+          ", not float32: read it with ",
+          keys ? "hw_kv_cache_stored_keys" : "hw_kv_cache_stored_values");
     }
-    if (kv_head < 0 || kv_head >= cache->cache.n_kv_heads()) {
-      return Fail(HW_INVALID_ARGUMENT, fn, "kv_head (", kv_head,
-                  ") is out of range [0, ", cache->cache.n_kv_heads(), ")");
-    }
-    const headway::KvView view = keys ? cache->cache.Keys(seq, kv_head)
-                                      : cache->cache.Values(seq, kv_head);
-    *data = static_cast<const float*>(view.data);  // C API caches: float32
+    *data = static_cast<const float*>(view.data);
     if (rows != nullptr) *rows = view.rows;
     if (stride != nullptr) *stride = view.stride;
     return Succeed();
   });
 }
+
+int StoredKeysOrValues(const char* fn, bool keys, const hw_kv_cache* cache,
+                       int64_t seq, int64_t kv_head, int* dtype,
+                       size_t* element_size, const void** data, int64_t* rows,
+                       int64_t* stride, const float** scales) {
+  return Guard(fn, [&]() -> int {
+    headway::KvView view;
+    const int code = StoredRows(fn, keys, cache, seq, kv_head, data, &view);
+    if (code != HW_OK) return code;
+    *data = view.data;
+    if (dtype != nullptr) *dtype = static_cast<int>(view.dtype);
+    if (element_size != nullptr)
+      *element_size = headway::KvDtypeSize(view.dtype);
+    if (rows != nullptr) *rows = view.rows;
+    if (stride != nullptr) *stride = view.stride;
+    if (scales != nullptr) *scales = view.scales;
+    return Succeed();
+  });
+}
+
+// The checks that exist in C alone for hw_kv_store_rows and hw_kv_load_rows
+// (the dtype, null pointers, sizes of 0); the C++ call checks the strides,
+// overlaps and byte counts.
+int CheckKvRows(const char* fn, int dtype, int64_t rows, int64_t cols,
+                const void* src, const void* dst, const float* scales) {
+  if (!headway::internal::KvDtypeKnown(static_cast<headway::KvDtype>(dtype))) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "dtype (", dtype,
+                ") is not a hw_kv_dtype (0 to 3)");
+  }
+  if (src == nullptr) return Null(fn, "src");
+  if (dst == nullptr) return Null(fn, "dst");
+  if (dtype == HW_KV_INT8 && scales == nullptr) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "scales is null (HW_KV_INT8 rows ",
+                "have one scale each)");
+  }
+  // The C++ calls take rows == 0 as nothing to do; the C API's sizes are >= 1.
+  if (rows < 1 || cols < 1) {
+    return Fail(HW_INVALID_ARGUMENT, fn,
+                "rows and cols must be >= 1 (got rows = ", rows,
+                ", cols = ", cols, ")");
+  }
+  return HW_OK;
+}
+
+// The C++ names of hw_kv_store_rows' and hw_kv_load_rows' arguments.
+constexpr Renames kKvRows = {
+    {"src.rows", "rows"},         {"src.cols", "cols"},
+    {"dst.rows", "rows"},         {"dst.cols", "cols"},
+    {"src.stride", "src_stride"}, {"dst.stride", "dst_stride"},
+    {"src.scales", "scales"},     {"dst.scales", "scales"},
+    {"src.dtype", "dtype"},       {"dst.dtype", "dtype"},
+    {"src.data", "src"},          {"dst.data", "dst"},
+    {"KvDtype", "hw_kv_dtype"}};
 
 }  // namespace
 
@@ -334,9 +428,18 @@ int64_t hw_release_thread_scratch(void) {
 
 // ---------------------------------------------------------------- KV cache
 
-int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
-                       int64_t head_dim, int64_t capacity, hw_kv_cache** out) {
-  constexpr const char* kFn = "hw_kv_cache_create";
+size_t hw_kv_dtype_size(int dtype) {
+  return headway::KvDtypeSize(static_cast<headway::KvDtype>(dtype));
+}
+
+const char* hw_kv_dtype_name(int dtype) {
+  return headway::internal::KvDtypeName(static_cast<headway::KvDtype>(dtype));
+}
+
+int hw_kv_cache_create_typed(int64_t n_sequences, int64_t n_kv_heads,
+                             int64_t head_dim, int64_t capacity, int dtype,
+                             hw_kv_cache** out) {
+  constexpr const char* kFn = "hw_kv_cache_create_typed";
   return Guard(kFn, [&]() -> int {
     if (out == nullptr) return Null(kFn, "out");
     headway::KvCacheConfig config;
@@ -344,12 +447,22 @@ int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
     config.n_kv_heads = n_kv_heads;
     config.head_dim = head_dim;
     config.capacity = capacity;
+    config.dtype = static_cast<headway::KvDtype>(dtype);
     auto handle = std::make_unique<hw_kv_cache>();
     const int code = FromStatus(
         kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
     if (code == HW_OK) *out = handle.release();
     return code;
   });
+}
+
+int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
+                       int64_t head_dim, int64_t capacity, hw_kv_cache** out) {
+  const int code = hw_kv_cache_create_typed(n_sequences, n_kv_heads, head_dim,
+                                            capacity, HW_KV_FLOAT32, out);
+  if (code != HW_OK)
+    RenameLastError("hw_kv_cache_create_typed", "hw_kv_cache_create");
+  return code;
 }
 
 void hw_kv_cache_destroy(hw_kv_cache* cache) { delete cache; }
@@ -366,6 +479,18 @@ int hw_kv_cache_shape(const hw_kv_cache* cache, int64_t* n_sequences,
     if (head_dim != nullptr) *head_dim = c.head_dim();
     if (capacity != nullptr) *capacity = c.capacity();
     if (row_stride != nullptr) *row_stride = c.row_stride();
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_dtype(const hw_kv_cache* cache, int* dtype,
+                      size_t* element_size) {
+  constexpr const char* kFn = "hw_kv_cache_dtype";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    const headway::KvDtype type = cache->cache.config().dtype;
+    if (dtype != nullptr) *dtype = static_cast<int>(type);
+    if (element_size != nullptr) *element_size = headway::KvDtypeSize(type);
     return Succeed();
   });
 }
@@ -441,6 +566,68 @@ int hw_kv_cache_values(const hw_kv_cache* cache, int64_t seq, int64_t kv_head,
                        const float** data, int64_t* rows, int64_t* stride) {
   return KeysOrValues("hw_kv_cache_values", false, cache, seq, kv_head, data,
                       rows, stride);
+}
+
+int hw_kv_cache_stored_keys(const hw_kv_cache* cache, int64_t seq,
+                            int64_t kv_head, int* dtype, size_t* element_size,
+                            const void** data, int64_t* rows, int64_t* stride,
+                            const float** scales) {
+  return StoredKeysOrValues("hw_kv_cache_stored_keys", true, cache, seq,
+                            kv_head, dtype, element_size, data, rows, stride,
+                            scales);
+}
+
+int hw_kv_cache_stored_values(const hw_kv_cache* cache, int64_t seq,
+                              int64_t kv_head, int* dtype, size_t* element_size,
+                              const void** data, int64_t* rows, int64_t* stride,
+                              const float** scales) {
+  return StoredKeysOrValues("hw_kv_cache_stored_values", false, cache, seq,
+                            kv_head, dtype, element_size, data, rows, stride,
+                            scales);
+}
+
+int hw_kv_store_rows(int dtype, int64_t rows, int64_t cols, const float* src,
+                     int64_t src_stride, void* dst, int64_t dst_stride,
+                     float* scales) {
+  constexpr const char* kFn = "hw_kv_store_rows";
+  return Guard(kFn, [&]() -> int {
+    const int code = CheckKvRows(kFn, dtype, rows, cols, src, dst, scales);
+    if (code != HW_OK) return code;
+    headway::KvMutableView view;
+    view.dtype = static_cast<headway::KvDtype>(dtype);
+    view.data = dst;
+    view.rows = rows;
+    view.cols = cols;
+    view.stride = dst_stride == 0 ? cols : dst_stride;  // 0: dense, as in C++
+    view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
+    return FromStatus(kFn,
+                      headway::StoreKvRows(headway::MatrixView<const float>(
+                                               src, rows, cols, src_stride),
+                                           view),
+                      kKvRows);
+  });
+}
+
+int hw_kv_load_rows(int dtype, int64_t rows, int64_t cols, const void* src,
+                    int64_t src_stride, const float* scales, float* dst,
+                    int64_t dst_stride) {
+  constexpr const char* kFn = "hw_kv_load_rows";
+  return Guard(kFn, [&]() -> int {
+    const int code = CheckKvRows(kFn, dtype, rows, cols, src, dst, scales);
+    if (code != HW_OK) return code;
+    headway::KvView view;
+    view.dtype = static_cast<headway::KvDtype>(dtype);
+    view.data = src;
+    view.rows = rows;
+    view.cols = cols;
+    view.stride = src_stride == 0 ? cols : src_stride;  // 0: dense, as in C++
+    view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
+    return FromStatus(
+        kFn,
+        headway::LoadKvRows(
+            view, headway::MatrixView<float>(dst, rows, cols, dst_stride)),
+        kKvRows);
+  });
 }
 
 int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq, int64_t new_length) {
@@ -572,22 +759,33 @@ int hw_attention_layer_cache_bytes_per_token(const hw_attention_layer* layer,
   });
 }
 
-int hw_attention_layer_create_cache(const hw_attention_layer* layer,
-                                    int64_t n_sequences, int64_t capacity,
-                                    hw_kv_cache** out) {
-  constexpr const char* kFn = "hw_attention_layer_create_cache";
+int hw_attention_layer_create_cache_typed(const hw_attention_layer* layer,
+                                          int64_t n_sequences, int64_t capacity,
+                                          int dtype, hw_kv_cache** out) {
+  constexpr const char* kFn = "hw_attention_layer_create_cache_typed";
   return Guard(kFn, [&]() -> int {
     if (layer == nullptr) return Null(kFn, "layer");
     if (out == nullptr) return Null(kFn, "out");
+    const headway::KvCacheConfig config = layer->layer.CacheConfig(
+        n_sequences, capacity, static_cast<headway::KvDtype>(dtype));
     auto handle = std::make_unique<hw_kv_cache>();
     const int code = FromStatus(
-        kFn,
-        headway::KvCache::Create(
-            layer->layer.CacheConfig(n_sequences, capacity), &handle->cache),
-        kCacheConfig);
+        kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
     if (code == HW_OK) *out = handle.release();
     return code;
   });
+}
+
+int hw_attention_layer_create_cache(const hw_attention_layer* layer,
+                                    int64_t n_sequences, int64_t capacity,
+                                    hw_kv_cache** out) {
+  const int code = hw_attention_layer_create_cache_typed(
+      layer, n_sequences, capacity, HW_KV_FLOAT32, out);
+  if (code != HW_OK) {
+    RenameLastError("hw_attention_layer_create_cache_typed",
+                    "hw_attention_layer_create_cache");
+  }
+  return code;
 }
 
 int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
