@@ -23,12 +23,17 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Hints the 64-byte lines of a stored row of `dim` elements (the row may lie
-// past the cache: prefetches never fault).
+// Hints the 64-byte lines of `count` consecutive stored rows `stride`
+// elements apart, padding included (the cache pads rows by under 16
+// elements), one line per prefetch in a single loop. The rows may lie past the
+// cache: prefetches never fault.
 template <class T>
-HWY_INLINE void PrefetchStoredRow(const T* row, size_t dim) {
-  constexpr size_t kPerLine = 64 / sizeof(T);
-  for (size_t p = 0; p < dim; p += kPerLine) hwy::Prefetch(row + p);
+HWY_INLINE void PrefetchStoredRows(const T* first, size_t count,
+                                   size_t stride) {
+  const char* bytes = reinterpret_cast<const char*>(first);
+  const size_t size = count * stride * sizeof(T);
+  HWY_UNROLL(4)
+  for (size_t b = 0; b < size; b += 64) hwy::Prefetch(bytes + b);
 }
 
 // sum_{p < dim} q[p] * K(p) over a stored row, two accumulators (dim a multiple
@@ -221,16 +226,17 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   }
   for (; s + kKeys <= n; s += kKeys) {
     if (v != nullptr) {
-      for (size_t j = 0; j < kKeys; ++j) {
-        PrefetchStoredRow(k + (s + j + 16) * k_stride, dim);
-        PrefetchStoredRow(v + (s + j) * v_stride, dim);
-      }
+      PrefetchStoredRows(k + (s + 16) * k_stride, kKeys, k_stride);
+      PrefetchStoredRows(v + s * v_stride, kKeys, v_stride);
     }
     ScoreKeys<kScaled>(q, q_stride, rows, k + s * k_stride, k_stride,
                        k_scales + (kScaled ? s : 0), dim, sc + s, sc_stride);
   }
   for (; s < n; ++s) {
-    if (v != nullptr) PrefetchStoredRow(v + s * v_stride, dim);
+    if (v != nullptr) {
+      PrefetchStoredRows(k + (s + 16) * k_stride, 1, k_stride);
+      PrefetchStoredRows(v + s * v_stride, 1, v_stride);
+    }
     for (size_t r = 0; r < rows; ++r) {
       float score = DotStored(q + r * q_stride, k + s * k_stride, dim);
       if constexpr (kScaled) score *= k_scales[s];
@@ -246,10 +252,10 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
 // k_scale(s) = k_scales[s] for int8 (null otherwise: 1). dim is a multiple of
 // the vector length (rows zero-padded), q and k rows aligned. v (may be null)
 // are the same keys' V rows, stride v_stride: with v, K rows 16 keys ahead and
-// the V rows are prefetched as the keys go by (several query rows, whose dot
-// products let the hardware prefetchers fall behind: GQA-8 decode at 16384
-// keys reads at 82/100% of the bandwidth with it, 67/73% without, 1/2 threads,
-// Zen 5; one row does without, where it costs 6-9%).
+// the V rows are prefetched as the keys go by (PrefetchStoredRows) (several
+// query rows, whose dot products let the hardware prefetchers fall behind:
+// GQA-8 decode at 16384 keys reads at 82/100% of the bandwidth with it, 67/73%
+// without, 1/2 threads, Zen 5; one row does without, where it costs 6-9%).
 template <class T>
 HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride,
                           size_t rows, const T* HWY_RESTRICT k, size_t k_stride,
@@ -317,12 +323,15 @@ HWY_INLINE void AccumulateRowGroup(const float* HWY_RESTRICT w, size_t w_stride,
                                    size_t n, size_t n_vec,
                                    float* HWY_RESTRICT o, size_t o_stride) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
-  size_t j = 0;
-  for (; j + kJ <= n_vec; j += kJ) {
+  const size_t tiled = n_vec - n_vec % kJ;
+  for (size_t j = 0; j < tiled; j += kJ) {
     AccumulateTile<kI, kJ>(w, w_stride, v + j * N, v_stride, n, o + j * N,
                            o_stride);
   }
-  for (; j < n_vec; ++j) {
+  // (Counted from 0 to n_vec % kJ < kJ: GCC 12 warns of an overflow in the
+  // loop `j < n_vec` when n_vec is a constant multiple of kJ.)
+  for (size_t t = 0; t < n_vec % kJ; ++t) {
+    const size_t j = tiled + t;
     AccumulateTile<kI, 1>(w, w_stride, v + j * N, v_stride, n, o + j * N,
                           o_stride);
   }
