@@ -106,16 +106,29 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
     for (size_t j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
   }
   for (size_t p = 0; p < dim; p += N) {
+    if constexpr (kRows == 1) {
+      // Each K vector converted just before its FMA: loading all kKeys first
+      // spills an accumulator on 16-register targets.
+      const auto q0 = hn::Load(d, q + p);
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        acc[0][j] =
+            hn::MulAdd(q0, LoadStored(d, k + j * k_stride + p), acc[0][j]);
+      }
+      continue;
+    }
     hn::Vec<decltype(d)> kv[kKeys];
     HWY_UNROLL(8)
-    for (size_t j = 0; j < kKeys; ++j)
+    for (size_t j = 0; j < kKeys; ++j) {
       kv[j] = LoadStored(d, k + j * k_stride + p);
+    }
     HWY_UNROLL(8)
     for (size_t r = 0; r < kRows; ++r) {
       const auto qv = hn::Load(d, q + r * q_stride + p);
       HWY_UNROLL(8)
-      for (size_t j = 0; j < kKeys; ++j)
+      for (size_t j = 0; j < kKeys; ++j) {
         acc[r][j] = hn::MulAdd(qv, kv[j], acc[r][j]);
+      }
     }
   }
 #if HWY_TARGET == HWY_SCALAR
@@ -292,6 +305,17 @@ HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT w, size_t w_stride,
     }
   }
   for (size_t s = 0; s < n; ++s) {
+    if constexpr (kI == 1) {
+      // Each V vector converted just before its FMA: loading all kJ first
+      // spills an accumulator on 16-register targets.
+      const auto w0 = hn::Set(d, w[s]);
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kJ; ++j) {
+        acc[0][j] =
+            hn::MulAdd(w0, LoadStored(d, v + s * v_stride + j * N), acc[0][j]);
+      }
+      continue;
+    }
     hn::Vec<decltype(d)> vs[kJ];
     HWY_UNROLL(8)
     for (size_t j = 0; j < kJ; ++j) {
