@@ -232,6 +232,10 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   size_t s = 0;
   if (rows == 1) {
     for (; s + 2 * kKeys <= n; s += 2 * kKeys) {
+      if (v != nullptr) {
+        PrefetchStoredRows(k + (s + 16) * k_stride, 2 * kKeys, k_stride);
+        PrefetchStoredRows(v + s * v_stride, 2 * kKeys, v_stride);
+      }
       ScoreTile<1, 2 * kKeys, kScaled>(q, q_stride, k + s * k_stride, k_stride,
                                        k_scales + (kScaled ? s : 0), dim,
                                        sc + s, sc_stride);
@@ -263,12 +267,17 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
 //                           K(s, p)
 // for r < rows, s < n, with K(s, p) = LoadStored(k + s * k_stride + p) and
 // k_scale(s) = k_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length (rows zero-padded), q and k rows aligned. v (may be null)
-// are the same keys' V rows, stride v_stride: with v, K rows 16 keys ahead and
-// the V rows are prefetched as the keys go by (PrefetchStoredRows) (several
-// query rows, whose dot products let the hardware prefetchers fall behind:
-// GQA-8 decode at 16384 keys reads at 82/100% of the bandwidth with it, 67/73%
-// without, 1/2 threads, Zen 5; one row does without, where it costs 6-9%).
+// the vector length (rows zero-padded), q and k rows aligned; sc[.., n) only
+// is written. Keys go 4 at a time (8 for one row, the last n % 4 one by one),
+// each K vector converted once per 4 rows (ScoreKeys). Error: float32 sums in
+// a target-dependent order, at most (dim + 1) u sum_p |q K k_scale| (u =
+// 2^-24).
+// v (may be null) are the same keys' V rows, stride v_stride: with v, K rows
+// 16 keys ahead and the V rows are prefetched as the keys go by
+// (PrefetchStoredRows). Pass it for several query rows, whose dot products let
+// the hardware prefetchers fall behind (GQA-8 decode at 16384 keys read at
+// 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen 5); one
+// row does without, where it costs 6-9%.
 template <class T>
 HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride,
                           size_t rows, const T* HWY_RESTRICT k, size_t k_stride,
@@ -408,9 +417,11 @@ HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
 //                          V(s, p)
 // for r < rows, p < dim, with V(s, p) = LoadStored(v + s * v_stride + p) and
 // v_scale(s) = v_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length, o and v rows aligned. With scales, the weights times the
-// scales (one rounding, as w * v_scale above) go through a buffer of up to 16
-// rows x 128 keys (8 KiB), so the tiles multiply once per row and key.
+// the vector length, o and v rows aligned; o[.., dim) only is written. Each
+// element is one FMA chain in key order; with scales, the weights times the
+// scales (one rounding) go through a buffer of up to 16 rows x 128 keys
+// (8 KiB), so the tiles multiply once per row and key. Error: at most (n + 2) u
+// (|o| + sum_s |w v_scale V|).
 template <class T>
 HWY_INLINE void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride,
                                size_t rows, const T* HWY_RESTRICT v,
