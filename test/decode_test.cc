@@ -10,7 +10,6 @@
 // - an output element adds n products to o in float32 in key order, each
 //   weight rounded once when multiplied by the int8 scale: at most
 //   (n + 2) u (|o| + sum_s |w_s scale_s V_s|).
-// The measured errors are 10-100x below (partial sums cancel).
 //
 // Shapes: every stored type, rows 1..8 and lanes - 1, n around the vector
 // length and the 128-key block, dim 16..144 (multiples of 16, as the cache's
