@@ -68,8 +68,9 @@ HWY_INLINE hn::Vec<hn::Full128<float>> SumOfBlocks(D d, hn::Vec<D> v) {
 }
 
 // {sum of a's lanes, b's, c's, e's}: a transpose-add tree, 9 shuffles and adds
-// per 128-bit block plus one add per further block, where four SumOfLanes take
-// 4 x (2 log2(lanes) + 1).
+// for the 128-bit blocks plus an extract and an add per halving of a wider
+// vector (13 on AVX-512), where four SumOfLanes take about 4 x 2 log2(lanes)
+// (32 on AVX-512) and leave the sums in four vectors.
 template <class D>
 HWY_INLINE hn::Vec<hn::Full128<float>> SumsOf4(D d, hn::Vec<D> a, hn::Vec<D> b,
                                                hn::Vec<D> c, hn::Vec<D> e) {
