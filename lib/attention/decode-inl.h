@@ -23,35 +23,408 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Hints the 64-byte lines of `count` consecutive stored rows `stride`
+// elements apart, padding included (the cache pads rows by under 16
+// elements), one line per prefetch in a single loop. The rows may lie past the
+// cache: prefetches never fault.
+template <class T>
+HWY_INLINE void PrefetchStoredRows(const T* first, size_t count,
+                                   size_t stride) {
+  const char* bytes = reinterpret_cast<const char*>(first);
+  const size_t size = count * stride * sizeof(T);
+  HWY_UNROLL(4)
+  for (size_t b = 0; b < size; b += 64) hwy::Prefetch(bytes + b);
+}
+
+// sum_{p < dim} q[p] * K(p) over a stored row, two accumulators (dim a multiple
+// of the vector length).
+template <class T>
+HWY_INLINE float DotStored(const float* HWY_RESTRICT q, const T* HWY_RESTRICT k,
+                           size_t dim) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  size_t p = 0;
+  for (; p + 2 * N <= dim; p += 2 * N) {
+    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k + p), acc0);
+    acc1 = hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k + p + N), acc1);
+  }
+  if (p < dim)
+    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k + p), acc0);
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// The sum of v's 128-bit blocks.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> SumOfBlocks(D d, hn::Vec<D> v) {
+  (void)d;
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return SumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    return v;
+  }
+}
+
+// {sum of a's lanes, b's, c's, e's}: a transpose-add tree, 9 shuffles and adds
+// for the 128-bit blocks plus an extract and an add per halving of a wider
+// vector (13 on AVX-512), where four SumOfLanes take about 4 x 2 log2(lanes)
+// (32 on AVX-512) and leave the sums in four vectors.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> SumsOf4(D d, hn::Vec<D> a, hn::Vec<D> b,
+                                               hn::Vec<D> c, hn::Vec<D> e) {
+  const hn::RepartitionToWide<D> d64;
+  // Per block: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] and the same for c, e.
+  const auto ab =
+      hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const auto ce =
+      hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  // Per block: [a, b, c, e] summed over the block.
+  const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
+  const auto sums =
+      hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
+              hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
+  return SumOfBlocks(d, sums);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
+// kRows x kKeys accumulators along dim, each K vector converted once for all
+// rows, then reduced 4 keys at a time (SumsOf4) and stored as one vector per
+// row: sc[r * sc_stride + j] for r < kRows, j < kKeys.
+template <size_t kRows, size_t kKeys, bool kScaled, class T>
+HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
+                          const T* HWY_RESTRICT k, size_t k_stride,
+                          const float* HWY_RESTRICT k_scales, size_t dim,
+                          float* HWY_RESTRICT sc, size_t sc_stride) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  hn::Vec<decltype(d)> acc[kRows][kKeys];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
+  }
+  if constexpr (kRows == 1) {
+    // Key by key, each row read front to back with two accumulators: one
+    // ascending stream for the hardware prefetchers (reading the kKeys rows
+    // side by side ran a third slower, float32 and bf16 on AVX-512, one
+    // thread).
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) {
+      const T* k_row = k + j * k_stride;
+      auto acc1 = hn::Zero(d);
+      size_t p = 0;
+      for (; p + 2 * N <= dim; p += 2 * N) {
+        acc[0][j] =
+            hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc[0][j]);
+        acc1 = hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k_row + p + N),
+                          acc1);
+      }
+      if (p < dim) {
+        acc[0][j] =
+            hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc[0][j]);
+      }
+      acc[0][j] = hn::Add(acc[0][j], acc1);
+    }
+  } else {
+    for (size_t p = 0; p < dim; p += N) {
+      hn::Vec<decltype(d)> kv[kKeys];
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        kv[j] = LoadStored(d, k + j * k_stride + p);
+      }
+      HWY_UNROLL(8)
+      for (size_t r = 0; r < kRows; ++r) {
+        const auto qv = hn::Load(d, q + r * q_stride + p);
+        HWY_UNROLL(8)
+        for (size_t j = 0; j < kKeys; ++j) {
+          acc[r][j] = hn::MulAdd(qv, kv[j], acc[r][j]);
+        }
+      }
+    }
+  }
+#if HWY_TARGET == HWY_SCALAR
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) {
+      float score = hn::GetLane(acc[r][j]);
+      if constexpr (kScaled) score *= k_scales[j];
+      sc[r * sc_stride + j] = score;
+    }
+  }
+#else
+  if constexpr (kKeys % 4 == 0) {
+    const hn::Full128<float> d4;
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kRows; ++r) {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; j += 4) {
+        auto scores =
+            SumsOf4(d, acc[r][j], acc[r][j + 1], acc[r][j + 2], acc[r][j + 3]);
+        if constexpr (kScaled)
+          scores = hn::Mul(scores, hn::LoadU(d4, k_scales + j));
+        hn::StoreU(scores, d4, sc + r * sc_stride + j);
+      }
+    }
+  } else {
+    // Two keys: rows in pairs, {r: 2 scores, r + 1: 2 scores} per SumsOf4.
+    static_assert(kKeys == 2 && kRows % 2 == 0, "2 keys x pairs of rows");
+    const hn::Full64<float> d2;
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kRows; r += 2) {
+      const auto scores =
+          SumsOf4(d, acc[r][0], acc[r][1], acc[r + 1][0], acc[r + 1][1]);
+      auto lower = hn::LowerHalf(d2, scores);
+      auto upper = hn::UpperHalf(d2, scores);
+      if constexpr (kScaled) {
+        const auto scales = hn::LoadU(d2, k_scales);
+        lower = hn::Mul(lower, scales);
+        upper = hn::Mul(upper, scales);
+      }
+      hn::StoreU(lower, d2, sc + r * sc_stride);
+      hn::StoreU(upper, d2, sc + (r + 1) * sc_stride);
+    }
+  }
+#endif
+}
+
+// Every row's scores against 4 keys. On AVX-512 (32 registers), tiles of 4
+// rows x 4 keys (16 accumulators); elsewhere (16 registers) 4 rows x 2 keys
+// twice, then 2 x 4 (8 accumulators): each K vector is converted once per 4
+// rows.
+template <bool kScaled, class T>
+HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, size_t q_stride,
+                          size_t rows, const T* HWY_RESTRICT k, size_t k_stride,
+                          const float* HWY_RESTRICT k_scales, size_t dim,
+                          float* HWY_RESTRICT sc, size_t sc_stride) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* q_rows = q + r * q_stride;
+    float* sc_rows = sc + r * sc_stride;
+#if HWY_TARGET <= HWY_AVX3
+    ScoreTile<4, 4, kScaled>(q_rows, q_stride, k, k_stride, k_scales, dim,
+                             sc_rows, sc_stride);
+#else
+    ScoreTile<4, 2, kScaled>(q_rows, q_stride, k, k_stride, k_scales, dim,
+                             sc_rows, sc_stride);
+    ScoreTile<4, 2, kScaled>(q_rows, q_stride, k + 2 * k_stride, k_stride,
+                             k_scales + (kScaled ? 2 : 0), dim, sc_rows + 2,
+                             sc_stride);
+#endif
+  }
+  switch (rows - r) {
+    case 3:
+      ScoreTile<2, 4, kScaled>(q + r * q_stride, q_stride, k, k_stride,
+                               k_scales, dim, sc + r * sc_stride, sc_stride);
+      r += 2;
+      [[fallthrough]];
+    case 1:
+      ScoreTile<1, 4, kScaled>(q + r * q_stride, q_stride, k, k_stride,
+                               k_scales, dim, sc + r * sc_stride, sc_stride);
+      break;
+    case 2:
+      ScoreTile<2, 4, kScaled>(q + r * q_stride, q_stride, k, k_stride,
+                               k_scales, dim, sc + r * sc_stride, sc_stride);
+      break;
+    default:
+      break;
+  }
+}
+
+template <bool kScaled, class T>
+HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
+                            size_t rows, const T* HWY_RESTRICT k,
+                            size_t k_stride, const float* HWY_RESTRICT k_scales,
+                            size_t n, size_t dim, const T* HWY_RESTRICT v,
+                            size_t v_stride, float* HWY_RESTRICT sc,
+                            size_t sc_stride) {
+  // One row: 8 keys at a time (8 accumulators cover the FMA latency).
+  constexpr size_t kKeys = 4;
+  size_t s = 0;
+  if (rows == 1) {
+    for (; s + 2 * kKeys <= n; s += 2 * kKeys) {
+      if (v != nullptr) {
+        PrefetchStoredRows(k + (s + 16) * k_stride, 2 * kKeys, k_stride);
+        PrefetchStoredRows(v + s * v_stride, 2 * kKeys, v_stride);
+      }
+      ScoreTile<1, 2 * kKeys, kScaled>(q, q_stride, k + s * k_stride, k_stride,
+                                       k_scales + (kScaled ? s : 0), dim,
+                                       sc + s, sc_stride);
+    }
+  }
+  for (; s + kKeys <= n; s += kKeys) {
+    if (v != nullptr) {
+      PrefetchStoredRows(k + (s + 16) * k_stride, kKeys, k_stride);
+      PrefetchStoredRows(v + s * v_stride, kKeys, v_stride);
+    }
+    ScoreKeys<kScaled>(q, q_stride, rows, k + s * k_stride, k_stride,
+                       k_scales + (kScaled ? s : 0), dim, sc + s, sc_stride);
+  }
+  for (; s < n; ++s) {
+    if (v != nullptr) {
+      PrefetchStoredRows(k + (s + 16) * k_stride, 1, k_stride);
+      PrefetchStoredRows(v + s * v_stride, 1, v_stride);
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      float score = DotStored(q + r * q_stride, k + s * k_stride, dim);
+      if constexpr (kScaled) score *= k_scales[s];
+      sc[r * sc_stride + s] = score;
+    }
+  }
+}
+
 // Scores of `rows` query rows against n stored key rows:
 //   sc[r * sc_stride + s] = k_scale(s) * sum_{p < dim} q[r * q_stride + p] *
 //                           K(s, p)
 // for r < rows, s < n, with K(s, p) = LoadStored(k + s * k_stride + p) and
 // k_scale(s) = k_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length (rows zero-padded), q and k rows aligned. v (may be null)
-// are the same keys' V rows, stride v_stride: hinted to the prefetcher as the
-// keys go by.
+// the vector length (rows zero-padded), q and k rows aligned; sc[.., n) only
+// is written. Keys go 4 at a time (8 for one row, the last n % 4 one by one),
+// each K vector converted once per 4 rows (ScoreKeys). Error: float32 sums in
+// a target-dependent order, at most (dim + 1) u sum_p |q K k_scale| (u =
+// 2^-24).
+// v (may be null) are the same keys' V rows, stride v_stride: with v, K rows
+// 16 keys ahead and the V rows are prefetched as the keys go by
+// (PrefetchStoredRows). Pass it for several query rows, whose dot products let
+// the hardware prefetchers fall behind (GQA-8 decode at 16384 keys read at
+// 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen 5); one
+// row does without, where it costs 6-9%.
 template <class T>
 HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride,
                           size_t rows, const T* HWY_RESTRICT k, size_t k_stride,
                           const float* HWY_RESTRICT k_scales, size_t n,
                           size_t dim, const T* HWY_RESTRICT v, size_t v_stride,
                           float* HWY_RESTRICT sc, size_t sc_stride) {
+  if (k_scales != nullptr) {
+    ScoreBlocks<true>(q, q_stride, rows, k, k_stride, k_scales, n, dim, v,
+                      v_stride, sc, sc_stride);
+  } else {
+    ScoreBlocks<false>(q, q_stride, rows, k, k_stride, k_scales, n, dim, v,
+                       v_stride, sc, sc_stride);
+  }
+}
+
+// o[i][j] += sum_{s < n} w[i * w_stride + s] * V[s][j] for kI rows i and kJ
+// vectors j: V[s][j] = LoadStored(v + s * v_stride + j * N), o[i][j] = o +
+// i * o_stride + j * N. kI * kJ accumulators stay in registers for the whole
+// key loop (8 of them cover the FMA latency of two pipes x 4 cycles); each V
+// vector is converted once for the kI rows.
+template <size_t kI, size_t kJ, class T>
+HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT w, size_t w_stride,
+                               const T* HWY_RESTRICT v, size_t v_stride,
+                               size_t n, float* HWY_RESTRICT o,
+                               size_t o_stride) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  for (size_t s = 0; s < n; ++s) {
-    const T* k_row = k + s * k_stride;
-    if (v != nullptr) hwy::Prefetch(v + s * v_stride);
-    for (size_t r = 0; r < rows; ++r) {
-      const float* q_row = q + r * q_stride;
-      auto acc = hn::Zero(d);
-      for (size_t p = 0; p < dim; p += N) {
-        acc = hn::MulAdd(hn::Load(d, q_row + p), LoadStored(d, k_row + p), acc);
-      }
-      float score = hn::GetLane(hn::SumOfLanes(d, acc));
-      if (k_scales != nullptr) score *= k_scales[s];
-      sc[r * sc_stride + s] = score;
+  hn::Vec<decltype(d)> acc[kI][kJ];
+  HWY_UNROLL(8)
+  for (size_t i = 0; i < kI; ++i) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      acc[i][j] = hn::Load(d, o + i * o_stride + j * N);
     }
+  }
+  // Unrolled: 5% fewer instructions (AVX2, 4 rows: 8 passes per key).
+  HWY_UNROLL(2)
+  for (size_t s = 0; s < n; ++s) {
+    if constexpr (kI == 1) {
+      // Each V vector converted just before its FMA: loading all kJ first
+      // spills an accumulator on 16-register targets.
+      const auto w0 = hn::Set(d, w[s]);
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kJ; ++j) {
+        acc[0][j] =
+            hn::MulAdd(w0, LoadStored(d, v + s * v_stride + j * N), acc[0][j]);
+      }
+      continue;
+    }
+    hn::Vec<decltype(d)> vs[kJ];
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      vs[j] = LoadStored(d, v + s * v_stride + j * N);
+    }
+    HWY_UNROLL(8)
+    for (size_t i = 0; i < kI; ++i) {
+      const auto wi = hn::Set(d, w[i * w_stride + s]);
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kJ; ++j) {
+        acc[i][j] = hn::MulAdd(wi, vs[j], acc[i][j]);
+      }
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t i = 0; i < kI; ++i) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) {
+      hn::Store(acc[i][j], d, o + i * o_stride + j * N);
+    }
+  }
+}
+
+// AccumulateTiles of kI rows across the n_vec vectors of a row: kJ at a time,
+// then one by one.
+template <size_t kI, size_t kJ, class T>
+HWY_INLINE void AccumulateRowGroup(const float* HWY_RESTRICT w, size_t w_stride,
+                                   const T* HWY_RESTRICT v, size_t v_stride,
+                                   size_t n, size_t n_vec,
+                                   float* HWY_RESTRICT o, size_t o_stride) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  const size_t tiled = n_vec - n_vec % kJ;
+  for (size_t j = 0; j < tiled; j += kJ) {
+    AccumulateTile<kI, kJ>(w, w_stride, v + j * N, v_stride, n, o + j * N,
+                           o_stride);
+  }
+  // (Counted from 0 to n_vec % kJ < kJ: GCC 12 warns of an overflow in the
+  // loop `j < n_vec` when n_vec is a constant multiple of kJ.)
+  for (size_t t = 0; t < n_vec % kJ; ++t) {
+    const size_t j = tiled + t;
+    AccumulateTile<kI, 1>(w, w_stride, v + j * N, v_stride, n, o + j * N,
+                          o_stride);
+  }
+}
+
+// Tiles for stored types that convert (bf16, f16, int8): 4 rows x 4 vectors,
+// 2 x 8 and 1 x 8 on AVX-512 (16 accumulators of 32 registers); 4 x 2, 2 x 4
+// and 1 x 8 elsewhere (8 of 16): tall tiles convert each V vector once for 4
+// rows. float32 loads fold into the FMAs, where fewer rows per tile mean
+// fewer broadcasts: 2 x 8 on AVX-512, 1 x 8 elsewhere. Wide tiles walk V row
+// by row in long runs (streamed from memory).
+#if HWY_TARGET <= HWY_AVX3
+inline constexpr size_t kAccumulateJ4 = 4, kAccumulateJ2 = 8;
+inline constexpr bool kAccumulateFloatPairs = true;
+#else
+inline constexpr size_t kAccumulateJ4 = 2, kAccumulateJ2 = 4;
+inline constexpr bool kAccumulateFloatPairs = false;
+#endif
+
+template <class T>
+HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
+                                   size_t rows, const T* HWY_RESTRICT v,
+                                   size_t v_stride, size_t n, size_t dim,
+                                   float* HWY_RESTRICT o, size_t o_stride) {
+  const size_t n_vec = dim / hn::Lanes(hn::ScalableTag<float>());
+  constexpr bool kConverts = !hwy::IsSame<T, float>();
+  size_t r = 0;
+  if constexpr (kConverts) {
+    for (; r + 4 <= rows; r += 4) {
+      AccumulateRowGroup<4, kAccumulateJ4>(w + r * w_stride, w_stride, v,
+                                           v_stride, n, n_vec, o + r * o_stride,
+                                           o_stride);
+    }
+  }
+  if constexpr (kConverts || kAccumulateFloatPairs) {
+    for (; r + 2 <= rows; r += 2) {
+      AccumulateRowGroup<2, kAccumulateJ2>(w + r * w_stride, w_stride, v,
+                                           v_stride, n, n_vec, o + r * o_stride,
+                                           o_stride);
+    }
+  }
+  for (; r < rows; ++r) {
+    AccumulateRowGroup<1, 8>(w + r * w_stride, w_stride, v, v_stride, n, n_vec,
+                             o + r * o_stride, o_stride);
   }
 }
 
@@ -60,7 +433,11 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride,
 //                          V(s, p)
 // for r < rows, p < dim, with V(s, p) = LoadStored(v + s * v_stride + p) and
 // v_scale(s) = v_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length, o and v rows aligned.
+// the vector length, o and v rows aligned; o[.., dim) only is written. Each
+// element is one FMA chain in key order; with scales, the weights times the
+// scales (one rounding) go through a buffer of up to 16 rows x 128 keys
+// (8 KiB), so the tiles multiply once per row and key. Error: at most (n + 2) u
+// (|o| + sum_s |w v_scale V|).
 template <class T>
 HWY_INLINE void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride,
                                size_t rows, const T* HWY_RESTRICT v,
@@ -68,20 +445,24 @@ HWY_INLINE void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride,
                                const float* HWY_RESTRICT v_scales, size_t n,
                                size_t dim, float* HWY_RESTRICT o,
                                size_t o_stride) {
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
-  for (size_t s = 0; s < n; ++s) {
-    const T* v_row = v + s * v_stride;
-    for (size_t r = 0; r < rows; ++r) {
-      float weight = w[r * w_stride + s];
-      if (v_scales != nullptr) weight *= v_scales[s];
-      const auto vw = hn::Set(d, weight);
-      float* o_row = o + r * o_stride;
-      for (size_t p = 0; p < dim; p += N) {
-        hn::Store(
-            hn::MulAdd(vw, LoadStored(d, v_row + p), hn::Load(d, o_row + p)), d,
-            o_row + p);
+  if (v_scales == nullptr) {
+    AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride);
+    return;
+  }
+  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
+  HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
+  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
+      for (size_t r = 0; r < chunk_rows; ++r) {
+        const float* w_row = w + (r0 + r) * w_stride + s0;
+        for (size_t s = 0; s < keys; ++s) {
+          scaled[r * kKeyChunk + s] = w_row[s] * v_scales[s0 + s];
+        }
       }
+      AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
+                         v_stride, keys, dim, o + r0 * o_stride, o_stride);
     }
   }
 }

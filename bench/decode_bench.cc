@@ -1,0 +1,234 @@
+// The decode tile kernels alone (lib/attention/decode-inl.h): ScoreRows then
+// AccumulateRows per 128-key block, as NarrowTile calls them, streaming the
+// stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB, float32:
+// 512 MiB, all far past the 32 MiB L3) once per iteration, per stored type,
+// with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group).
+//
+// Bytes counted: the stored K and V elements and the int8 scales (what decode
+// must read); flops: 4 per query row and key element (the score's and the
+// weighted sum's multiply-adds; conversions uncounted). The softmax between
+// the two calls is left out: the scores serve as weights (small q keeps them
+// in [-0.2, 0.2]). Against the read ceiling, "%read" is how close a type
+// comes to reading at bandwidth; rows:4 on narrow types may be FMA-bound.
+#include <stddef.h>
+#include <stdint.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/harness/harness.h"
+#include "benchmark/benchmark.h"
+#include "headway/status.h"
+#include "hwy/aligned_allocator.h"
+#include "lib/core/storage.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/decode_bench.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "lib/attention/decode-inl.h"
+
+// Non-SIMD part: normal include guard (foreach_target.h includes this file
+// once per target).
+#ifndef HEADWAY_BENCH_DECODE_BENCH_CC_
+#define HEADWAY_BENCH_DECODE_BENCH_CC_
+namespace headway {
+namespace bench {
+
+// [kHeads][kKeys][kDim] stored elements each for K and V.
+inline constexpr size_t kDecodeHeads = 32, kDecodeKeys = 16384,
+                        kDecodeDim = 128, kDecodeBlock = 128,
+                        kDecodeMaxRows = 8;
+
+// Stored K and V of every head, their scales ([kHeads][kKeys], int8) and the
+// query rows [kMaxRows][kDim].
+struct DecodeOperands {
+  const void* k;
+  const void* v;
+  const float* k_scales;
+  const float* v_scales;
+  const float* q;
+};
+
+}  // namespace bench
+}  // namespace headway
+#endif  // HEADWAY_BENCH_DECODE_BENCH_CC_
+
+// Per-target part.
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace bench {
+namespace HWY_NAMESPACE {
+
+using ::headway::HWY_NAMESPACE::AccumulateRows;
+using ::headway::HWY_NAMESPACE::ScoreRows;
+
+// Heads [head_begin, head_end) of `ops`, key block by key block; returns a
+// sum of the outputs (kept so that nothing is optimised away).
+template <class T>
+float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
+                  size_t head_end) {
+  HWY_ALIGN float sc[kDecodeMaxRows * kDecodeBlock];
+  HWY_ALIGN float o[kDecodeMaxRows * kDecodeDim];
+  const size_t head_elements = kDecodeKeys * kDecodeDim;
+  float result = 0.0f;
+  for (size_t h = head_begin; h < head_end; ++h) {
+    const T* k = static_cast<const T*>(ops.k) + h * head_elements;
+    const T* v = static_cast<const T*>(ops.v) + h * head_elements;
+    const float* k_scales =
+        ops.k_scales ? ops.k_scales + h * kDecodeKeys : nullptr;
+    const float* v_scales =
+        ops.v_scales ? ops.v_scales + h * kDecodeKeys : nullptr;
+    for (size_t i = 0; i < rows * kDecodeDim; ++i) o[i] = 0.0f;
+    for (size_t k0 = 0; k0 < kDecodeKeys; k0 += kDecodeBlock) {
+      const size_t at = k0 * kDecodeDim;
+      // NarrowTile's prefetch rule: V passed (prefetched) for several rows.
+      ScoreRows(ops.q, kDecodeDim, rows, k + at, kDecodeDim,
+                k_scales ? k_scales + k0 : nullptr, kDecodeBlock, kDecodeDim,
+                rows > 1 ? v + at : nullptr, kDecodeDim, sc, kDecodeBlock);
+      AccumulateRows(sc, kDecodeBlock, rows, v + at, kDecodeDim,
+                     v_scales ? v_scales + k0 : nullptr, kDecodeBlock,
+                     kDecodeDim, o, kDecodeDim);
+    }
+    result += o[0];
+  }
+  return result;
+}
+
+float StreamF32T(const DecodeOperands& ops, size_t rows, size_t begin,
+                 size_t end) {
+  return StreamHeads<float>(ops, rows, begin, end);
+}
+float StreamBF16T(const DecodeOperands& ops, size_t rows, size_t begin,
+                  size_t end) {
+  return StreamHeads<hwy::bfloat16_t>(ops, rows, begin, end);
+}
+float StreamF16T(const DecodeOperands& ops, size_t rows, size_t begin,
+                 size_t end) {
+  return StreamHeads<hwy::float16_t>(ops, rows, begin, end);
+}
+float StreamI8T(const DecodeOperands& ops, size_t rows, size_t begin,
+                size_t end) {
+  return StreamHeads<int8_t>(ops, rows, begin, end);
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace bench
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace headway {
+namespace bench {
+HWY_EXPORT(StreamF32T);
+HWY_EXPORT(StreamBF16T);
+HWY_EXPORT(StreamF16T);
+HWY_EXPORT(StreamI8T);
+namespace {
+
+// Stored K and V of one type, filled once per run: 4096 distinct random rows
+// repeated (filling 2 x 64 Mi elements row by row would dominate the run).
+struct StoredKv {
+  hwy::AlignedFreeUniquePtr<uint8_t[]> k, v;
+  std::vector<float> k_scales, v_scales;
+  hwy::AlignedFreeUniquePtr<float[]> q;
+};
+
+template <class T>
+const StoredKv& SharedKv() {
+  static const StoredKv kv = [] {
+    StoredKv s;
+    const size_t rows = kDecodeHeads * kDecodeKeys;
+    const size_t bytes = rows * kDecodeDim * sizeof(T);
+    s.k = hwy::AllocateAligned<uint8_t>(bytes);
+    s.v = hwy::AllocateAligned<uint8_t>(bytes);
+    const bool scaled = internal::kKvScaled<T>;
+    if (scaled) {
+      s.k_scales.resize(rows);
+      s.v_scales.resize(rows);
+    }
+    constexpr size_t kPool = 4096;
+    std::vector<float> pool(kPool * kDecodeDim);
+    FillUniform(pool.data(), pool.size(), -1.0f, 1.0f, /*seed=*/11);
+    T* k = reinterpret_cast<T*>(s.k.get());
+    T* v = reinterpret_cast<T*>(s.v.get());
+    for (size_t r = 0; r < rows; ++r) {
+      const float* src = pool.data() + (r % kPool) * kDecodeDim;
+      const float* src_v = pool.data() + ((r + 7) % kPool) * kDecodeDim;
+      float scale = 1.0f;
+      internal::StoreRow(src, kDecodeDim, k + r * kDecodeDim, &scale);
+      if (scaled) s.k_scales[r] = scale;
+      internal::StoreRow(src_v, kDecodeDim, v + r * kDecodeDim, &scale);
+      if (scaled) s.v_scales[r] = scale;
+    }
+    s.q = hwy::AllocateAligned<float>(kDecodeMaxRows * kDecodeDim);
+    FillUniform(s.q.get(), kDecodeMaxRows * kDecodeDim, -0.05f, 0.05f,
+                /*seed=*/12);
+    return s;
+  }();
+  return kv;
+}
+
+template <class T>
+void BM_DecodeKernel(benchmark::State& state, const RunConfig& run) {
+  const size_t rows = static_cast<size_t>(state.range(0));
+  const StoredKv& kv = SharedKv<T>();
+  DecodeOperands ops;
+  ops.k = kv.k.get();
+  ops.v = kv.v.get();
+  ops.k_scales = kv.k_scales.empty() ? nullptr : kv.k_scales.data();
+  ops.v_scales = kv.v_scales.empty() ? nullptr : kv.v_scales.data();
+  ops.q = kv.q.get();
+  const auto step = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, kDecodeHeads, 1),
+        [&](const tbb::blocked_range<size_t>& heads) {
+          float out = 0.0f;
+          if constexpr (sizeof(T) == 4) {
+            out = HWY_DYNAMIC_DISPATCH(StreamF32T)(ops, rows, heads.begin(),
+                                                   heads.end());
+          } else if constexpr (sizeof(T) == 1) {
+            out = HWY_DYNAMIC_DISPATCH(StreamI8T)(ops, rows, heads.begin(),
+                                                  heads.end());
+          } else if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
+            out = HWY_DYNAMIC_DISPATCH(StreamBF16T)(ops, rows, heads.begin(),
+                                                    heads.end());
+          } else {
+            out = HWY_DYNAMIC_DISPATCH(StreamF16T)(ops, rows, heads.begin(),
+                                                   heads.end());
+          }
+          benchmark::DoNotOptimize(out);
+        });
+    return Status::Ok();
+  };
+  if (!TimeSteps(state, step)) return;
+  const double elements =
+      static_cast<double>(kDecodeHeads * kDecodeKeys * kDecodeDim);
+  const double scale_bytes =
+      internal::kKvScaled<T> ? 2.0 * kDecodeHeads * kDecodeKeys * 4 : 0.0;
+  ReportRoofline(state, 4.0 * static_cast<double>(rows) * elements,
+                 2.0 * elements * sizeof(T) + scale_bytes, MemoryCeiling::kRead,
+                 run.target, run.threads);
+}
+
+void RegisterDecodeKernel() {
+  const std::vector<std::vector<int64_t>> rows = {{1}, {4}};
+  RegisterPerTarget("decode_kernel_f32", BM_DecodeKernel<float>, {"rows"}, rows,
+                    2);
+  RegisterPerTarget("decode_kernel_bf16", BM_DecodeKernel<hwy::bfloat16_t>,
+                    {"rows"}, rows, 2);
+  RegisterPerTarget("decode_kernel_f16", BM_DecodeKernel<hwy::float16_t>,
+                    {"rows"}, rows, 2);
+  RegisterPerTarget("decode_kernel_int8", BM_DecodeKernel<int8_t>, {"rows"},
+                    rows, 2);
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterDecodeKernel);
+
+}  // namespace
+}  // namespace bench
+}  // namespace headway
+#endif  // HWY_ONCE

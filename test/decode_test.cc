@@ -1,0 +1,273 @@
+// Decode tile kernels (lib/attention/decode-inl.h): ScoreRows and
+// AccumulateRows for every stored type, on every target, against float64 sums
+// over the dequantized stored rows.
+//
+// Tolerances (u = 2^-24), the worst case of float32 summation in any order,
+// which is the same bound on every target:
+// - a score sums dim products in float32 (FMA: each product enters its sum
+//   unrounded) and is multiplied by the int8 scale once: its error is at most
+//   (dim + 1) u sum_p |q_p K_p scale|;
+// - an output element adds n products to o in float32 in key order, each
+//   weight rounded once when multiplied by the int8 scale: at most
+//   (n + 2) u (|o| + sum_s |w_s scale_s V_s|).
+//
+// Shapes: every stored type, rows 1..8 and lanes - 1, n around the vector
+// length and the 128-key block, dim 16..144 (multiples of 16, as the cache's
+// row_stride), rows strided past dim (NaN or garbage in the padding), score
+// rows strided as NarrowTile's (the key block rounded up to vectors), and the
+// K and V buffers ending at a guard page.
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+#include "lib/core/storage.h"
+#include "test/support/guard_page.h"
+#include "test/support/random.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "test/decode_test.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/tests/hwy_gtest.h"
+#include "lib/attention/decode-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+// Stored rows of one operand (K or V): n rows of `stride` elements against a
+// guard page (the last row's dim-th element is the first inaccessible byte),
+// the padding past dim a NaN (int8: -128, a value no row stores), and the row
+// values as float64 (dequantized: scale included).
+template <class T>
+struct StoredRows {
+  StoredRows(size_t n, size_t dim, size_t stride, bool scaled, uint64_t seed)
+      : bytes(((n - 1) * stride + dim) * sizeof(T), test::GuardSide::kAfter,
+              16 * sizeof(T)),
+        values(n * dim) {
+    T* data = rows();
+    test::SplitMix64 rng(seed);
+    if (scaled) scales.resize(n);
+    std::vector<float> row(dim);
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t p = 0; p < dim; ++p) row[p] = rng.Uniform(-1.0f, 1.0f);
+      float scale = 1.0f;
+      internal::StoreRow(row.data(), dim, data + s * stride, &scale);
+      if (scaled) scales[s] = scale;
+      for (size_t p = 0; p < dim; ++p) {
+        values[s * dim + p] = static_cast<double>(scaled ? scale : 1.0f) *
+                              internal::FloatFrom(data[s * stride + p]);
+      }
+      if (s + 1 < n) {
+        for (size_t p = dim; p < stride; ++p) data[s * stride + p] = Padding();
+      }
+    }
+  }
+  T* rows() { return static_cast<T*>(bytes.data()); }
+  const float* scale_data() const {
+    return scales.empty() ? nullptr : scales.data();
+  }
+  static T Padding() {
+    if constexpr (internal::kKvScaled<T>) {
+      return static_cast<T>(-128);
+    } else {
+      return internal::StoredFrom(std::numeric_limits<float>::quiet_NaN(), T{});
+    }
+  }
+
+  test::GuardedBytes bytes;
+  std::vector<float> scales;   // [n], int8 only
+  std::vector<double> values;  // [n, dim]
+};
+
+size_t RoundUpTo(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// Rows 1..8 and lanes - 1 (the most a narrow tile has).
+std::vector<size_t> RowCounts(size_t lanes) {
+  std::vector<size_t> rows = {1, 2, 3, 4, 5, 6, 7, 8};
+  if (lanes - 1 > 8) rows.push_back(lanes - 1);
+  return rows;
+}
+
+std::vector<size_t> KeyCounts(size_t lanes) {
+  std::vector<size_t> n = {1, 2, 3, 127, 128, 129};
+  for (size_t x : {lanes - 1, lanes, lanes + 1}) {
+    if (x != 0 && std::find(n.begin(), n.end(), x) == n.end()) n.push_back(x);
+  }
+  return n;
+}
+
+constexpr size_t kDims[] = {16, 32, 80, 128, 144};
+
+// The score rows' stride as NarrowTile has it: the 128-key block rounded up to
+// vectors (n > 128 here only to test the key tail: the stride grows with it).
+size_t ScoreStride(size_t n, size_t lanes) {
+  return RoundUpTo(std::max<size_t>(n, 128), lanes);
+}
+
+template <class T>
+void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
+                    uint64_t seed) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const bool scaled = internal::kKvScaled<T>;
+  // Strides past dim, multiples of 16 elements (alignment of every target).
+  const size_t k_stride = dim + 16 * (1 + seed % 2);
+  const size_t q_stride = dim + 16;
+  StoredRows<T> keys(n, dim, k_stride, scaled, seed);
+  StoredRows<T> values(n, dim, k_stride + 16, scaled, seed + 1);
+  auto q = hwy::AllocateAligned<float>(rows * q_stride);
+  test::FillRandomMatrix(q.get(), static_cast<int64_t>(rows),
+                         static_cast<int64_t>(dim),
+                         static_cast<int64_t>(q_stride), seed + 2);
+  const size_t sc_stride = ScoreStride(n, lanes);
+  const float kSentinel = 12345.0f;
+  std::vector<float> sc(rows * sc_stride, kSentinel);
+
+  ScoreRows(q.get(), q_stride, rows, keys.rows(), k_stride, keys.scale_data(),
+            n, dim, with_v ? values.rows() : nullptr, k_stride + 16, sc.data(),
+            sc_stride);
+
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t s = 0; s < sc_stride; ++s) {
+      const float got = sc[r * sc_stride + s];
+      if (s >= n) {
+        ASSERT_EQ(got, kSentinel) << "wrote past n: r=" << r << " s=" << s;
+        continue;
+      }
+      double want = 0.0, magnitude = 0.0;
+      for (size_t p = 0; p < dim; ++p) {
+        const double term =
+            static_cast<double>(q[r * q_stride + p]) * keys.values[s * dim + p];
+        want += term;
+        magnitude += std::fabs(term);
+      }
+      const double tol = static_cast<double>(dim + 1) * kU * magnitude;
+      ASSERT_LE(std::fabs(got - want), tol)
+          << "rows=" << rows << " n=" << n << " dim=" << dim << " r=" << r
+          << " s=" << s << " want " << want << " got " << got;
+    }
+  }
+}
+
+template <class T>
+void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const bool scaled = internal::kKvScaled<T>;
+  const size_t v_stride = dim + 16 * (1 + seed % 2);
+  const size_t o_stride = dim + 16;
+  StoredRows<T> values(n, dim, v_stride, scaled, seed);
+  const size_t w_stride = ScoreStride(n, lanes);
+  std::vector<float> w(rows * w_stride);
+  test::FillRandomMatrix(w.data(), static_cast<int64_t>(rows),
+                         static_cast<int64_t>(n),
+                         static_cast<int64_t>(w_stride), seed + 1, 0.0f, 1.0f);
+  auto o = hwy::AllocateAligned<float>(rows * o_stride);
+  const float kSentinel = 12345.0f;
+  test::FillRandom(o.get(), rows * o_stride, seed + 2);
+  for (size_t r = 0; r < rows; ++r) {
+    std::fill(o.get() + r * o_stride + dim, o.get() + (r + 1) * o_stride,
+              kSentinel);
+  }
+  const std::vector<float> o0(o.get(), o.get() + rows * o_stride);
+
+  AccumulateRows(w.data(), w_stride, rows, values.rows(), v_stride,
+                 values.scale_data(), n, dim, o.get(), o_stride);
+
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t p = 0; p < o_stride; ++p) {
+      const float got = o[r * o_stride + p];
+      if (p >= dim) {
+        ASSERT_EQ(got, kSentinel) << "wrote past dim: r=" << r << " p=" << p;
+        continue;
+      }
+      double want = o0[r * o_stride + p];
+      double magnitude = std::fabs(want);
+      for (size_t s = 0; s < n; ++s) {
+        const double term = static_cast<double>(w[r * w_stride + s]) *
+                            values.values[s * dim + p];
+        want += term;
+        magnitude += std::fabs(term);
+      }
+      const double tol = static_cast<double>(n + 2) * kU * magnitude;
+      ASSERT_LE(std::fabs(got - want), tol)
+          << "rows=" << rows << " n=" << n << " dim=" << dim << " r=" << r
+          << " p=" << p << " want " << want << " got " << got;
+    }
+  }
+}
+
+template <class T>
+void SweepScoreRows() {
+  const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
+  uint64_t seed = 1;
+  for (size_t dim : kDims) {
+    for (size_t rows : RowCounts(lanes)) {
+      for (size_t n : KeyCounts(lanes)) {
+        CheckScoreRows<T>(rows, n, dim, /*with_v=*/seed % 2 == 0, seed);
+        if (::testing::Test::HasFatalFailure()) return;
+        seed += 3;
+      }
+    }
+  }
+}
+
+template <class T>
+void SweepAccumulateRows() {
+  const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
+  uint64_t seed = 100;
+  for (size_t dim : kDims) {
+    for (size_t rows : RowCounts(lanes)) {
+      for (size_t n : KeyCounts(lanes)) {
+        CheckAccumulateRows<T>(rows, n, dim, seed);
+        if (::testing::Test::HasFatalFailure()) return;
+        seed += 3;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void TestScoreRowsFloat32() { SweepScoreRows<float>(); }
+void TestScoreRowsBF16() { SweepScoreRows<hwy::bfloat16_t>(); }
+void TestScoreRowsF16() { SweepScoreRows<hwy::float16_t>(); }
+void TestScoreRowsInt8() { SweepScoreRows<int8_t>(); }
+void TestAccumulateRowsFloat32() { SweepAccumulateRows<float>(); }
+void TestAccumulateRowsBF16() { SweepAccumulateRows<hwy::bfloat16_t>(); }
+void TestAccumulateRowsF16() { SweepAccumulateRows<hwy::float16_t>(); }
+void TestAccumulateRowsInt8() { SweepAccumulateRows<int8_t>(); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace headway {
+namespace {
+
+class DecodeTest : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(DecodeTest);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsFloat32);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsBF16);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsF16);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsInt8);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsFloat32);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsBF16);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsF16);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsInt8);
+
+}  // namespace
+}  // namespace headway
+#endif  // HWY_ONCE
