@@ -1365,9 +1365,9 @@ static void TestLayerErrors(void) {
   CHECK_OK(hw_kv_cache_create(1, 2, 8, 8, &other)); /* head_dim 8, not 4 */
   CHECK_ERR(hw_attention_layer_forward(layer, other, &s, 1, x, 0, y, 0),
             HW_INVALID_ARGUMENT,
-            "hw_attention_layer_forward: cache (float32) has n_kv_heads 2 and "
-            "head_dim 8 but the layer needs n_kv_heads 2 and head_dim 4 (see "
-            "hw_attention_layer_create_cache; any dtype)");
+            "hw_attention_layer_forward: cache has n_kv_heads 2 and head_dim "
+            "8 but the layer needs n_kv_heads 2 and head_dim 4 (see "
+            "hw_attention_layer_create_cache)");
   CHECK(Length(other, 0) == 0);
   hw_kv_cache_destroy(other);
   CHECK(Length(cache, 0) == 0);
