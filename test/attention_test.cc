@@ -33,6 +33,7 @@
 
 #include "gtest/gtest.h"
 #include "headway/kv_cache.h"
+#include "lib/core/storage.h"
 #include "tbb/task_arena.h"
 #include "test/support/cache.h"
 #include "test/support/guard_page.h"
@@ -58,19 +59,7 @@ using test::MakeCache;
 const KvDtype kDtypes[] = {KvDtype::kFloat32, KvDtype::kBFloat16,
                            KvDtype::kFloat16, KvDtype::kInt8};
 
-std::string DtypeName(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::kFloat32:
-      return "float32";
-    case KvDtype::kBFloat16:
-      return "bfloat16";
-    case KvDtype::kFloat16:
-      return "float16";
-    case KvDtype::kInt8:
-      return "int8";
-  }
-  return "unknown";
-}
+std::string DtypeName(KvDtype dtype) { return internal::KvDtypeName(dtype); }
 
 // A cache of dtype with one sequence holding k and v (appended, so rounded to
 // dtype), [length, n_kv_heads * head_dim] dense.

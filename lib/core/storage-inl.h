@@ -176,32 +176,28 @@ HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
   for (; i < n; ++i) dst[i] = src[i];
 }
 
+// The bits of a 16-bit stored type: BF16Bits or F16Bits.
 template <class D>
-HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
-                            hwy::bfloat16_t* HWY_RESTRICT dst,
-                            float* /*scale*/) {
-  const hn::Rebind<uint16_t, D> du16;
-  uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(dst);
-  const size_t lanes = hn::Lanes(d);
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(BF16Bits(d, hn::LoadU(d, src + i)), du16, out + i);
-  }
-  for (; i < n; ++i) dst[i] = internal::BF16FromFloat(src[i]);
+HWY_INLINE auto StoredBits(D d, hn::Vec<D> v, hwy::bfloat16_t /*tag*/) {
+  return BF16Bits(d, v);
+}
+template <class D>
+HWY_INLINE auto StoredBits(D d, hn::Vec<D> v, hwy::float16_t /*tag*/) {
+  return F16Bits(d, v);
 }
 
-template <class D>
+// bf16 and f16.
+template <class D, class T, hwy::EnableIf<sizeof(T) == 2>* = nullptr>
 HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
-                            hwy::float16_t* HWY_RESTRICT dst,
-                            float* /*scale*/) {
+                            T* HWY_RESTRICT dst, float* /*scale*/) {
   const hn::Rebind<uint16_t, D> du16;
   uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(dst);
   const size_t lanes = hn::Lanes(d);
   size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(F16Bits(d, hn::LoadU(d, src + i)), du16, out + i);
+    hn::StoreU(StoredBits(d, hn::LoadU(d, src + i), T{}), du16, out + i);
   }
-  for (; i < n; ++i) dst[i] = internal::F16FromFloat(src[i]);
+  for (; i < n; ++i) dst[i] = internal::StoredFrom(src[i], T{});
 }
 
 // v rounded to the nearest integer, ties to even, for |v| < 2^23.
