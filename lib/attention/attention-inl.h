@@ -143,7 +143,6 @@ inline ScratchBuffer& ThreadAttentionScratch() {
 #define HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_
 #endif
 
-#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "lib/attention/decode-inl.h"
@@ -385,14 +384,6 @@ class KvRows {
       return true;
     } else {
       return RowsFinite(Stored(k0), n, row_stride_);
-    }
-  }
-  // Hints that row k (which may lie past the cache: prefetches never fault)
-  // is read soon, one prefetch per 64-byte line of its stored bytes.
-  void Prefetch(int64_t k) const {
-    const char* row = reinterpret_cast<const char*>(Stored(k));
-    for (size_t b = 0; b < row_stride_ * sizeof(T); b += 64) {
-      hwy::Prefetch(row + b);
     }
   }
 
