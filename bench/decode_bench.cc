@@ -1,4 +1,4 @@
-// The decode tile kernels alone (lib/attention/decode-inl.h): ScoreRows then
+// The decode tile kernels alone (lib/attention/decode.h): ScoreRows then
 // AccumulateRows per 128-key block, as NarrowTile calls them, streaming the
 // stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB, float32:
 // 512 MiB, all far past the 32 MiB L3) once per iteration, per stored type,
@@ -29,7 +29,7 @@
 #define HWY_TARGET_INCLUDE "bench/decode_bench.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "lib/attention/decode-inl.h"
+#include "lib/attention/decode.h"
 
 // Non-SIMD part: normal include guard (foreach_target.h includes this file
 // once per target).

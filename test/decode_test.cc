@@ -1,4 +1,4 @@
-// Decode tile kernels (lib/attention/decode-inl.h): ScoreRows and
+// Decode tile kernels (lib/attention/decode.h): ScoreRows and
 // AccumulateRows for every stored type, on every target, against float64 sums
 // over the dequantized stored rows.
 //
@@ -35,12 +35,13 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/tests/hwy_gtest.h"
-#include "lib/attention/decode-inl.h"
+#include "lib/attention/decode.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 namespace {
+namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr double kU = 1.0 / (1 << 24);
 

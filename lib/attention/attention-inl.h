@@ -21,7 +21,7 @@
 // - Lanes along head_dim ("narrow"), when the tile has fewer query rows than
 //   lanes (decode of MHA and small GQA groups): scores are dot products of q
 //   rows with K rows (vectors along d), and O rows accumulate V rows
-//   (ScoreRows, AccumulateRows: decode-inl.h), on the stored rows converted on
+//   (ScoreRows, AccumulateRows: decode.h), on the stored rows converted on
 //   the fly. Decode is bound by reading K and V, which this streams once.
 //
 // Every path is a template on the stored type T of K and V (float, bf16, f16,
@@ -145,7 +145,7 @@ inline ScratchBuffer& ThreadAttentionScratch() {
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-#include "lib/attention/decode-inl.h"
+#include "lib/attention/decode.h"
 #include "lib/core/kernels-inl.h"
 #include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
@@ -667,14 +667,16 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
 
 // One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile, its K
 // and V rows k_block and v_block [n_keys, row_stride] (KvRows::Block): scores
-// into st [n_keys, rp], masks, online softmax, OT += V^T P.
-HWY_INLINE void WideTileBlock(const AttentionDims& dims,
-                              const AttentionTile& tile, int64_t k0,
-                              size_t n_keys, const float* HWY_RESTRICT k_block,
-                              const float* HWY_RESTRICT v_block,
-                              const float* HWY_RESTRICT qt,
-                              float* HWY_RESTRICT st, float* HWY_RESTRICT ot,
-                              size_t rp, OnlineSoftmaxState state) {
+// into st [n_keys, rp], masks, online softmax, OT += V^T P. Not inlined: one
+// copy for every stored type (a call per tile and key block).
+HWY_NOINLINE void WideTileBlock(const AttentionDims& dims,
+                                const AttentionTile& tile, int64_t k0,
+                                size_t n_keys,
+                                const float* HWY_RESTRICT k_block,
+                                const float* HWY_RESTRICT v_block,
+                                const float* HWY_RESTRICT qt,
+                                float* HWY_RESTRICT st, float* HWY_RESTRICT ot,
+                                size_t rp, OnlineSoftmaxState state) {
   const AttnD d;
   const hn::RebindToSigned<AttnD> di;
   const size_t N = hn::Lanes(d);
@@ -799,7 +801,7 @@ HWY_INLINE void NarrowSoftmaxStep(float* HWY_RESTRICT sc, size_t rows,
 }
 
 // One work item on a narrow tile, reading the stored K and V rows directly
-// (ScoreRows and AccumulateRows, decode-inl.h). qs [rows, row_stride]:
+// (ScoreRows and AccumulateRows, decode.h). qs [rows, row_stride]:
 // QueryScale * q, zero-padded; sc [rows, bkp] scores (bkp: the key block
 // rounded up to vectors); o [rows, row_stride] unnormalised output.
 template <class T>
@@ -1296,44 +1298,40 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   if (plan->merge_first[n_works] > 0) MergeChunks(works, n_works, dims, *plan);
 }
 
-// The materialised path for one sequence, as the seed's numpy code does it with
-// a BLAS, head by head: weights_h [n_tokens, kv_len] (row stride w_stride) =
-// scale * Q_h K_g^T (matmul), masks, softmax (rows in parallel), out_h =
-// weights_h V_g (matmul). The weights are [n_heads * n_tokens, kv_len]: head
-// h's rows start at h * n_tokens. T: the stored type of K and V; a narrower
-// one is converted per KV head into K_g and V_g [kv_len, row_stride] floats
-// (scratch of 2 * kv_len * row_stride floats), then the same GEMMs.
-template <class T>
-HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
-                                      const AttentionWork& work, float* weights,
-                                      int64_t w_stride) {
+// The materialised path for the heads of KV head g of one sequence, as the
+// seed's numpy code does it with a BLAS, head by head: weights_h [n_tokens,
+// kv_len] (row stride w_stride) = scale * Q_h K_g^T (matmul), masks, softmax
+// (rows in parallel), out_h = weights_h V_g (matmul). keys and values: K_g and
+// V_g [kv_len, row_stride] as floats. The weights are [n_heads * n_tokens,
+// kv_len]: head h's rows start at h * n_tokens. Not inlined: one copy of the
+// GEMMs for every stored type.
+HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
+                                    const AttentionWork& work, int64_t g,
+                                    const float* keys, const float* values,
+                                    float* weights, int64_t w_stride) {
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const size_t n_tokens = static_cast<size_t>(work.n_tokens);
   const size_t kv_len = static_cast<size_t>(work.kv_len);
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
-  const size_t kv_floats = KvRows<T>::ScratchFloats(kv_len, row_stride);
-  hwy::AlignedFreeUniquePtr<float[]> kv_scratch;
-  if (kv_floats > 0) {
-    kv_scratch = hwy::AllocateAligned<float>(2 * kv_floats);
-    if (!kv_scratch) throw std::bad_alloc();
-  }
-  const float* keys = nullptr;
-  const float* values = nullptr;
+  const bool may_hide =
+      BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len);
+  // The rows of V_g with a NaN or inf, where some query must not see them.
   std::vector<int64_t> bad_keys;
-  for (int64_t h = 0; h < dims.n_heads; ++h) {
-    const int64_t g = h / group;
-    if (h % group == 0) {
-      keys = KeyRows<T>(dims, work, g, kv_scratch.get()).Block(0, kv_len);
-      values = ValueRows<T>(dims, work, g, kv_scratch.get() + kv_floats)
-                   .Block(0, kv_len);
+  if (may_hide) {
+    for (int64_t s = 0; s < work.kv_len; ++s) {
+      if (!RowsFinite(values + s * dims.row_stride, 1, row_stride)) {
+        bad_keys.push_back(s);
+      }
     }
+  }
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     float* w = weights + h * work.n_tokens * w_stride;
     MatmulUnpackedT(
         work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),
         /*trans_a=*/false, keys, row_stride, /*trans_b=*/true, n_tokens, kv_len,
         dim, w, static_cast<size_t>(w_stride), dims.scale, 0.0f);
-    if (BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len)) {
+    if (may_hide) {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, work.n_tokens),
           [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
@@ -1354,19 +1352,8 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     MatmulUnpackedT(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
                     row_stride, /*trans_b=*/false, n_tokens, dim, kv_len, out,
                     static_cast<size_t>(work.out_stride), 1.0f, 0.0f);
-    if (h % group == 0) {
-      // The rows of V_g with a NaN or inf, where some query must not see them.
-      bad_keys.clear();
-      if (BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len)) {
-        for (int64_t s = 0; s < work.kv_len; ++s) {
-          if (!RowsFinite(values + s * dims.row_stride, 1, row_stride)) {
-            bad_keys.push_back(s);
-          }
-        }
-      }
-    }
-    // A query that does not see one of them: its row again, over the keys it
-    // sees (the GEMM's 0 * NaN would have reached it).
+    // A query that does not see one of the bad rows: its row again, over the
+    // keys it sees (the GEMM's 0 * NaN would have reached it).
     for (int64_t t = 0; t < work.n_tokens && !bad_keys.empty(); ++t) {
       const bool hides_bad =
           std::any_of(bad_keys.begin(), bad_keys.end(),
@@ -1383,6 +1370,32 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
             static_cast<float>(acc);
       }
     }
+  }
+}
+
+// The materialised path for one sequence: MaterializedGroup per KV head. T:
+// the stored type of K and V; a narrower one is converted per KV head into K_g
+// and V_g [kv_len, row_stride] floats (scratch of 2 * kv_len * row_stride
+// floats).
+template <class T>
+HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
+                                      const AttentionWork& work, float* weights,
+                                      int64_t w_stride) {
+  const size_t kv_len = static_cast<size_t>(work.kv_len);
+  const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const size_t kv_floats = KvRows<T>::ScratchFloats(kv_len, row_stride);
+  hwy::AlignedFreeUniquePtr<float[]> kv_scratch;
+  if (kv_floats > 0) {
+    kv_scratch = hwy::AllocateAligned<float>(2 * kv_floats);
+    if (!kv_scratch) throw std::bad_alloc();
+  }
+  for (int64_t g = 0; g < dims.n_kv_heads; ++g) {
+    const float* keys =
+        KeyRows<T>(dims, work, g, kv_scratch.get()).Block(0, kv_len);
+    const float* values =
+        ValueRows<T>(dims, work, g, kv_scratch.get() + kv_floats)
+            .Block(0, kv_len);
+    MaterializedGroup(dims, work, g, keys, values, weights, w_stride);
   }
 }
 

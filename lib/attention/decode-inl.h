@@ -1,8 +1,6 @@
-// Decode kernels of the narrow attention tiles (fewer query rows than lanes:
-// decode of MHA and small GQA groups), on K and V rows in their stored type
-// (LoadStored, storage-inl.h): the scores of a key block and the weighted sum
-// of its V rows. Decode is bound by reading K and V; these stream each stored
-// row once for all query rows.
+// The tiles of the decode kernels ScoreRows and AccumulateRows (decode.h),
+// on K and V rows in their stored type (LoadStored, storage-inl.h). Included
+// by decode.cc alone, which compiles them once per target and stored type.
 
 // Per-target part: toggle guard.
 #if defined(HEADWAY_LIB_ATTENTION_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -16,6 +14,7 @@
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "lib/attention/decode.h"
 #include "lib/core/storage-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -304,35 +303,16 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   }
 }
 
-// Scores of `rows` query rows against n stored key rows:
-//   sc[r * sc_stride + s] = k_scale(s) * sum_{p < dim} q[r * q_stride + p] *
-//                           K(s, p)
-// for r < rows, s < n, with K(s, p) = LoadStored(k + s * k_stride + p) and
-// k_scale(s) = k_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length (rows zero-padded), q and k rows aligned; sc[.., n) only
-// is written. Keys go 4 at a time (8 for one row, the last n % 4 one by one),
-// each K vector converted once per 4 rows (ScoreKeys). Error: float32 sums in
-// a target-dependent order, at most (dim + 1) u sum_p |q K k_scale| (u =
-// 2^-24).
-// v (may be null) are the same keys' V rows, stride v_stride: with v, K rows
-// 16 keys ahead and the V rows are prefetched as the keys go by
-// (PrefetchStoredRows). Pass it for several query rows, whose dot products let
-// the hardware prefetchers fall behind (GQA-8 decode at 16384 keys read at
-// 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen 5); one
-// row does without, where it costs 6-9%.
+// ScoreRows (decode.h).
 template <class T>
-HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride,
-                          size_t rows, const T* HWY_RESTRICT k, size_t k_stride,
-                          const float* HWY_RESTRICT k_scales, size_t n,
-                          size_t dim, const T* HWY_RESTRICT v, size_t v_stride,
-                          float* HWY_RESTRICT sc, size_t sc_stride) {
-  if (k_scales != nullptr) {
-    ScoreBlocks<true>(q, q_stride, rows, k, k_stride, k_scales, n, dim, v,
-                      v_stride, sc, sc_stride);
-  } else {
-    ScoreBlocks<false>(q, q_stride, rows, k, k_stride, k_scales, n, dim, v,
-                       v_stride, sc, sc_stride);
-  }
+void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+               const T* HWY_RESTRICT k, size_t k_stride,
+               const float* HWY_RESTRICT k_scales, size_t n, size_t dim,
+               const T* HWY_RESTRICT v, size_t v_stride, float* HWY_RESTRICT sc,
+               size_t sc_stride) {
+  // One instantiation per type: int8 always has scales, the others never.
+  ScoreBlocks<internal::kKvScaled<T>>(q, q_stride, rows, k, k_stride, k_scales,
+                                      n, dim, v, v_stride, sc, sc_stride);
 }
 
 // o[i][j] += sum_{s < n} w[i * w_stride + s] * V[s][j] for kI rows i and kJ
@@ -456,41 +436,32 @@ HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
   }
 }
 
-// The weighted sum of n stored V rows into `rows` output rows:
-//   o[r * o_stride + p] += sum_{s < n} w[r * w_stride + s] * v_scale(s) *
-//                          V(s, p)
-// for r < rows, p < dim, with V(s, p) = LoadStored(v + s * v_stride + p) and
-// v_scale(s) = v_scales[s] for int8 (null otherwise: 1). dim is a multiple of
-// the vector length, o and v rows aligned; o[.., dim) only is written. Each
-// element is one FMA chain in key order; with scales, the weights times the
-// scales (one rounding) go through a buffer of up to 16 rows x 128 keys
-// (8 KiB), so the tiles multiply once per row and key. Error: at most (n + 2) u
-// (|o| + sum_s |w v_scale V|).
+// AccumulateRows (decode.h): with scales, the weights times the scales (one
+// rounding) go through a buffer of up to 16 rows x 128 keys (8 KiB), so the
+// tiles multiply once per row and key.
 template <class T>
-HWY_INLINE void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride,
-                               size_t rows, const T* HWY_RESTRICT v,
-                               size_t v_stride,
-                               const float* HWY_RESTRICT v_scales, size_t n,
-                               size_t dim, float* HWY_RESTRICT o,
-                               size_t o_stride) {
-  if (v_scales == nullptr) {
+void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
+                    const T* HWY_RESTRICT v, size_t v_stride,
+                    const float* HWY_RESTRICT v_scales, size_t n, size_t dim,
+                    float* HWY_RESTRICT o, size_t o_stride) {
+  if constexpr (!internal::kKvScaled<T>) {
     AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride);
-    return;
-  }
-  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
-  HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
-  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
-    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
-    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
-      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
-      for (size_t r = 0; r < chunk_rows; ++r) {
-        const float* w_row = w + (r0 + r) * w_stride + s0;
-        for (size_t s = 0; s < keys; ++s) {
-          scaled[r * kKeyChunk + s] = w_row[s] * v_scales[s0 + s];
+  } else {
+    constexpr size_t kRowChunk = 16, kKeyChunk = 128;
+    HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
+    for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+      const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+      for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+        const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
+        for (size_t r = 0; r < chunk_rows; ++r) {
+          const float* w_row = w + (r0 + r) * w_stride + s0;
+          for (size_t s = 0; s < keys; ++s) {
+            scaled[r * kKeyChunk + s] = w_row[s] * v_scales[s0 + s];
+          }
         }
+        AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
+                           v_stride, keys, dim, o + r0 * o_stride, o_stride);
       }
-      AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
-                         v_stride, keys, dim, o + r0 * o_stride, o_stride);
     }
   }
 }

@@ -1,0 +1,66 @@
+// The decode kernels of the narrow attention tiles (fewer query rows than
+// lanes: decode of MHA and small GQA groups) on K and V rows in their stored
+// type: the scores of a key block and the weighted sum of its V rows. Decode
+// is bound by reading K and V; these stream each stored row once for all query
+// rows. Per target, for the four stored types (storage.h's KvStored), compiled
+// once in decode.cc (tiles: decode-inl.h) and called by attention-inl.h's
+// NarrowTile, decode_test and decode_bench.
+
+// Per-target part: toggle guard.
+#if defined(HEADWAY_LIB_ATTENTION_DECODE_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADWAY_LIB_ATTENTION_DECODE_H_
+#undef HEADWAY_LIB_ATTENTION_DECODE_H_
+#else
+#define HEADWAY_LIB_ATTENTION_DECODE_H_
+#endif
+
+#include <stddef.h>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+
+// Scores of `rows` query rows against n stored key rows:
+//   sc[r * sc_stride + s] = k_scale(s) * sum_{p < dim} q[r * q_stride + p] *
+//                           K(s, p)
+// for r < rows, s < n, with K(s, p) = LoadStored(k + s * k_stride + p) and
+// k_scale(s) = k_scales[s] for int8 (not null), 1 for the other types (null).
+// dim is a multiple of the vector length (rows zero-padded), q and k rows
+// aligned; sc[.., n) only is written. Keys go 4 at a time (8 for one row, the
+// last n % 4 one by one), each K vector converted once per 4 rows (ScoreKeys).
+// Error: float32 sums in a target-dependent order, at most (dim + 1) u sum_p |q
+// K k_scale| (u = 2^-24). v (may be null) are the same keys' V rows, stride
+// v_stride: with v, K rows 16 keys ahead and the V rows are prefetched as the
+// keys go by (PrefetchStoredRows). Pass it for several query rows, whose dot
+// products let the hardware prefetchers fall behind (GQA-8 decode at 16384 keys
+// read at 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen
+// 5); one row does without, where it costs 6-9%.
+template <class T>
+void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+               const T* HWY_RESTRICT k, size_t k_stride,
+               const float* HWY_RESTRICT k_scales, size_t n, size_t dim,
+               const T* HWY_RESTRICT v, size_t v_stride, float* HWY_RESTRICT sc,
+               size_t sc_stride);
+
+// The weighted sum of n stored V rows into `rows` output rows:
+//   o[r * o_stride + p] += sum_{s < n} w[r * w_stride + s] * v_scale(s) *
+//                          V(s, p)
+// for r < rows, p < dim, with V(s, p) = LoadStored(v + s * v_stride + p) and
+// v_scale(s) = v_scales[s] for int8 (not null), 1 for the other types (null).
+// dim is a multiple of the vector length, o and v rows aligned; o[.., dim) only
+// is written. Each element is one FMA chain in key order. Error: at most (n +
+// 2) u (|o| + sum_s |w v_scale V|).
+template <class T>
+void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
+                    const T* HWY_RESTRICT v, size_t v_stride,
+                    const float* HWY_RESTRICT v_scales, size_t n, size_t dim,
+                    float* HWY_RESTRICT o, size_t o_stride);
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADWAY_LIB_ATTENTION_DECODE_H_
