@@ -243,10 +243,12 @@ struct Expected {
 // With k_attn and v_attn ([n, kv_cols], the dequantized rows a cache of a
 // stored type holds), attention reads those instead of the projection's K
 // and V (which e.k and e.v still give), and y is o W_o + b_o of that
-// attention.
+// attention. kv_only: e.k and e.v with their bounds alone (no y), what a
+// cache must hold.
 Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
                    double scale, const std::vector<double>* k_attn = nullptr,
-                   const std::vector<double>* v_attn = nullptr) {
+                   const std::vector<double>* v_attn = nullptr,
+                   bool kv_only = false) {
   const Shape& s = m.shape;
   const int64_t d = s.d_model, qc = s.q_cols(), kvc = s.kv_cols();
   const int64_t hd = s.head_dim;
@@ -257,8 +259,6 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   e.k.resize(n * kvc);
   e.v.resize(n * kvc);
   std::vector<double> k_abs(n * kvc), v_abs(n * kvc);
-  ref::Matmul(n, qc, d, 1.0, x.data(), d, false, m.w_q.data(), qc, false, 0.0,
-              q.data(), q_abs.data());
   ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_k.data(), kvc, false, 0.0,
               e.k.data(), k_abs.data());
   ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_v.data(), kvc, false, 0.0,
@@ -274,7 +274,6 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
       }
     }
   };
-  add_bias(m.b_q, qc, &q, &q_abs);
   add_bias(m.b_k, kvc, &e.k, &k_abs);
   add_bias(m.b_v, kvc, &e.v, &v_abs);
   const double e_p = 4 * kU * (std::sqrt(static_cast<double>(d)) + 1);
@@ -284,6 +283,10 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
     e.k_tol[i] = e_p * k_abs[i];
     e.v_tol[i] = e_p * v_abs[i];
   }
+  if (kv_only) return e;
+  ref::Matmul(n, qc, d, 1.0, x.data(), d, false, m.w_q.data(), qc, false, 0.0,
+              q.data(), q_abs.data());
+  add_bias(m.b_q, qc, &q, &q_abs);
 
   // o, and the same weights applied to |v| and to v's magnitudes: o_mag_p =
   // sum_s w_s |v_sp| and o_vabs_p = sum_s w_s |v|_sp.
@@ -1197,9 +1200,10 @@ void ExpectStoredCache(const KvCache& cache, int64_t seq, const Expected& e,
 void RunStoredSteps(const AttentionLayerConfig& config,
                     const std::vector<std::vector<LayerSequence>>& steps,
                     int64_t n_slots, int64_t capacity, uint64_t seed,
-                    std::initializer_list<const char*> bias_sets = {"",
-                                                                    "qkvo"}) {
-  for (const KvDtype dtype : kAllDtypes) {
+                    std::initializer_list<const char*> bias_sets = {"", "qkvo"},
+                    std::vector<KvDtype> dtypes = {std::begin(kAllDtypes),
+                                                   std::end(kAllDtypes)}) {
+  for (const KvDtype dtype : dtypes) {
     for (const char* biases : bias_sets) {
       const std::string what = Describe(config) + ", " +
                                internal::KvDtypeName(dtype) + ", biases \"" +
@@ -1232,7 +1236,8 @@ void RunStoredSteps(const AttentionLayerConfig& config,
       for (int64_t seq = 0; seq < n_slots; ++seq) {
         if (xs[seq].empty()) continue;
         const std::string how = what + ", seq " + std::to_string(seq);
-        const Expected e = Reference(model, xs[seq], causal, ScaleOf(config));
+        const Expected e = Reference(model, xs[seq], causal, ScaleOf(config),
+                                     nullptr, nullptr, /*kv_only=*/true);
         std::vector<double> k, v;
         ASSERT_NO_FATAL_FAILURE(ExpectStoredCache(
             cache, seq, e, model.shape.kv_cols(), 0, how, &k, &v));
@@ -1313,10 +1318,12 @@ TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
 // Several chunks of the stored projection (LayerChunks): a prefill of 300
 // tokens (256 + 44), K and V wider than one chunk's columns, head_dim 72 (not
 // a multiple of any panel width), d_model 520 (two K blocks), then decode.
+// The types that convert (float32 projects straight into the cache).
 TEST_P(AttentionLayerTest, StoredKvInChunks) {
   const AttentionLayerConfig config = Config(520, 8, 4, 72);
   ASSERT_NO_FATAL_FAILURE(
-      RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301, 7000, {"qkvo"}));
+      RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301, 7000, {"qkvo"},
+                     {KvDtype::kBFloat16, KvDtype::kFloat16, KvDtype::kInt8}));
 }
 
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
