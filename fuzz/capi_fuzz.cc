@@ -237,6 +237,10 @@ void ModelRow(int dtype, const float* src, int64_t n, float* dst) {
       // Rounds up past FLT_MAX: within half a bfloat16 ulp of it.
       Check(std::fabs(x) >= 0x1.fefffep127f && (got > 0) == (x > 0),
             "bfloat16 inf", x, got);
+    } else if (dtype == HW_KV_INT8 && row_max < 127 * 0x1p-126) {
+      // A row below 127 * FLT_MIN has scale 0 (kv_cache.h): every element
+      // reads back as 0.
+      Check(got == 0.0f, "int8 row below 127 * FLT_MIN: not 0", x, got);
     } else if (dtype == HW_KV_INT8 && std::isinf(got)) {
       // scale * q overflows: scale = row_max / 127 rounded up, times 127, for
       // a row_max within float32's rounding of FLT_MAX.
