@@ -630,6 +630,39 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
   }
 }
 
+// Runs `steps` (each one Forward call of several sequences, x random from
+// seed on) through the layer into cache, appending each sequence's rows of x
+// and of the output to xs[seq] and ys[seq]; each_sequence(s, x_s), if given,
+// runs after each call for each of its sequences (x_s: that sequence's rows).
+template <class EachSequence>
+void RunSteps(AttentionLayer& layer, KvCache& cache,
+              const std::vector<std::vector<LayerSequence>>& steps, int64_t d,
+              uint64_t seed, const std::string& what,
+              std::vector<std::vector<float>>* xs,
+              std::vector<std::vector<float>>* ys,
+              const EachSequence& each_sequence) {
+  for (const std::vector<LayerSequence>& step : steps) {
+    int64_t rows = 0;
+    for (const LayerSequence& s : step) rows += s.n_tokens;
+    const std::vector<float> x = test::RandomVector(rows * d, seed++);
+    std::vector<float> y;
+    const Status status = RunLayer(&layer, &cache, step, x, &y);
+    ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+    int64_t row = 0;
+    for (const LayerSequence& s : step) {
+      const auto begin = static_cast<std::ptrdiff_t>(row * d);
+      const auto end = static_cast<std::ptrdiff_t>((row + s.n_tokens) * d);
+      std::vector<float>& x_seq = (*xs)[s.seq];
+      x_seq.insert(x_seq.end(), x.begin() + begin, x.begin() + end);
+      (*ys)[s.seq].insert((*ys)[s.seq].end(), y.begin() + begin,
+                          y.begin() + end);
+      ASSERT_NO_FATAL_FAILURE(each_sequence(
+          s, std::vector<float>(x.begin() + begin, x.begin() + end)));
+      row += s.n_tokens;
+    }
+  }
+}
+
 // Several sequences per Forward call, of different lengths, in any slot
 // order: prefills of different lengths, decode of every sequence at once,
 // mixed chunked prefill and decode. The batched run must equal each entry
@@ -660,30 +693,15 @@ TEST_P(AttentionLayerTest, BatchEqualsSequencesAlone) {
     // Per slot: every token's x and the batched and alone outputs.
     std::vector<std::vector<float>> xs(n_slots), ys_batched(n_slots),
         ys_alone(n_slots);
-    uint64_t step_seed = seed + 100;
-    for (const std::vector<LayerSequence>& step : steps) {
-      int64_t rows = 0;
-      for (const LayerSequence& s : step) rows += s.n_tokens;
-      const std::vector<float> x = test::RandomVector(rows * d, step_seed++);
-      std::vector<float> y;
-      const Status status = RunLayer(&layer, &batched, step, x, &y);
-      ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
-      int64_t row = 0;
-      for (const LayerSequence& s : step) {
-        const auto begin = static_cast<std::ptrdiff_t>(row * d);
-        const auto end = static_cast<std::ptrdiff_t>((row + s.n_tokens) * d);
-        xs[s.seq].insert(xs[s.seq].end(), x.begin() + begin, x.begin() + end);
-        ys_batched[s.seq].insert(ys_batched[s.seq].end(), y.begin() + begin,
-                                 y.begin() + end);
-        const std::vector<float> x_one(x.begin() + begin, x.begin() + end);
-        std::vector<float> y_one;
-        const Status one = RunLayer(&layer, &alone, {s}, x_one, &y_one);
-        ASSERT_TRUE(one.ok()) << what << ": " << one.ToString();
-        ys_alone[s.seq].insert(ys_alone[s.seq].end(), y_one.begin(),
-                               y_one.end());
-        row += s.n_tokens;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(RunSteps(
+        layer, batched, steps, d, seed + 100, what, &xs, &ys_batched,
+        [&](const LayerSequence& s, const std::vector<float>& x_one) {
+          std::vector<float> y_one;
+          const Status one = RunLayer(&layer, &alone, {s}, x_one, &y_one);
+          ASSERT_TRUE(one.ok()) << what << ": " << one.ToString();
+          ys_alone[s.seq].insert(ys_alone[s.seq].end(), y_one.begin(),
+                                 y_one.end());
+        }));
     EXPECT_EQ(batched.length(4), 0) << what;
     for (int64_t seq = 0; seq < 4; ++seq) {
       const std::string how = what + ", seq " + std::to_string(seq);
@@ -1215,23 +1233,9 @@ void RunStoredSteps(const AttentionLayerConfig& config,
       KvCache cache = MakeCache(layer.CacheConfig(n_slots, capacity, dtype));
       ASSERT_EQ(cache.config().dtype, dtype) << what;
       std::vector<std::vector<float>> xs(n_slots), ys(n_slots);
-      uint64_t step_seed = seed + 100;
-      for (const std::vector<LayerSequence>& step : steps) {
-        int64_t rows = 0;
-        for (const LayerSequence& s : step) rows += s.n_tokens;
-        const std::vector<float> x = test::RandomVector(rows * d, step_seed++);
-        std::vector<float> y;
-        const Status status = RunLayer(&layer, &cache, step, x, &y);
-        ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
-        int64_t row = 0;
-        for (const LayerSequence& s : step) {
-          const auto begin = static_cast<std::ptrdiff_t>(row * d);
-          const auto end = static_cast<std::ptrdiff_t>((row + s.n_tokens) * d);
-          xs[s.seq].insert(xs[s.seq].end(), x.begin() + begin, x.begin() + end);
-          ys[s.seq].insert(ys[s.seq].end(), y.begin() + begin, y.begin() + end);
-          row += s.n_tokens;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          RunSteps(layer, cache, steps, d, seed + 100, what, &xs, &ys,
+                   [](const LayerSequence&, const std::vector<float>&) {}));
       const bool causal = config.attention.mask == AttentionMask::kCausal;
       for (int64_t seq = 0; seq < n_slots; ++seq) {
         if (xs[seq].empty()) continue;

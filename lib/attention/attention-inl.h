@@ -394,29 +394,21 @@ class KvRows {
   size_t row_stride_;
 };
 
-// The K (V) rows of KV head kv_head of `work`, with Block scratch for
-// converting types (KvRows::ScratchFloats; null for float).
+// The K (kv == kKeys) or V rows of KV head kv_head of `work`, with Block
+// scratch for converting types (KvRows::ScratchFloats; null for float).
+enum class KvSide { kKeys, kValues };
 template <class T>
-HWY_INLINE KvRows<T> KeyRows(const AttentionDims& dims,
-                             const AttentionWork& work, int64_t kv_head,
-                             float* scratch) {
-  return KvRows<T>(
-      static_cast<const T*>(work.keys) + kv_head * dims.head_stride,
-      internal::kKvScaled<T>
-          ? work.key_scales + kv_head * dims.scale_head_stride
-          : nullptr,
-      dims.row_stride, scratch);
-}
-template <class T>
-HWY_INLINE KvRows<T> ValueRows(const AttentionDims& dims,
-                               const AttentionWork& work, int64_t kv_head,
-                               float* scratch) {
-  return KvRows<T>(
-      static_cast<const T*>(work.values) + kv_head * dims.head_stride,
-      internal::kKvScaled<T>
-          ? work.value_scales + kv_head * dims.scale_head_stride
-          : nullptr,
-      dims.row_stride, scratch);
+HWY_INLINE KvRows<T> HeadRows(const AttentionDims& dims,
+                              const AttentionWork& work, KvSide kv,
+                              int64_t kv_head, float* scratch) {
+  const bool keys = kv == KvSide::kKeys;
+  const float* scales = keys ? work.key_scales : work.value_scales;
+  return KvRows<T>(static_cast<const T*>(keys ? work.keys : work.values) +
+                       kv_head * dims.head_stride,
+                   internal::kKvScaled<T>
+                       ? scales + kv_head * dims.scale_head_stride
+                       : nullptr,
+                   dims.row_stride, scratch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -828,8 +820,10 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
   std::fill(state.max, state.max + rows, neg_inf);
   std::fill(state.sum, state.sum + rows, 0.0f);
 
-  const KvRows<T> keys = KeyRows<T>(dims, work, tile.kv_head, nullptr);
-  const KvRows<T> values = ValueRows<T>(dims, work, tile.kv_head, nullptr);
+  const KvRows<T> keys =
+      HeadRows<T>(dims, work, KvSide::kKeys, tile.kv_head, nullptr);
+  const KvRows<T> values =
+      HeadRows<T>(dims, work, KvSide::kValues, tile.kv_head, nullptr);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
@@ -1063,10 +1057,11 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
     key_begin = std::min(key_begin, tiles[i].key_begin);
     key_end = std::max(key_end, tiles[i].key_end);
   }
-  const KvRows<T> keys =
-      KeyRows<T>(dims, *tiles[0].work, tiles[0].kv_head, kv_scratch);
-  const KvRows<T> values = ValueRows<T>(dims, *tiles[0].work, tiles[0].kv_head,
-                                        kv_scratch + kv_floats);
+  const KvRows<T> keys = HeadRows<T>(dims, *tiles[0].work, KvSide::kKeys,
+                                     tiles[0].kv_head, kv_scratch);
+  const KvRows<T> values =
+      HeadRows<T>(dims, *tiles[0].work, KvSide::kValues, tiles[0].kv_head,
+                  kv_scratch + kv_floats);
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
     const size_t n_block =
         static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
@@ -1391,10 +1386,11 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
   }
   for (int64_t g = 0; g < dims.n_kv_heads; ++g) {
     const float* keys =
-        KeyRows<T>(dims, work, g, kv_scratch.get()).Block(0, kv_len);
-    const float* values =
-        ValueRows<T>(dims, work, g, kv_scratch.get() + kv_floats)
+        HeadRows<T>(dims, work, KvSide::kKeys, g, kv_scratch.get())
             .Block(0, kv_len);
+    const float* values = HeadRows<T>(dims, work, KvSide::kValues, g,
+                                      kv_scratch.get() + kv_floats)
+                              .Block(0, kv_len);
     MaterializedGroup(dims, work, g, keys, values, weights, w_stride);
   }
 }
