@@ -33,7 +33,7 @@ namespace HWY_NAMESPACE {
 // Error: float32 sums in a target-dependent order, at most (dim + 1) u sum_p |q
 // K k_scale| (u = 2^-24). v (may be null) are the same keys' V rows, stride
 // v_stride: with v, K rows 16 keys ahead and the V rows are prefetched as the
-// keys go by (PrefetchStoredRows). Pass it for several query rows, whose dot
+// keys go by (KeyPrefetch). Pass it for several query rows, whose dot
 // products let the hardware prefetchers fall behind (GQA-8 decode at 16384 keys
 // read at 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen
 // 5); one row does without, where it costs 6-9%.
