@@ -352,6 +352,21 @@ constexpr Renames kKvRows = {
     {"src.data", "src"},          {"dst.data", "dst"},
     {"KvDtype", "hw_kv_dtype"}};
 
+// The view of stored rows that hw_kv_store_rows and hw_kv_load_rows pass on:
+// stride 0 is dense, as in C++; int8 alone takes scales.
+template <class View, class Data, class Scales>
+View StoredRows(int dtype, Data* data, int64_t rows, int64_t cols,
+                int64_t stride, Scales* scales) {
+  View view;
+  view.dtype = static_cast<headway::KvDtype>(dtype);
+  view.data = data;
+  view.rows = rows;
+  view.cols = cols;
+  view.stride = stride == 0 ? cols : stride;
+  view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
+  return view;
+}
+
 }  // namespace
 
 extern "C" {
@@ -593,13 +608,8 @@ int hw_kv_store_rows(int dtype, int64_t rows, int64_t cols, const float* src,
   return Guard(kFn, [&]() -> int {
     const int code = CheckKvRows(kFn, dtype, rows, cols, src, dst, scales);
     if (code != HW_OK) return code;
-    headway::KvMutableView view;
-    view.dtype = static_cast<headway::KvDtype>(dtype);
-    view.data = dst;
-    view.rows = rows;
-    view.cols = cols;
-    view.stride = dst_stride == 0 ? cols : dst_stride;  // 0: dense, as in C++
-    view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
+    const auto view = StoredRows<headway::KvMutableView>(dtype, dst, rows, cols,
+                                                         dst_stride, scales);
     return FromStatus(kFn,
                       headway::StoreKvRows(headway::MatrixView<const float>(
                                                src, rows, cols, src_stride),
@@ -615,13 +625,8 @@ int hw_kv_load_rows(int dtype, int64_t rows, int64_t cols, const void* src,
   return Guard(kFn, [&]() -> int {
     const int code = CheckKvRows(kFn, dtype, rows, cols, src, dst, scales);
     if (code != HW_OK) return code;
-    headway::KvView view;
-    view.dtype = static_cast<headway::KvDtype>(dtype);
-    view.data = src;
-    view.rows = rows;
-    view.cols = cols;
-    view.stride = src_stride == 0 ? cols : src_stride;  // 0: dense, as in C++
-    view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
+    const auto view =
+        StoredRows<headway::KvView>(dtype, src, rows, cols, src_stride, scales);
     return FromStatus(
         kFn,
         headway::LoadKvRows(
