@@ -85,13 +85,17 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
     for (size_t i = 0; i < rows * kDecodeDim; ++i) o[i] = 0.0f;
     for (size_t k0 = 0; k0 < kDecodeKeys; k0 += kDecodeBlock) {
       const size_t at = k0 * kDecodeDim;
-      // NarrowTile's prefetch rule: V passed (prefetched) for several rows.
+      // NarrowTile's prefetch rule: for several rows, V passed to ScoreRows
+      // and the next block's K to AccumulateRows (both prefetched).
       ScoreRows(ops.q, kDecodeDim, rows, k + at, kDecodeDim,
                 k_scales ? k_scales + k0 : nullptr, kDecodeBlock, kDecodeDim,
                 rows > 1 ? v + at : nullptr, kDecodeDim, sc, kDecodeBlock);
+      const bool next = rows > 1 && k0 + kDecodeBlock < kDecodeKeys;
       AccumulateRows(sc, kDecodeBlock, rows, v + at, kDecodeDim,
                      v_scales ? v_scales + k0 : nullptr, kDecodeBlock,
-                     kDecodeDim, o, kDecodeDim);
+                     kDecodeDim, o, kDecodeDim,
+                     next ? k + at + kDecodeBlock * kDecodeDim : nullptr,
+                     kDecodeDim, next ? kDecodeBlock : 0);
     }
     result += o[0];
   }

@@ -829,11 +829,9 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     const size_t n_keys =
         static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
     // Scores key by key: a K row comes from memory once and serves every query
-    // row while it is in L1. With several query rows, whose dot products let
-    // the hardware prefetchers fall behind, the block's V rows are prefetched
-    // as the keys go by: GQA-8 decode at 16384 keys read at 82/100% of the
-    // bandwidth with it, 67/73% without (1/2 threads, Zen 5); one row does
-    // without (there it cost 6-9%).
+    // row while it is in L1. With several query rows, the block's V rows are
+    // prefetched as the keys go by, and the next block's K rows as V is
+    // summed (decode.h's ScoreRows says why and what it gains).
     ScoreRows(qs, row_stride, rows, keys.Stored(k0), row_stride,
               keys.Scales(k0), n_keys, row_stride,
               rows > 1 ? values.Stored(k0) : nullptr, row_stride, sc, bkp);
@@ -860,8 +858,15 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
                       static_cast<int64_t>(n_keys)) ||
         values.Finite(k0, n_keys)) {
+      // With several rows, the next block's K rows stream in meanwhile.
+      const int64_t k1 = k0 + kAttentionKeyBlock;
+      const size_t next_n = rows > 1 && k1 < tile.key_end
+                                ? static_cast<size_t>(std::min(
+                                      kAttentionKeyBlock, tile.key_end - k1))
+                                : 0;
       AccumulateRows(sc, bkp, rows, values.Stored(k0), row_stride,
-                     values.Scales(k0), n_keys, row_stride, o, row_stride);
+                     values.Scales(k0), n_keys, row_stride, o, row_stride,
+                     next_n ? keys.Stored(k1) : nullptr, row_stride, next_n);
       continue;
     }
     // A NaN or inf in V where some row must not see it: row by row, over the
@@ -881,7 +886,8 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
         const int64_t key = k0 + static_cast<int64_t>(begin);
         AccumulateRows(sc + r * bkp + begin, bkp, 1, values.Stored(key),
                        row_stride, values.Scales(key), s - begin, row_stride,
-                       o + r * row_stride, row_stride);
+                       o + r * row_stride, row_stride, static_cast<T*>(nullptr),
+                       0, 0);
       }
     }
   }

@@ -12,7 +12,6 @@
 
 #include <stddef.h>
 
-#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "lib/attention/decode.h"
 #include "lib/core/storage-inl.h"
@@ -24,46 +23,52 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Hints the 64-byte lines of `count` consecutive stored rows `stride`
 // elements apart, padding included (the cache pads rows by under 16
-// elements), one line per prefetch in a single loop. The rows may lie past the
-// cache: prefetches never fault.
+// elements), one line per prefetch in a single loop, into L2 (prefetcht1 on
+// x86): GQA-8 decode at 16384 keys read bf16 and f16 1.4x faster than with
+// prefetcht0, whose lines hold L1's miss buffers (AVX3_DL, one thread,
+// in-process interleaved runs). The rows may lie past the cache: prefetches
+// never fault.
 template <class T>
 HWY_INLINE void PrefetchStoredRows(const T* first, size_t count,
                                    size_t stride) {
   const char* bytes = reinterpret_cast<const char*>(first);
   const size_t size = count * stride * sizeof(T);
   HWY_UNROLL(4)
-  for (size_t b = 0; b < size; b += 64) hwy::Prefetch(bytes + b);
+  for (size_t b = 0; b < size; b += 64) {
+    __builtin_prefetch(bytes + b, /*rw=*/0, /*locality=*/2);
+  }
 }
+
+// The prefetch of one stored row per call, row j at call j (`stride` elements
+// apart), every line (float32 too: into L2, its whole rows ran as fast as first
+// lines alone). Empty (rows null): none.
+template <class T>
+struct RowPrefetch {
+  const T* rows = nullptr;
+  size_t stride = 0;
+  HWY_INLINE void operator()(size_t j) const {
+    PrefetchStoredRows(rows + j * stride, 1, stride);
+  }
+  RowPrefetch Skip(size_t j) const { return {rows + j * stride, stride}; }
+};
 
 // The prefetches of a tile of keys, spread key by key: K rows 16 keys ahead of
 // key j and V row j. Key by key rather than a burst per tile: a burst of 4 K
 // and 4 V rows (64 lines) made GQA-8 float32 decode 1.2x slower (AVX-512, one
-// thread). float32 prefetches the first line of each row and leaves the rest
-// to the hardware: GQA-8 decode at 16384 keys took 0.78-0.94x the time of
-// whole rows on one thread, 0.87-0.89x on two; the narrow types' whole rows
-// (2-4 lines) ran 1.07-1.46x faster than first lines (AVX3_DL, in-process
-// interleaved runs of 30 rounds). Empty (k null): none.
+// thread). Empty (k.rows null): none.
 template <class T>
 struct KeyPrefetch {
-  const T* k = nullptr;  // K row 16 keys past the tile's first
-  size_t k_stride = 0;
-  const T* v = nullptr;  // the tile's first V row
-  size_t v_stride = 0;
+  RowPrefetch<T> k;  // K row 16 keys past the tile's first
+  RowPrefetch<T> v;  // the tile's first V row
   HWY_INLINE void operator()(size_t j) const {
-    if (k == nullptr) return;
-    if constexpr (hwy::IsSame<T, float>()) {
-      hwy::Prefetch(k + j * k_stride);
-      hwy::Prefetch(v + j * v_stride);
-    } else {
-      PrefetchStoredRows(k + j * k_stride, 1, k_stride);
-      PrefetchStoredRows(v + j * v_stride, 1, v_stride);
-    }
+    if (k.rows == nullptr) return;
+    k(j);
+    v(j);
   }
   // The same prefetches for the keys from j on.
   KeyPrefetch Skip(size_t j) const {
-    return k == nullptr ? KeyPrefetch()
-                        : KeyPrefetch{k + j * k_stride, k_stride,
-                                      v + j * v_stride, v_stride};
+    return k.rows == nullptr ? KeyPrefetch()
+                             : KeyPrefetch{k.Skip(j), v.Skip(j)};
   }
 };
 
@@ -284,8 +289,8 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   const auto prefetch_at = [&](size_t s) {
     KeyPrefetch<T> prefetch;
     if (v != nullptr) {
-      prefetch = {k + (s + 16) * k_stride, k_stride, v + s * v_stride,
-                  v_stride};
+      prefetch = {{k + (s + 16) * k_stride, k_stride},
+                  {v + s * v_stride, v_stride}};
     }
     return prefetch;
   };
@@ -330,12 +335,12 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 // vectors j: V[s][j] = LoadStored(v + s * v_stride + j * N), o[i][j] = o +
 // i * o_stride + j * N. kI * kJ accumulators stay in registers for the whole
 // key loop (8 of them cover the FMA latency of two pipes x 4 cycles); each V
-// vector is converted once for the kI rows.
+// vector is converted once for the kI rows. At key s < next_n, next(s).
 template <size_t kI, size_t kJ, class T>
 HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT w, size_t w_stride,
                                const T* HWY_RESTRICT v, size_t v_stride,
-                               size_t n, float* HWY_RESTRICT o,
-                               size_t o_stride) {
+                               size_t n, float* HWY_RESTRICT o, size_t o_stride,
+                               RowPrefetch<T> next, size_t next_n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   hn::Vec<decltype(d)> acc[kI][kJ];
@@ -349,6 +354,7 @@ HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT w, size_t w_stride,
   // Unrolled: 5% fewer instructions (AVX2, 4 rows: 8 passes per key).
   HWY_UNROLL(2)
   for (size_t s = 0; s < n; ++s) {
+    if (s < next_n) next(s);
     if constexpr (kI == 1) {
       // Each V vector converted just before its FMA: loading all kJ first
       // spills an accumulator on 16-register targets.
@@ -384,24 +390,27 @@ HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT w, size_t w_stride,
 }
 
 // AccumulateTiles of kI rows across the n_vec vectors of a row: kJ at a time,
-// then one by one.
+// then one by one. The first tile issues the prefetches.
 template <size_t kI, size_t kJ, class T>
 HWY_INLINE void AccumulateRowGroup(const float* HWY_RESTRICT w, size_t w_stride,
                                    const T* HWY_RESTRICT v, size_t v_stride,
                                    size_t n, size_t n_vec,
-                                   float* HWY_RESTRICT o, size_t o_stride) {
+                                   float* HWY_RESTRICT o, size_t o_stride,
+                                   RowPrefetch<T> next, size_t next_n) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
   const size_t tiled = n_vec - n_vec % kJ;
   for (size_t j = 0; j < tiled; j += kJ) {
     AccumulateTile<kI, kJ>(w, w_stride, v + j * N, v_stride, n, o + j * N,
-                           o_stride);
+                           o_stride, next, next_n);
+    next_n = 0;
   }
   // (Counted from 0 to n_vec % kJ < kJ: GCC 12 warns of an overflow in the
   // loop `j < n_vec` when n_vec is a constant multiple of kJ.)
   for (size_t t = 0; t < n_vec % kJ; ++t) {
     const size_t j = tiled + t;
     AccumulateTile<kI, 1>(w, w_stride, v + j * N, v_stride, n, o + j * N,
-                          o_stride);
+                          o_stride, next, next_n);
+    next_n = 0;
   }
 }
 
@@ -423,7 +432,8 @@ template <class T>
 HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
                                    size_t rows, const T* HWY_RESTRICT v,
                                    size_t v_stride, size_t n, size_t dim,
-                                   float* HWY_RESTRICT o, size_t o_stride) {
+                                   float* HWY_RESTRICT o, size_t o_stride,
+                                   RowPrefetch<T> next, size_t next_n) {
   const size_t n_vec = dim / hn::Lanes(hn::ScalableTag<float>());
   constexpr bool kConverts = !hwy::IsSame<T, float>();
   size_t r = 0;
@@ -431,19 +441,22 @@ HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
     for (; r + 4 <= rows; r += 4) {
       AccumulateRowGroup<4, kAccumulateJ4>(w + r * w_stride, w_stride, v,
                                            v_stride, n, n_vec, o + r * o_stride,
-                                           o_stride);
+                                           o_stride, next, next_n);
+      next_n = 0;
     }
   }
   if constexpr (kConverts || kAccumulateFloatPairs) {
     for (; r + 2 <= rows; r += 2) {
       AccumulateRowGroup<2, kAccumulateJ2>(w + r * w_stride, w_stride, v,
                                            v_stride, n, n_vec, o + r * o_stride,
-                                           o_stride);
+                                           o_stride, next, next_n);
+      next_n = 0;
     }
   }
   for (; r < rows; ++r) {
     AccumulateRowGroup<1, 8>(w + r * w_stride, w_stride, v, v_stride, n, n_vec,
-                             o + r * o_stride, o_stride);
+                             o + r * o_stride, o_stride, next, next_n);
+    next_n = 0;
   }
 }
 
@@ -454,9 +467,14 @@ template <class T>
 void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     const T* HWY_RESTRICT v, size_t v_stride,
                     const float* HWY_RESTRICT v_scales, size_t n, size_t dim,
-                    float* HWY_RESTRICT o, size_t o_stride) {
+                    float* HWY_RESTRICT o, size_t o_stride,
+                    const T* HWY_RESTRICT next_k, size_t next_k_stride,
+                    size_t next_n) {
+  const RowPrefetch<T> next{next_k, next_k_stride};
+  if (next_k == nullptr) next_n = 0;
   if constexpr (!internal::kKvScaled<T>) {
-    AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride);
+    AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride,
+                       next, next_n);
   } else {
     constexpr size_t kRowChunk = 16, kKeyChunk = 128;
     HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
@@ -470,8 +488,10 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
             scaled[r * kKeyChunk + s] = w_row[s] * v_scales[s0 + s];
           }
         }
+        const size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
         AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
-                           v_stride, keys, dim, o + r0 * o_stride, o_stride);
+                           v_stride, keys, dim, o + r0 * o_stride, o_stride,
+                           next.Skip(chunk_next == 0 ? 0 : s0), chunk_next);
       }
     }
   }

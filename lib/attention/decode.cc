@@ -20,7 +20,7 @@ namespace HWY_NAMESPACE {
                              float*, size_t);                                \
   template void AccumulateRows<T>(const float*, size_t, size_t, const T*,    \
                                   size_t, const float*, size_t, size_t,      \
-                                  float*, size_t);
+                                  float*, size_t, const T*, size_t, size_t);
 HEADWAY_DECODE_INSTANTIATE(float)
 HEADWAY_DECODE_INSTANTIATE(hwy::bfloat16_t)
 HEADWAY_DECODE_INSTANTIATE(hwy::float16_t)

@@ -32,11 +32,12 @@ namespace HWY_NAMESPACE {
 // last n % 4 one by one), each K vector converted once per 4 rows (ScoreKeys).
 // Error: float32 sums in a target-dependent order, at most (dim + 1) u sum_p |q
 // K k_scale| (u = 2^-24). v (may be null) are the same keys' V rows, stride
-// v_stride: with v, K rows 16 keys ahead and the V rows are prefetched as the
-// keys go by (KeyPrefetch). Pass it for several query rows, whose dot
-// products let the hardware prefetchers fall behind (GQA-8 decode at 16384 keys
-// read at 82/100% of the bandwidth with it, 67/73% without, 1/2 threads, Zen
-// 5); one row does without, where it costs 6-9%.
+// v_stride: with v, K rows 16 keys ahead and the V rows are prefetched into L2
+// as the keys go by (KeyPrefetch). Pass it for several query rows, whose dot
+// products let the hardware prefetchers fall behind: GQA-8 decode at 16384
+// keys ran 1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches and
+// AccumulateRows' next_k than without (AVX3_DL, one thread, in-process
+// interleaved runs); one row does without, where they cost 4-9%.
 template <class T>
 void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
                const T* HWY_RESTRICT k, size_t k_stride,
@@ -51,12 +52,17 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 // v_scale(s) = v_scales[s] for int8 (not null), 1 for the other types (null).
 // dim is a multiple of the vector length, o and v rows aligned; o[.., dim) only
 // is written. Each element is one FMA chain in key order. Error: at most (n +
-// 2) u (|o| + sum_s |w v_scale V|).
+// 2) u (|o| + sum_s |w v_scale V|). next_k (may be null) are the next key
+// block's next_n K rows, stride next_k_stride: prefetched one per key as the
+// keys go by, so that memory streams while V is summed from cache (ScoreRows
+// with v streams the other half).
 template <class T>
 void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     const T* HWY_RESTRICT v, size_t v_stride,
                     const float* HWY_RESTRICT v_scales, size_t n, size_t dim,
-                    float* HWY_RESTRICT o, size_t o_stride);
+                    float* HWY_RESTRICT o, size_t o_stride,
+                    const T* HWY_RESTRICT next_k, size_t next_k_stride,
+                    size_t next_n);
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
