@@ -39,7 +39,6 @@
 #include "benchmark/benchmark.h"
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
-#include "hwy/aligned_allocator.h"
 
 namespace headway {
 namespace bench {
@@ -66,8 +65,8 @@ const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
     if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
     cache = std::move(made);
     const int64_t width = n_kv_heads * kHeadDim, step = 256;
-    auto k = hwy::AllocateAligned<float>(step * width);
-    auto v = hwy::AllocateAligned<float>(step * width);
+    auto k = AllocateBuffer<float>(step * width);
+    auto v = AllocateBuffer<float>(step * width);
     for (int64_t t = 0; t < length; t += step) {
       FillUniform(k.get(), step * width, -1.0f, 1.0f, 2 * t + 1);
       FillUniform(v.get(), step * width, -1.0f, 1.0f, 2 * t + 2);
@@ -83,14 +82,14 @@ const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
 }
 
 struct Buffers {
-  hwy::AlignedFreeUniquePtr<float[]> q, out, weights;
+  BufferPtr<float> q, out, weights;
 };
 
 Buffers MakeBuffers(int64_t n_tokens, bool weights, int64_t kv_len) {
   Buffers buffers;
   const size_t size = static_cast<size_t>(n_tokens * kHeads * kHeadDim);
-  buffers.q = hwy::AllocateAligned<float>(size);
-  buffers.out = hwy::AllocateAligned<float>(size);
+  buffers.q = AllocateBuffer<float>(size);
+  buffers.out = AllocateBuffer<float>(size);
   // Every buffer is written once before timing: a first touch costs a page
   // fault per 4 KiB, which would otherwise be timed in the first (at these
   // sizes often the only) iteration.
@@ -98,7 +97,7 @@ Buffers MakeBuffers(int64_t n_tokens, bool weights, int64_t kv_len) {
   FillUniform(buffers.out.get(), size, -1.0f, 1.0f, 8);
   if (weights) {
     const size_t weights_size = static_cast<size_t>(kHeads * n_tokens * kv_len);
-    buffers.weights = hwy::AllocateAligned<float>(weights_size);
+    buffers.weights = AllocateBuffer<float>(weights_size);
     FillUniform(buffers.weights.get(), weights_size, 0.0f, 1.0f, 9);
   }
   return buffers;

@@ -20,7 +20,6 @@
 #include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
 #include "headway/status.h"
-#include "hwy/aligned_allocator.h"
 #include "lib/core/storage.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
@@ -137,9 +136,9 @@ namespace {
 // Stored K and V of one type, filled once per run: 4096 distinct random rows
 // repeated (filling 2 x 64 Mi elements row by row would dominate the run).
 struct StoredKv {
-  hwy::AlignedFreeUniquePtr<uint8_t[]> k, v;
+  BufferPtr<uint8_t> k, v;
   std::vector<float> k_scales, v_scales;
-  hwy::AlignedFreeUniquePtr<float[]> q;
+  BufferPtr<float> q;
 };
 
 template <class T>
@@ -148,8 +147,8 @@ const StoredKv& SharedKv() {
     StoredKv s;
     const size_t rows = kDecodeHeads * kDecodeKeys;
     const size_t bytes = rows * kDecodeDim * sizeof(T);
-    s.k = hwy::AllocateAligned<uint8_t>(bytes);
-    s.v = hwy::AllocateAligned<uint8_t>(bytes);
+    s.k = AllocateBuffer<uint8_t>(bytes);
+    s.v = AllocateBuffer<uint8_t>(bytes);
     const bool scaled = internal::kKvScaled<T>;
     if (scaled) {
       s.k_scales.resize(rows);
@@ -169,7 +168,7 @@ const StoredKv& SharedKv() {
       internal::StoreRow(src_v, kDecodeDim, v + r * kDecodeDim, &scale);
       if (scaled) s.v_scales[r] = scale;
     }
-    s.q = hwy::AllocateAligned<float>(kDecodeMaxRows * kDecodeDim);
+    s.q = AllocateBuffer<float>(kDecodeMaxRows * kDecodeDim);
     FillUniform(s.q.get(), kDecodeMaxRows * kDecodeDim, -0.05f, 0.05f,
                 /*seed=*/12);
     return s;

@@ -62,7 +62,6 @@
 #include "headway/status.h"
 #include "headway/targets.h"
 #include "headway/view.h"
-#include "hwy/aligned_allocator.h"
 
 namespace headway {
 namespace bench {
@@ -76,7 +75,7 @@ constexpr int64_t kContext = 4096, kPrefillLen = 512;
 // n_heads * head_dim] and W_O [n_heads * head_dim, d_model]. A layout with
 // fewer KV heads takes the first n_kv_heads * head_dim columns of W_K and W_V.
 struct HostWeights {
-  hwy::AlignedFreeUniquePtr<float[]> w_q, w_k, w_v, w_o;
+  BufferPtr<float> w_q, w_k, w_v, w_o;
 
   MatrixView<const float> Q() const {
     return MatrixView<const float>(w_q.get(), kDModel, kQCols);
@@ -99,10 +98,10 @@ const HostWeights& SharedHostWeights() {
     // Standard deviation 1 / sqrt(fan-in) (both fan-ins are 4096), about as
     // in a trained layer: uniform in +-sqrt(3) / 64.
     const float bound = 0.027f;
-    w.w_q = hwy::AllocateAligned<float>(size);
-    w.w_k = hwy::AllocateAligned<float>(size);
-    w.w_v = hwy::AllocateAligned<float>(size);
-    w.w_o = hwy::AllocateAligned<float>(size);
+    w.w_q = AllocateBuffer<float>(size);
+    w.w_k = AllocateBuffer<float>(size);
+    w.w_v = AllocateBuffer<float>(size);
+    w.w_o = AllocateBuffer<float>(size);
     FillUniform(w.w_q.get(), size, -bound, bound, 11);
     FillUniform(w.w_k.get(), size, -bound, bound, 12);
     FillUniform(w.w_v.get(), size, -bound, bound, 13);
@@ -173,8 +172,8 @@ KvCache* SharedCache(benchmark::State& state, int64_t n_kv, int64_t capacity,
     if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
     cache = std::move(made);
     const int64_t width = n_kv * kHeadDim, step = 256;
-    auto k = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
-    auto v = hwy::AllocateAligned<float>(static_cast<size_t>(step * width));
+    auto k = AllocateBuffer<float>(static_cast<size_t>(step * width));
+    auto v = AllocateBuffer<float>(static_cast<size_t>(step * width));
     for (int64_t t = 0; t < filled; t += step) {
       const int64_t rows = std::min(step, filled - t);
       FillUniform(k.get(), static_cast<size_t>(rows * width), -1.0f, 1.0f,
@@ -205,13 +204,13 @@ KvCache* PrefillCache(benchmark::State& state, int64_t n_kv) {
 // x and y [n_tokens, d_model], written once before timing (a first touch costs
 // a page fault per 4 KiB).
 struct Activations {
-  hwy::AlignedFreeUniquePtr<float[]> x, y;
+  BufferPtr<float> x, y;
   int64_t n_tokens = 0;
 
   explicit Activations(int64_t n) : n_tokens(n) {
     const size_t size = static_cast<size_t>(n * kDModel);
-    x = hwy::AllocateAligned<float>(size);
-    y = hwy::AllocateAligned<float>(size);
+    x = AllocateBuffer<float>(size);
+    y = AllocateBuffer<float>(size);
     FillUniform(x.get(), size, -1.0f, 1.0f, 7);
     FillUniform(y.get(), size, -1.0f, 1.0f, 8);
   }
@@ -309,7 +308,7 @@ void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
 // The seed's intermediates for n_tokens new tokens attending to up to `length`
 // cached ones.
 struct SeedBuffers {
-  hwy::AlignedFreeUniquePtr<float[]> q, k, v, attn, weights;
+  BufferPtr<float> q, k, v, attn, weights;
   int64_t n_tokens, n_kv, length;
 
   SeedBuffers(int64_t n, int64_t kv, int64_t len)
@@ -317,11 +316,11 @@ struct SeedBuffers {
     const size_t q_size = static_cast<size_t>(n * kQCols);
     const size_t kv_size = static_cast<size_t>(n * kv * kHeadDim);
     const size_t weights_size = static_cast<size_t>(kHeads * n * len);
-    q = hwy::AllocateAligned<float>(q_size);
-    k = hwy::AllocateAligned<float>(kv_size);
-    v = hwy::AllocateAligned<float>(kv_size);
-    attn = hwy::AllocateAligned<float>(q_size);
-    weights = hwy::AllocateAligned<float>(weights_size);
+    q = AllocateBuffer<float>(q_size);
+    k = AllocateBuffer<float>(kv_size);
+    v = AllocateBuffer<float>(kv_size);
+    attn = AllocateBuffer<float>(q_size);
+    weights = AllocateBuffer<float>(weights_size);
     FillUniform(q.get(), q_size, -1.0f, 1.0f, 21);
     FillUniform(k.get(), kv_size, -1.0f, 1.0f, 22);
     FillUniform(v.get(), kv_size, -1.0f, 1.0f, 23);

@@ -38,7 +38,6 @@
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "headway/view.h"
-#include "hwy/aligned_allocator.h"
 
 namespace headway {
 namespace bench {
@@ -87,7 +86,7 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
 // [batch][M, N]. Decode shapes rotate through `copies` copies of B (kColdBytes
 // in all), so that every iteration reads B from memory, not from the 32 MiB L3.
 struct Operands {
-  hwy::AlignedFreeUniquePtr<float[]> a, b, c;
+  BufferPtr<float> a, b, c;
   size_t copies = 1;
   size_t b_size = 0;  // floats of one copy
   size_t next = 0;
@@ -112,9 +111,9 @@ Operands& SharedOperands(const Shape& s) {
   const size_t c_size = static_cast<size_t>(s.m * s.n * s.batch);
   ops.copies = s.MemoryBound() ? kColdBytes / (b_size * sizeof(float)) + 1 : 1;
   ops.b_size = b_size;
-  ops.a = hwy::AllocateAligned<float>(a_size);
-  ops.b = hwy::AllocateAligned<float>(b_size * ops.copies);
-  ops.c = hwy::AllocateAligned<float>(c_size);
+  ops.a = AllocateBuffer<float>(a_size);
+  ops.b = AllocateBuffer<float>(b_size * ops.copies);
+  ops.c = AllocateBuffer<float>(c_size);
   FillUniform(ops.a.get(), a_size, -1.0f, 1.0f, 1);
   for (size_t copy = 0; copy < ops.copies; ++copy) {
     FillUniform(ops.b.get() + copy * b_size, b_size, -1.0f, 1.0f, 2);

@@ -22,7 +22,6 @@
 #include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
 #include "headway/status.h"
-#include "hwy/aligned_allocator.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
@@ -56,9 +55,9 @@ double MatmulKernelLoopT(size_t kc, uint64_t reps) {
   constexpr size_t kBFloats = kPanels * kMatmulMaxKC * NR;
   constexpr size_t kCFloats = kMatmulMR * kPanels * NR;
   // Per thread, filled once (uniform in [-1, 1)).
-  thread_local const hwy::AlignedFreeUniquePtr<float[]> buffer = [] {
+  thread_local const BufferPtr<float> buffer = [] {
     const size_t n = kMatmulAStripFloats + kBFloats + kCFloats;
-    hwy::AlignedFreeUniquePtr<float[]> floats = hwy::AllocateAligned<float>(n);
+    BufferPtr<float> floats = AllocateBuffer<float>(n);
     FillUniform(floats.get(), n, -1.0f, 1.0f, /*seed=*/7);
     return floats;
   }();

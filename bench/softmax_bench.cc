@@ -22,7 +22,6 @@
 #include "benchmark/benchmark.h"
 #include "headway/softmax.h"
 #include "headway/view.h"
-#include "hwy/aligned_allocator.h"
 
 namespace headway {
 namespace bench {
@@ -64,12 +63,10 @@ void Report(benchmark::State& state, const RunConfig& run, int64_t elements,
 // benchmark would dominate the run time. Used from the benchmark runner's
 // thread only.
 float* SharedLogits(int64_t elements, uint64_t seed) {
-  static std::map<std::pair<int64_t, uint64_t>,
-                  hwy::AlignedFreeUniquePtr<float[]>>
-      buffers;
-  hwy::AlignedFreeUniquePtr<float[]>& buffer = buffers[{elements, seed}];
+  static std::map<std::pair<int64_t, uint64_t>, BufferPtr<float>> buffers;
+  BufferPtr<float>& buffer = buffers[{elements, seed}];
   if (!buffer) {
-    buffer = hwy::AllocateAligned<float>(static_cast<size_t>(elements));
+    buffer = AllocateBuffer<float>(static_cast<size_t>(elements));
     FillUniform(buffer.get(), static_cast<size_t>(elements), -8.0f, 8.0f, seed);
   }
   return buffer.get();

@@ -14,7 +14,6 @@
 #include "bench/harness/peak_kernels.h"
 #include "benchmark/benchmark.h"
 #include "headway/targets.h"
-#include "hwy/aligned_allocator.h"
 #include "hwy/targets.h"
 #include "tbb/blocked_range.h"
 #include "tbb/info.h"
@@ -217,7 +216,7 @@ void MeasureCeilings(double budget_ms) {
       kMemoryBytes,
       std::max<size_t>(size_t{4} << 20, static_cast<size_t>(budget_ms) << 23));
   const size_t floats = c.memory_bytes / sizeof(float);
-  auto buffer = hwy::AllocateAligned<float>(floats);
+  auto buffer = AllocateBuffer<float>(floats);
   {
     // Touch every page (in parallel) before timing, so no trial pays for page
     // faults.

@@ -7,7 +7,7 @@
 //
 //   void BM_Scale(benchmark::State& state, const RunConfig& run) {
 //     const int64_t n = state.range(0);
-//     auto x = hwy::AllocateAligned<float>(n);  // set-up: not timed
+//     auto x = AllocateBuffer<float>(n);  // set-up: not timed
 //     FillUniform(x.get(), n, -1.0f, 1.0f, /*seed=*/1);
 //     for (auto _ : state) {  // inside a tbb::task_arena(run.threads)
 //       if (!Check(state, Scale(x.get(), n, 0.5f))) break;
@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,7 +43,7 @@
 #include "benchmark/benchmark.h"
 #include "headway/status.h"
 #include "headway/targets.h"
-#include "hwy/aligned_allocator.h"
+#include "lib/core/memory.h"
 
 namespace headway {
 namespace bench {
@@ -165,6 +166,19 @@ struct RunConfig {
   int threads = 1;
 };
 
+// Every benchmark buffer, ours and the peers' alike, comes from the library's
+// allocator of large buffers (lib/core/memory.h: huge pages from 4 MiB up), so
+// that all read the same kind of pages; n elements of T, aborting when out of
+// memory.
+template <typename T>
+using BufferPtr = internal::LargePtr<T>;
+template <typename T>
+BufferPtr<T> AllocateBuffer(size_t n) {
+  BufferPtr<T> buffer = internal::AllocateLargeArray<T>(n);
+  if (buffer == nullptr) std::abort();
+  return buffer;
+}
+
 using BenchmarkFn = std::function<void(benchmark::State&, const RunConfig&)>;
 
 // Registers `name`/<TARGET>/<arg_names[0]>:<v0>/.../threads:<n> for every
@@ -253,7 +267,7 @@ class RotatingBuffers {
       : elements_(elements),
         stride_((elements * sizeof(T) + 127) / 64 * 64 / sizeof(T)),
         count_(min_total_bytes / (elements * sizeof(T)) + 1),
-        data_(hwy::AllocateAligned<T>(stride_ * count_)) {
+        data_(AllocateBuffer<T>(stride_ * count_)) {
     static_assert(64 % sizeof(T) == 0, "stride must keep 64-byte alignment");
   }
 
@@ -272,7 +286,7 @@ class RotatingBuffers {
   size_t stride_;  // elements from one buffer to the next
   size_t count_;
   size_t next_ = 0;
-  hwy::AlignedFreeUniquePtr<T[]> data_;
+  BufferPtr<T> data_;
 };
 
 // -----------------------------------------------------------------------------

@@ -45,7 +45,8 @@ class HEADWAY_API PackedB {
   PackedB& operator=(const PackedB&) = delete;
 
   // Packs op(b) [k, n] (b is [k, n] for kNo, [n, k] for kYes) for the current
-  // target into *out (its previous contents are released).
+  // target into *out (its previous contents are released), from 4 MiB up in
+  // transparent huge pages where the kernel allows (as KvCache's buffers).
   // Cost: one read of b and one write of bytes().
   // Errors (kInvalidArgument, *out unchanged): null out, null data, rows or
   // cols < 1, a stride < cols, a bad Transpose value; kResourceExhausted: a

@@ -65,7 +65,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "headway/kv_cache.h"
-#include "hwy/aligned_allocator.h"
+#include "lib/core/memory.h"
 #include "lib/core/message.h"
 #include "lib/core/storage.h"
 #include "lib/core/validate.h"
@@ -129,14 +129,11 @@ bool BufferSizes(const KvCacheConfig& config, Sizes* sizes) {
              &sizes->token_bytes);
 }
 
-// `bytes` zeroed bytes, kAlignment-aligned; null when out of memory (or for 0
-// bytes). Highway's allocator calls malloc, which returns null (under ASan
-// only with allocator_may_return_null=1), where aligned operator new under
-// ASan aborts.
+// `bytes` zeroed bytes, kAlignment-aligned, in huge pages where large
+// (AllocateLarge); null when out of memory (or for 0 bytes).
 void* AllocateZeroed(size_t bytes) {
-  static_assert(HWY_ALIGNMENT % kAlignment == 0, "alignment");
-  if (bytes == 0) return nullptr;
-  void* data = hwy::AllocateAlignedBytes(bytes, nullptr, nullptr);
+  static_assert(64 % kAlignment == 0, "alignment");
+  void* data = internal::AllocateLarge(bytes);
   if (data != nullptr) std::memset(data, 0, bytes);
   return data;
 }
@@ -144,13 +141,7 @@ void* AllocateZeroed(size_t bytes) {
 }  // namespace
 
 struct KvCache::Impl {
-  // Frees what AllocateZeroed returned.
-  struct AlignedFree {
-    void operator()(void* data) const {
-      hwy::FreeAlignedBytes(data, nullptr, nullptr);
-    }
-  };
-  using Buffer = std::unique_ptr<void, AlignedFree>;
+  using Buffer = std::unique_ptr<void, internal::LargeFree>;  // AllocateZeroed
 
   // Rows from a buffer's start to row `row` of (seq, kv_head).
   int64_t RowIndex(int64_t seq, int64_t kv_head, int64_t row) const {

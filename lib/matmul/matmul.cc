@@ -5,6 +5,7 @@
 
 #include <new>
 
+#include "lib/core/memory.h"
 #include "tbb/task_arena.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -26,13 +27,13 @@ float* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
   *panel_width = kMatmulNR;
   *target = HWY_TARGET;
   *floats = PackedBFloats(k, n);
-  float* packed = static_cast<float*>(
-      hwy::AllocateAlignedBytes(*floats * sizeof(float), nullptr, nullptr));
+  float* packed =
+      static_cast<float*>(internal::AllocateLarge(*floats * sizeof(float)));
   if (packed == nullptr) return nullptr;
   try {
     PackBPanelsParts(parts, n_parts, k, n, packed);
   } catch (...) {
-    hwy::FreeAlignedBytes(packed, nullptr, nullptr);
+    internal::FreeLarge(packed);
     throw;
   }
   return packed;
@@ -191,7 +192,7 @@ Status Guarded(const char* fn, const Body& body) {
   }
 }
 
-void FreePacked(float* data) { hwy::FreeAlignedBytes(data, nullptr, nullptr); }
+void FreePacked(float* data) { internal::FreeLarge(data); }
 
 // Packs op(B) [k, n] from its parts (validated by the caller) and hands the
 // buffer to adopt(data, floats, panel_width, target_name), which owns it.
