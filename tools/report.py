@@ -202,10 +202,17 @@ def roofline_chart(plt, rows, context, targets, out_dir):
         filled = r.threads == all_threads
         c = colour.get(r.target, "black")
         shift = 1.06 ** (slots.index(r.target) - (len(slots) - 1) / 2)
-        ax.scatter([r.gflops / r.gbps * shift], [r.gflops],
-                   marker=marker[r.kind], s=36, linewidths=1.1,
-                   edgecolors=c, facecolors=c if filled else "none",
-                   alpha=0.85, zorder=3)
+        m = marker[r.kind]
+        if m in "+x1234|_":
+            # Line markers have no face: the all-threads points are bolder.
+            ax.scatter([r.gflops / r.gbps * shift], [r.gflops], marker=m,
+                       s=36, linewidths=1.8 if filled else 0.9, color=c,
+                       alpha=0.85, zorder=3)
+        else:
+            ax.scatter([r.gflops / r.gbps * shift], [r.gflops], marker=m,
+                       s=36, linewidths=1.1, edgecolors=c,
+                       facecolors=c if filled else "none", alpha=0.85,
+                       zorder=3)
 
     ax.set_xlabel("arithmetic intensity (flop / byte moved)")
     ax.set_ylabel("GFLOP/s (float32, 1e9 flop / s)")
