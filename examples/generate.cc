@@ -6,7 +6,8 @@
 // time against the layers' KV caches (decode). It does so for an MHA, a GQA
 // (n_heads / 4 KV heads) and an MQA layout of the same d_model, on each
 // instruction set, and prints prefill and decode tokens per second, the KV
-// cache's size and the parameter count.
+// cache's size and the parameter count. --kv_dtype picks the KV cache's
+// stored type (float32, bfloat16, float16 or int8), as an engine would.
 //
 // There is no vocabulary: no embedding table, no LM head, no sampling. The
 // hidden state of the next token is the stack's output for the previous one
@@ -17,6 +18,7 @@
 //
 //   generate [--layers=4] [--d_model=512] [--heads=8] [--prompt=256]
 //            [--tokens=128] [--threads=0] [--targets=all]
+//            [--kv_dtype=float32]
 //
 // --threads=0 runs on TBB's default thread count. --targets takes "all" (every
 // instruction set this CPU supports), "best", or a comma-separated list of
@@ -47,6 +49,7 @@ using headway::AttentionLayer;
 using headway::AttentionLayerConfig;
 using headway::AttentionLayerWeights;
 using headway::KvCache;
+using headway::KvDtype;
 using headway::LayerSequence;
 using headway::MatrixView;
 using headway::Status;
@@ -60,14 +63,30 @@ struct Options {
   int64_t tokens = 128;  // generated tokens (decode)
   int64_t threads = 0;   // 0: TBB's default
   std::string targets = "all";
+  KvDtype kv_dtype = KvDtype::kFloat32;
 };
+
+// The KV cache types by name (the C API's hw_kv_dtype_name spelling).
+constexpr std::pair<const char*, KvDtype> kKvDtypes[] = {
+    {"float32", KvDtype::kFloat32},
+    {"bfloat16", KvDtype::kBFloat16},
+    {"float16", KvDtype::kFloat16},
+    {"int8", KvDtype::kInt8}};
+
+const char* KvDtypeName(KvDtype dtype) {
+  for (const auto& [name, value] : kKvDtypes) {
+    if (value == dtype) return name;
+  }
+  return "unknown";
+}
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr,
                "generate: %s\n"
                "usage: generate [--layers=N] [--d_model=N] [--heads=N] "
                "[--prompt=N] [--tokens=N] [--threads=N] "
-               "[--targets=all|best|NAME,...]\n",
+               "[--targets=all|best|NAME,...] "
+               "[--kv_dtype=float32|bfloat16|float16|int8]\n",
                message.c_str());
   std::exit(2);
 }
@@ -113,6 +132,19 @@ Options ParseOptions(int argc, char** argv) {
       options.threads = ParseCount(name, value, 0);
     } else if (name == "targets") {
       options.targets = value;
+    } else if (name == "kv_dtype") {
+      bool found = false;
+      for (const auto& [dtype_name, dtype] : kKvDtypes) {
+        if (value == dtype_name) {
+          options.kv_dtype = dtype;
+          found = true;
+        }
+      }
+      if (!found) {
+        UsageError(
+            "--kv_dtype takes float32, bfloat16, float16 or int8, got \"" +
+            value + "\"");
+      }
     } else {
       UsageError("unknown flag --" + name);
     }
@@ -302,12 +334,13 @@ RunResult Run(const Options& options, const Model& model,
                                  Views(model.weights[l], d, q_cols, kv_cols),
                                  &layers[l]),
           "AttentionLayer::Create");
-    Check(
-        KvCache::Create(layers[l].CacheConfig(
-                            /*n_sequences=*/1, options.prompt + options.tokens),
-                        &caches[l]),
-        "KvCache::Create");
-    result.cache_bytes_per_token += layers[l].cache_bytes_per_token();
+    Check(KvCache::Create(layers[l].CacheConfig(/*n_sequences=*/1,
+                                                options.prompt + options.tokens,
+                                                options.kv_dtype),
+                          &caches[l]),
+          "KvCache::Create");
+    result.cache_bytes_per_token +=
+        layers[l].cache_bytes_per_token(options.kv_dtype);
     result.cache_bytes += caches[l].bytes();
     result.n_weights += layers[l].n_weights();
   }
@@ -382,13 +415,14 @@ int main(int argc, char** argv) {
   arena.initialize();
   std::printf(
       "%lld layers, d_model %lld, %lld heads of %lld, prompt %lld tokens, "
-      "%lld generated, %d threads\n",
+      "%lld generated, %d threads, KV cache in %s\n",
       static_cast<long long>(options.layers),
       static_cast<long long>(options.d_model),
       static_cast<long long>(options.heads),
       static_cast<long long>(options.d_model / options.heads),
       static_cast<long long>(options.prompt),
-      static_cast<long long>(options.tokens), arena.max_concurrency());
+      static_cast<long long>(options.tokens), arena.max_concurrency(),
+      KvDtypeName(options.kv_dtype));
   std::printf(
       "max|diff|: largest difference of the last output from the first "
       "target's\n\n");
