@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "headway/attention.h"
+#include "headway/headway.h"
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
 #include "headway/status.h"
@@ -66,18 +67,9 @@ struct Options {
   KvDtype kv_dtype = KvDtype::kFloat32;
 };
 
-// The KV cache types by name (the C API's hw_kv_dtype_name spelling).
-constexpr std::pair<const char*, KvDtype> kKvDtypes[] = {
-    {"float32", KvDtype::kFloat32},
-    {"bfloat16", KvDtype::kBFloat16},
-    {"float16", KvDtype::kFloat16},
-    {"int8", KvDtype::kInt8}};
-
+// The KV cache type's name, as the library spells it.
 const char* KvDtypeName(KvDtype dtype) {
-  for (const auto& [name, value] : kKvDtypes) {
-    if (value == dtype) return name;
-  }
-  return "unknown";
+  return hw_kv_dtype_name(static_cast<int>(dtype));
 }
 
 [[noreturn]] void UsageError(const std::string& message) {
@@ -133,18 +125,18 @@ Options ParseOptions(int argc, char** argv) {
     } else if (name == "targets") {
       options.targets = value;
     } else if (name == "kv_dtype") {
-      bool found = false;
-      for (const auto& [dtype_name, dtype] : kKvDtypes) {
-        if (value == dtype_name) {
-          options.kv_dtype = dtype;
-          found = true;
-        }
+      // The names of the KvDtype values 0, 1, ... until "unknown".
+      int dtype = 0;
+      while (std::string(hw_kv_dtype_name(dtype)) != "unknown" &&
+             value != hw_kv_dtype_name(dtype)) {
+        ++dtype;
       }
-      if (!found) {
+      if (std::string(hw_kv_dtype_name(dtype)) == "unknown") {
         UsageError(
             "--kv_dtype takes float32, bfloat16, float16 or int8, got \"" +
             value + "\"");
       }
+      options.kv_dtype = static_cast<KvDtype>(dtype);
     } else {
       UsageError("unknown flag --" + name);
     }
