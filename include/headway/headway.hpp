@@ -6,6 +6,8 @@
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
 #include "headway/matmul.h"
+#include "headway/norm.h"
+#include "headway/rope.h"
 #include "headway/softmax.h"
 #include "headway/status.h"
 #include "headway/targets.h"

@@ -190,6 +190,37 @@ std::vector<double> MultiHeadAttention(const AttentionShape& shape,
   return out;
 }
 
+std::vector<long double> RopeFrequencies(const RopeConfig& rope) {
+  const int64_t half = rope.rotary_dim / 2;
+  std::vector<long double> freq(static_cast<size_t>(half));
+  const long double pi = 3.14159265358979323846264338327950288L;
+  for (int64_t i = 0; i < half; ++i) {
+    long double f = powl(static_cast<long double>(rope.theta),
+                         -2.0L * i / static_cast<long double>(rope.rotary_dim));
+    if (rope.scaling == RopeScaling::kLinear) f /= rope.factor;
+    if (rope.scaling == RopeScaling::kLlama3) {
+      const long double old_len = rope.original_max_position;
+      const long double wavelength = 2 * pi / f;
+      if (wavelength > old_len / rope.low_freq_factor) {
+        f /= rope.factor;
+      } else if (wavelength >= old_len / rope.high_freq_factor) {
+        const long double smooth =
+            (old_len / wavelength - rope.low_freq_factor) /
+            (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1 - smooth) * f / rope.factor + smooth * f;
+      }
+    }
+    freq[static_cast<size_t>(i)] = f;
+  }
+  return freq;
+}
+
+void RopePair(RopeLayout layout, int64_t half, int64_t i, int64_t* a,
+              int64_t* b) {
+  *a = layout == RopeLayout::kHalves ? i : 2 * i;
+  *b = layout == RopeLayout::kHalves ? i + half : 2 * i + 1;
+}
+
 }  // namespace ref
 }  // namespace test
 }  // namespace headway

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "headway/rope.h"
+
 namespace headway {
 namespace test {
 namespace ref {
@@ -105,6 +107,15 @@ std::vector<double> MultiHeadAttention(const AttentionShape& shape,
                                        int64_t seq, bool causal,
                                        const float* mask, int64_t mask_stride,
                                        double scale);
+
+// RoPE's frequencies (headway/rope.h) in long double, from the formulas:
+// theta^(-2i / rotary_dim), then scaled (Llama 3.1: Hugging Face's
+// _compute_llama3_parameters).
+std::vector<long double> RopeFrequencies(const RopeConfig& rope);
+
+// Pair i of a head of rotary_dim / 2 pairs: the indices of its two elements.
+void RopePair(RopeLayout layout, int64_t half, int64_t i, int64_t* a,
+              int64_t* b);
 
 }  // namespace ref
 }  // namespace test
