@@ -115,6 +115,24 @@ AttentionLayerConfig Config(int64_t d_model, int64_t n_heads,
   return config;
 }
 
+// config with QK-norm (eps 1e-5) if qk_norm, and RoPE of rotary_dim (0:
+// none) with the layout and scaling given (theta 10000; Llama 3.1's scaling
+// with factor 8 over an original context of 8 tokens, so that the tests'
+// lengths cross its bands).
+AttentionLayerConfig WithVariants(AttentionLayerConfig config, bool qk_norm,
+                                  int64_t rotary_dim,
+                                  RopeLayout layout = RopeLayout::kHalves,
+                                  RopeScaling scaling = RopeScaling::kNone) {
+  config.qk_norm = qk_norm;
+  config.qk_norm_eps = 1e-5f;
+  config.rope.rotary_dim = rotary_dim;
+  config.rope.layout = layout;
+  config.rope.scaling = scaling;
+  config.rope.factor = scaling == RopeScaling::kLinear ? 2.0 : 8.0;
+  config.rope.original_max_position = 8;
+  return config;
+}
+
 Shape ShapeOf(const AttentionLayerConfig& config) {
   return {
       config.d_model, config.n_heads,
@@ -140,6 +158,13 @@ std::string Describe(const AttentionLayerConfig& config) {
     text += ", heads [" + std::to_string(config.head_begin) + ", " +
             std::to_string(config.head_end) + ")";
   }
+  if (config.qk_norm) text += ", QK-norm";
+  if (config.rope.rotary_dim != 0) {
+    text += ", RoPE " + std::to_string(config.rope.rotary_dim) +
+            (config.rope.layout == RopeLayout::kHalves ? " halves"
+                                                       : " interleaved") +
+            " scaling " + std::to_string(static_cast<int>(config.rope.scaling));
+  }
   return text + (config.attention.mask == AttentionMask::kCausal ? ", causal"
                                                                  : ", no mask");
 }
@@ -150,7 +175,7 @@ std::string Describe(const AttentionLayerConfig& config) {
 // `biases` names those it has: "qkvo" all, "" none, "kv" b_k and b_v only.
 struct Model {
   Model(const Shape& shape_in, const std::string& biases, uint64_t seed)
-      : shape(shape_in) {
+      : shape(shape_in), seed_(seed) {
     const int64_t d = shape.d_model, q = shape.q_cols(), kv = shape.kv_cols();
     const float wa = static_cast<float>(2.0 / std::sqrt(d));
     const float wo = static_cast<float>(2.0 / std::sqrt(q));
@@ -189,10 +214,20 @@ struct Model {
   // Creates *layer from copies of the weights in strided views (`pad` NaN
   // floats after each row), then overwrites the copies with NaN: the layer
   // must have packed its own (the host may free them). without_b_o leaves
-  // b_o null.
+  // b_o null. The model takes config's QK-norm (with weights of its own in
+  // [0.5, 1.5]) and RoPE, which Reference then applies.
   Status Create(const AttentionLayerConfig& config, AttentionLayer* layer,
                 bool without_b_o = false) {
     const int64_t d = shape.d_model, q = shape.q_cols(), kv = shape.kv_cols();
+    const int64_t hd = shape.head_dim;
+    rope = config.rope;
+    qk_norm_eps = config.qk_norm_eps;
+    q_norm.clear();
+    k_norm.clear();
+    if (config.qk_norm) {
+      q_norm = test::RandomVector(hd, seed_ + 8, 0.5f, 1.5f);
+      k_norm = test::RandomVector(hd, seed_ + 9, 0.5f, 1.5f);
+    }
     const int64_t pad = 3;
     AttentionLayerWeights views;
     views.w_q = Copy(0, w_q, d, q, pad);
@@ -203,6 +238,10 @@ struct Model {
     if (!b_k.empty()) views.b_k = Copy(5, b_k, 1, kv, 0).data;
     if (!b_v.empty()) views.b_v = Copy(6, b_v, 1, kv, 0).data;
     if (!b_o.empty() && !without_b_o) views.b_o = Copy(7, b_o, 1, d, 0).data;
+    if (!q_norm.empty()) {
+      views.q_norm = Copy(8, q_norm, 1, hd, 0).data;
+      views.k_norm = Copy(9, k_norm, 1, hd, 0).data;
+    }
     const Status status = AttentionLayer::Create(config, views, layer);
     for (std::vector<float>& copy : copies_) {
       std::fill(copy.begin(), copy.end(), kNaN);
@@ -210,8 +249,74 @@ struct Model {
     return status;
   }
 
+  // Whether Q and K change after the bias (QK-norm or RoPE).
+  bool HasVariants() const { return !q_norm.empty() || rope.rotary_dim != 0; }
+
+  // QK-norm with `norm` (if the model has it), then RoPE (if any), of y [n,
+  // heads * head_dim] (a projection with its bias, tokens at positions 0 ..
+  // n - 1), carrying the error magnitudes y_abs (errors <= e_p y_abs: see the
+  // top of this file) through both to first order and adding their own
+  // rounding (norm.h's and rope.h's bounds) as e_p multiples.
+  void Finish(int64_t n, int64_t heads, const std::vector<float>& norm,
+              double e_p, std::vector<double>* y,
+              std::vector<double>* y_abs) const {
+    const int64_t hd = shape.head_dim, cols = heads * hd;
+    if (!norm.empty()) {
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < heads; ++h) {
+          double* v = &(*y)[t * cols + h * hd];
+          double* a = &(*y_abs)[t * cols + h * hd];
+          double sum = 0, carried = 0;
+          for (int64_t i = 0; i < hd; ++i) {
+            sum += v[i] * v[i];
+            carried += std::fabs(v[i]) * a[i];
+          }
+          const double f = 1 / std::sqrt(sum / hd + qk_norm_eps);
+          for (int64_t i = 0; i < hd; ++i) {
+            const double w = norm[i], out = v[i] * f * w;
+            a[i] = std::fabs(w) * f * a[i] +
+                   std::fabs(w * v[i]) * f * f * f * carried / hd +
+                   std::fabs(out) * 0x1.0p-23 / e_p;
+            v[i] = out;
+          }
+        }
+      }
+    }
+    if (rope.rotary_dim == 0) return;
+    const std::vector<long double> freq = ref::RopeFrequencies(rope);
+    const int64_t half = rope.rotary_dim / 2;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const long double angle = t * freq[i];
+        const double c = static_cast<double>(cosl(angle));
+        const double sn = static_cast<double>(sinl(angle));
+        for (int64_t h = 0; h < heads; ++h) {
+          int64_t ia = 0, ib = 0;
+          ref::RopePair(rope.layout, half, i, &ia, &ib);
+          double* v = &(*y)[t * cols + h * hd];
+          double* a = &(*y_abs)[t * cols + h * hd];
+          const double rounding =
+              (4 * kU + 0x1.0p-52 * static_cast<double>(angle)) *
+              (std::fabs(v[ia]) + std::fabs(v[ib])) / e_p;
+          const double va = v[ia] * c - v[ib] * sn;
+          const double vb = v[ib] * c + v[ia] * sn;
+          const double aa = std::fabs(c) * a[ia] + std::fabs(sn) * a[ib];
+          const double ab = std::fabs(c) * a[ib] + std::fabs(sn) * a[ia];
+          v[ia] = va;
+          v[ib] = vb;
+          a[ia] = aa + rounding;
+          a[ib] = ab + rounding;
+        }
+      }
+    }
+  }
+
   Shape shape;
   std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
+  // Set by Create from its config.
+  std::vector<float> q_norm, k_norm;  // empty: no QK-norm
+  float qk_norm_eps = 0;
+  RopeConfig rope;
 
  private:
   MatrixView<const float> Copy(int i, const std::vector<float>& from,
@@ -225,9 +330,10 @@ struct Model {
     return MatrixView<const float>(to.data(), rows, cols, cols + pad);
   }
 
+  uint64_t seed_;
   // Kept until the model dies, so the NaN written after Create stays there
   // while the layer runs.
-  std::vector<float> copies_[8];
+  std::vector<float> copies_[10];
 };
 
 // The whole layer's output for one sequence from position 0, with the bound
@@ -277,6 +383,7 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   add_bias(m.b_k, kvc, &e.k, &k_abs);
   add_bias(m.b_v, kvc, &e.v, &v_abs);
   const double e_p = 4 * kU * (std::sqrt(static_cast<double>(d)) + 1);
+  m.Finish(n, s.n_kv_heads, m.k_norm, e_p, &e.k, &k_abs);
   e.k_tol.resize(n * kvc);
   e.v_tol.resize(n * kvc);
   for (int64_t i = 0; i < n * kvc; ++i) {
@@ -287,6 +394,7 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   ref::Matmul(n, qc, d, 1.0, x.data(), d, false, m.w_q.data(), qc, false, 0.0,
               q.data(), q_abs.data());
   add_bias(m.b_q, qc, &q, &q_abs);
+  m.Finish(n, s.n_heads, m.q_norm, e_p, &q, &q_abs);
 
   // o, and the same weights applied to |v| and to v's magnitudes: o_mag_p =
   // sum_s w_s |v_sp| and o_vabs_p = sum_s w_s |v|_sp.
@@ -333,7 +441,7 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   std::vector<double> y_plain(n * d), y_abs(n * d);
   ref::Matmul(n, d, qc, 1.0, o.data(), qc, false, w_o.data(), d, false, 0.0,
               y_plain.data(), y_abs.data());
-  if (k_attn != nullptr) {
+  if (k_attn != nullptr || m.HasVariants()) {
     e.y = y_plain;
     for (int64_t t = 0; t < n && !m.b_o.empty(); ++t) {
       for (int64_t j = 0; j < d; ++j) e.y[t * d + j] += m.b_o[j];
@@ -519,6 +627,22 @@ TEST_P(AttentionLayerTest, MhaMatchesSeedLayer) {
   ParitySweep(configs, {1, 7, 33}, /*seed=*/1);
 }
 
+// QK-norm and RoPE (alone and together; both layouts, partial rotation, the
+// three scalings) for MHA, GQA and MQA: Q and K are normalised and rotated at
+// positions 0 .. n - 1 before attention, and the cache holds K rotated.
+TEST_P(AttentionLayerTest, QkNormAndRopeMatchReference) {
+  const std::vector<AttentionLayerConfig> configs = {
+      WithVariants(Config(64, 4), true, 0),
+      WithVariants(Config(64, 4), false, 16),
+      WithVariants(Config(96, 6, 2, 16), true, 16, RopeLayout::kInterleaved),
+      WithVariants(Config(64, 4, 1, 24), true, 10, RopeLayout::kHalves,
+                   RopeScaling::kLlama3),
+      WithVariants(Config(60, 3, 3, 20), true, 20, RopeLayout::kInterleaved,
+                   RopeScaling::kLinear),
+  };
+  ParitySweep(configs, {1, 7, 33}, /*seed=*/900);
+}
+
 // GQA and MQA: query head h reads KV head h / (n_heads / n_kv_heads).
 TEST_P(AttentionLayerTest, GqaAndMqaMatchReference) {
   const std::vector<AttentionLayerConfig> configs = {
@@ -556,8 +680,10 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
   const int64_t total = 30;
   const std::vector<std::vector<int64_t>> splits = {
       {17}, {1}, {10, 7, 4}};  // then one-token steps up to total
-  const AttentionLayerConfig configs[] = {Config(64, 4), Config(64, 8, 2, 16),
-                                          Config(64, 8, 1, 24)};
+  const AttentionLayerConfig configs[] = {
+      Config(64, 4), Config(64, 8, 2, 16), Config(64, 8, 1, 24),
+      WithVariants(Config(64, 8, 2, 16), true, 16, RopeLayout::kInterleaved,
+                   RopeScaling::kLlama3)};
   uint64_t seed = 3000;
   for (const AttentionLayerConfig& config : configs) {
     for (const char* biases : {"", "qkvo"}) {
@@ -739,6 +865,7 @@ TEST_P(AttentionLayerTest, ShardsSumToWholeLayer) {
       {Config(64, 12, 4, 8), {0, 3, 9, 12}},  // GQA, groups of 3
       {Config(64, 8, 2, 16), {0, 4, 8}},      // GQA, two shards
       {Config(64, 4, 1, 16), {0, 4}},         // MQA: one shard only
+      {WithVariants(Config(96, 6, 3, 16), true, 16), {0, 2, 4, 6}},
   };
   uint64_t seed = 5000;
   for (const Split& split : splits) {
@@ -1309,9 +1436,11 @@ TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
       {{1, 5}, {2, 1}},                  // chunked prefill and decode
       {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
   };
-  const AttentionLayerConfig configs[] = {Config(64, 4), Config(64, 8, 2, 16),
-                                          Config(96, 6, 1),
-                                          Config(60, 3, 3, 20)};
+  const AttentionLayerConfig configs[] = {
+      Config(64, 4), Config(64, 8, 2, 16), Config(96, 6, 1),
+      Config(60, 3, 3, 20),
+      WithVariants(Config(64, 8, 2, 16), true, 12, RopeLayout::kHalves,
+                   RopeScaling::kLlama3)};
   uint64_t seed = 5000;
   for (const AttentionLayerConfig& config : configs) {
     ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, steps, 4, 16, seed));
@@ -1459,6 +1588,51 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   add({"head_begin, head_end"}, kInvalid, [](Bad& b) {
     b.config.head_begin = kMax - 1;
     b.config.head_end = kMax;
+  });
+  // QK-norm and RoPE (head_dim 8).
+  const std::vector<float> norm = test::RandomVector(8, 8002, 0.5f, 1.5f);
+  std::vector<float> bad_norm = norm;
+  bad_norm[6] = kNaN;
+  const auto qk = [&](Bad& b) {
+    b.config.qk_norm = true;
+    b.weights.q_norm = norm.data();
+    b.weights.k_norm = norm.data();
+  };
+  add({"config.rope.rotary_dim (7)"}, kInvalid,
+      [](Bad& b) { b.config.rope.rotary_dim = 7; });
+  add({"config.rope.rotary_dim (10)", "head_dim (8)"}, kInvalid,
+      [](Bad& b) { b.config.rope.rotary_dim = 10; });
+  add({"config.rope.rotary_dim (-2)"}, kInvalid,
+      [](Bad& b) { b.config.rope.rotary_dim = -2; });
+  add({"config.rope.theta"}, kInvalid, [](Bad& b) {
+    b.config.rope.rotary_dim = 8;
+    b.config.rope.theta = -1;
+  });
+  add({"config.rope.factor"}, kInvalid, [](Bad& b) {
+    b.config.rope.rotary_dim = 8;
+    b.config.rope.scaling = RopeScaling::kLinear;
+    b.config.rope.factor = kNaN;
+  });
+  add({"config.rope.high_freq_factor"}, kInvalid, [](Bad& b) {
+    b.config.rope.rotary_dim = 8;
+    b.config.rope.scaling = RopeScaling::kLlama3;
+    b.config.rope.high_freq_factor = 0.5;
+  });
+  add({"weights.q_norm is null"}, kInvalid, [&](Bad& b) {
+    qk(b);
+    b.weights.q_norm = nullptr;
+  });
+  add({"weights.k_norm is null"}, kInvalid, [&](Bad& b) {
+    qk(b);
+    b.weights.k_norm = nullptr;
+  });
+  add({"weights.k_norm[6]"}, kInvalid, [&](Bad& b) {
+    qk(b);
+    b.weights.k_norm = bad_norm.data();
+  });
+  add({"config.qk_norm_eps"}, kInvalid, [&](Bad& b) {
+    qk(b);
+    b.config.qk_norm_eps = -1e-6f;
   });
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(

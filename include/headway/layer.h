@@ -3,6 +3,7 @@
 // Given its weights, a layer turns the hidden states of new tokens into
 // outputs while keeping K and V of every token it has seen in a KvCache:
 //   Q = x W_Q + b_q, K = x W_K + b_k, V = x W_V + b_v   (one fused GEMM)
+//   Q_h, K_g = RoPE(RMSNorm(Q_h)), RoPE(RMSNorm(K_g))   (each optional)
 //   o_h = Attention(Q_h, K_g, V_g), g = h / (n_heads / n_kv_heads)
 //   y = concat_h(o_h) W_O + b_o
 // Prefill (many tokens), chunked prefill and decode (one token per sequence,
@@ -43,6 +44,7 @@
 #include "headway/attention.h"
 #include "headway/export.h"
 #include "headway/kv_cache.h"
+#include "headway/rope.h"
 #include "headway/status.h"
 #include "headway/view.h"
 
@@ -63,6 +65,14 @@ struct AttentionLayerConfig {
   // Must cover whole KV groups: multiples of n_heads / n_kv_heads.
   int64_t head_begin = 0;
   int64_t head_end = 0;
+  // QK-norm (Qwen3, Gemma 3): RMSNorm of every Q and K head after the bias,
+  // with the weights' q_norm and k_norm and this eps (norm.h's RmsNormHeads).
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-6f;
+  // RoPE of Q and K after QK-norm (rope.h; rope.rotary_dim == 0: none), at
+  // each token's absolute position: its sequence's cache length before the
+  // call plus its index among the call's tokens. K is cached rotated.
+  RopeConfig rope;
 };
 
 // The whole model layer's weights (also for a shard: the layer takes its own
@@ -77,6 +87,9 @@ struct AttentionLayerWeights {
   const float* b_k = nullptr;   // [n_kv_heads * head_dim]
   const float* b_v = nullptr;   // [n_kv_heads * head_dim]
   const float* b_o = nullptr;   // [d_model]
+  // QK-norm's weights (config.qk_norm), each [head_dim]; ignored without it.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
 };
 
 // The new tokens of one sequence in a Forward call: n_tokens consecutive rows
@@ -97,7 +110,9 @@ class HEADWAY_API AttentionLayer {
   // < 0 or 0 with d_model not a multiple of n_heads, a head range that is
   // empty, outside [0, n_heads] or not on KV-group boundaries, a scale that is
   // not finite or < 0, a bad mask value, a weight view that is null, has a bad
-  // stride or the wrong shape (the message names it and both shapes);
+  // stride or the wrong shape (the message names it and both shapes), a bad
+  // config.rope (rope.h's ApplyRope says which), with qk_norm a
+  // qk_norm_eps < 0 or not finite, a null or non-finite q_norm or k_norm;
   // kResourceExhausted: sizes whose byte count overflows, or no memory.
   static Status Create(const AttentionLayerConfig& config,
                        const AttentionLayerWeights& weights,
@@ -117,11 +132,11 @@ class HEADWAY_API AttentionLayer {
   // Query and KV heads this layer owns.
   int64_t local_heads() const;
   int64_t local_kv_heads() const;
-  // Parameters of this layer (its shard): weights plus biases given; b_o
-  // counts in the shard that adds it (head_begin == 0), so the shards' counts
-  // sum to the whole layer's. For the whole MHA layer without bias,
-  // 4 * d_model^2 when head_dim * n_heads == d_model (the seed's count); less
-  // for GQA and MQA.
+  // Parameters of this layer (its shard): weights plus biases given (and
+  // QK-norm's weights); b_o and the QK-norm weights count in the shard with
+  // head_begin == 0, so the shards' counts sum to the whole layer's. For the
+  // whole MHA layer without bias, 4 * d_model^2 when head_dim * n_heads ==
+  // d_model (the seed's count); less for GQA and MQA.
   int64_t n_weights() const;
   // Bytes of the packed weights (the fused QKV and W_O matrices).
   size_t packed_bytes() const;

@@ -1,8 +1,8 @@
 // AttentionLayer: config and weight checks, packing, and Forward's one dynamic
 // dispatch per call. The per-target step runs the fused QKV projection (K and
-// V straight into the cache rows), the fused attention and the output
-// projection with the matmul and attention kernels' per-target entry points
-// (lib/core/kernels-inl.h).
+// V straight into the cache rows), the bias, QK-norm and RoPE of each head
+// (FinishHead), the fused attention and the output projection with the matmul
+// and attention kernels' per-target entry points (lib/core/kernels-inl.h).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +25,8 @@
 #include "lib/core/storage-inl.h"
 #include "lib/core/storage.h"
 #include "lib/matmul/matmul_call.h"
+#include "lib/norm/norm-inl.h"
+#include "lib/rope/rope-inl.h"
 
 #ifndef HEADWAY_LIB_LAYER_STEP_
 #define HEADWAY_LIB_LAYER_STEP_
@@ -44,6 +46,18 @@ struct LayerStep {
   const float* b_qkv;  // [n_qkv] or null
   MatmulOut qkv_out;
   size_t head_dim;
+  // After the bias, each Q and K head of token t: RMSNorm with q_norm or
+  // k_norm [head_dim] (null: no QK-norm), then RoPE by the cos and sin in
+  // rope_table [T, 2 * rope_half] (filled by the step from rope_freq
+  // [rope_half] at positions [T]; rope_half 0: no RoPE).
+  const float* q_norm;
+  const float* k_norm;
+  double qk_norm_eps;
+  const double* rope_freq;
+  size_t rope_half;
+  RopeLayout rope_layout;
+  const int64_t* positions;
+  float* rope_table;
   // A cache of a stored type other than float32 (ProjectStoredKv): Q [T,
   // ld_q] into q, K and V in chunks through the scratch into the cache.
   KvDtype kv_dtype;
@@ -82,19 +96,54 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Adds the bias (if any) to the first n_segments head-sized segments of
-// qkv_out [T, n_segments * head_dim] (each segment's columns are contiguous
-// wherever they went).
-void AddBias(const LayerStep& step, size_t n_segments) {
-  if (step.b_qkv == nullptr) return;
+// The cos and sin of every token's RoPE angles, rope_table [T, 2 *
+// rope_half], once per call for all its Q and K heads.
+void FillRopeTable(const LayerStep& step) {
+  if (step.rope_half == 0) return;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, step.tokens),
+                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+                      for (size_t i = range.begin(); i < range.end(); ++i) {
+                        RopeCosSin(step.rope_freq, step.rope_half,
+                                   step.positions[i],
+                                   step.rope_table + i * 2 * step.rope_half);
+                      }
+                    });
+}
+
+// The one home of what happens to a projected head of token `token` before
+// attention reads it: segment s of the fused QKV columns (Q heads, then K,
+// then V; head_dim each) gets its bias, and a Q or K head then QK-norm and
+// RoPE.
+HWY_INLINE void FinishHead(const LayerStep& step, size_t token, size_t segment,
+                           float* HWY_RESTRICT head) {
+  const size_t hd = step.head_dim;
+  if (step.b_qkv != nullptr) {
+    const float* bias = step.b_qkv + segment * hd;
+    for (size_t c = 0; c < hd; ++c) head[c] += bias[c];
+  }
+  const size_t q_segments = step.q_cols / hd;
+  if (segment >= q_segments + step.kv_heads) return;  // V
+  const float* norm = segment < q_segments ? step.q_norm : step.k_norm;
+  if (norm != nullptr) RmsNormHead(head, hd, norm, step.qk_norm_eps);
+  if (step.rope_half != 0) {
+    RopeRotate(step.rope_layout, step.rope_table + token * 2 * step.rope_half,
+               step.rope_half, head, 1, hd);
+  }
+}
+
+// FinishHead on the first n_segments head-sized segments of qkv_out [T,
+// n_segments * head_dim] (each segment's columns are contiguous wherever they
+// went), tokens in parallel.
+void FinishHeads(const LayerStep& step, size_t n_segments) {
+  if (step.b_qkv == nullptr && step.q_norm == nullptr && step.rope_half == 0) {
+    return;
+  }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, step.tokens),
                     [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
                       for (size_t i = range.begin(); i < range.end(); ++i) {
                         for (size_t s = 0; s < n_segments; ++s) {
-                          float* row = step.qkv_out.At(i, s * step.head_dim);
-                          const float* bias = step.b_qkv + s * step.head_dim;
-                          for (size_t c = 0; c < step.head_dim; ++c)
-                            row[c] += bias[c];
+                          FinishHead(step, i, s,
+                                     step.qkv_out.At(i, s * step.head_dim));
                         }
                       }
                     });
@@ -104,7 +153,7 @@ void AddBias(const LayerStep& step, size_t n_segments) {
 // over its panels into q (row stride ld_q, padded to whole panels); K and V in
 // chunks of chunk_rows tokens x chunk_segments head-sized segments (a K or V
 // row of one KV head each), each a GEMM over the panels that hold it into the
-// scratch (which stays in L2: LayerChunks), then bias + StoreRowVec (the
+// scratch (which stays in L2: LayerChunks), then FinishHead + StoreRowVec (the
 // bits of storage.h's StoreRow, Append's rounding) into the cache rows. Each
 // segment is converted whole, as int8's per-row scale needs.
 template <class T>
@@ -114,7 +163,7 @@ void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
   const size_t q_n = std::min(step.n_qkv, (step.q_cols + nr - 1) / nr * nr);
   MatmulPackedPanelsT(step.x, step.ldx, step.packed_qkv, step.n_qkv, 0,
                       step.tokens, q_n, step.d_model, step.q, step.ld_q);
-  AddBias(step, step.q_cols / hd);
+  FinishHeads(step, step.q_cols / hd);
   const size_t segments = 2 * step.kv_heads;
   for (size_t r0 = 0; r0 < step.tokens; r0 += step.chunk_rows) {
     const size_t rows = std::min(step.chunk_rows, step.tokens - r0);
@@ -135,10 +184,7 @@ void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
               for (size_t s = s0; s < s1; ++s) {
                 float* src =
                     step.scratch + i * n + (c0 - p0 * nr) + (s - s0) * hd;
-                if (step.b_qkv != nullptr) {
-                  const float* bias = step.b_qkv + step.q_cols + s * hd;
-                  for (size_t c = 0; c < hd; ++c) src[c] += bias[c];
-                }
+                FinishHead(step, token, step.q_cols / hd + s, src);
                 const size_t kind = s / step.kv_heads;  // 0: K, 1: V
                 const size_t g = s - kind * step.kv_heads;
                 T* dst = reinterpret_cast<T*>(
@@ -164,12 +210,13 @@ size_t LayerForwardT(const LayerStep& step) {
   const size_t panel_width = MatmulPanelWidthT();
   if (step.panel_width != panel_width) return panel_width;
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    FillRopeTable(step);
     if (step.kv_dtype == KvDtype::kFloat32) {
-      // Q, K and V straight into their rows, then the bias.
+      // Q, K and V straight into their rows, then FinishHead.
       MatmulPackedOutT(step.x, step.ldx, /*trans_a=*/false, step.packed_qkv,
                        step.tokens, step.n_qkv, step.d_model, step.qkv_out,
                        1.0f, 0.0f);
-      AddBias(step, step.n_qkv / step.head_dim);
+      FinishHeads(step, step.n_qkv / step.head_dim);
     } else {
       internal::VisitKvDtype(step.kv_dtype, [&](auto tag) HWY_ATTR {
         ProjectStoredKv(step, tag);
@@ -207,6 +254,8 @@ HWY_AFTER_NAMESPACE();
 #include "lib/core/init.h"
 #include "lib/core/message.h"
 #include "lib/core/validate.h"
+#include "lib/norm/norm_call.h"
+#include "lib/rope/rope_call.h"
 
 namespace headway {
 
@@ -252,6 +301,12 @@ Status ResolveConfig(const char* fn, AttentionLayerConfig* config) {
     c.head_dim = c.d_model / c.n_heads;
   }
   status = CheckAttentionOptions(fn, "config.attention", c.attention);
+  if (status.ok() && c.rope.rotary_dim != 0) {
+    status = internal::CheckRope(fn, "config.rope", c.rope, c.head_dim);
+  }
+  if (status.ok() && c.qk_norm) {
+    status = internal::CheckNormEps(fn, "config.qk_norm_eps", c.qk_norm_eps);
+  }
   if (!status.ok()) return status;
   c.attention.scale = AttentionScale(c.attention, c.head_dim);
   const int64_t group = c.n_heads / c.n_kv_heads;
@@ -305,6 +360,14 @@ Status CheckWeights(const char* fn, const AttentionLayerConfig& c,
   if (status.ok()) {
     status = CheckWeight(fn, "w_o", weights.w_o, q_cols, c.d_model);
   }
+  if (status.ok() && c.qk_norm) {
+    status = internal::CheckNormWeight(fn, "weights.q_norm", weights.q_norm,
+                                       c.head_dim);
+  }
+  if (status.ok() && c.qk_norm) {
+    status = internal::CheckNormWeight(fn, "weights.k_norm", weights.k_norm,
+                                       c.head_dim);
+  }
   return status;
 }
 
@@ -329,14 +392,18 @@ struct AttentionLayer::Impl {
   int64_t n_weights = 0;
   PackedB qkv;  // [d_model, (local_heads + 2 local_kv_heads) * head_dim]
   PackedB o;    // [local_heads * head_dim, d_model]
-  std::vector<float> b_qkv;  // empty: no bias
-  std::vector<float> b_o;    // empty: none (or not the first shard)
+  std::vector<float> b_qkv;           // empty: no bias
+  std::vector<float> b_o;             // empty: none (or not the first shard)
+  std::vector<float> q_norm, k_norm;  // [head_dim]; empty: no QK-norm
+  std::vector<double> rope_freq;      // [rotary_dim / 2]; empty: no RoPE
   // Reused by Forward.
-  ScratchBuffer q, attn;          // grow-only (lib/core/blocks.h)
-  ScratchBuffer kv_chunk;         // stored K/V: [chunk_rows, scratch_cols]
-  std::vector<float*> rows;       // [3][T]
-  std::vector<char*> kv_rows;     // stored K/V: [2][T]
-  std::vector<float*> kv_scales;  // int8: [2][T]
+  ScratchBuffer q, attn;           // grow-only (lib/core/blocks.h)
+  ScratchBuffer kv_chunk;          // stored K/V: [chunk_rows, scratch_cols]
+  std::vector<float*> rows;        // [3][T]
+  std::vector<char*> kv_rows;      // stored K/V: [2][T]
+  std::vector<float*> kv_scales;   // int8: [2][T]
+  std::vector<int64_t> positions;  // RoPE: [T]
+  ScratchBuffer rope_table;        // RoPE: [T, rotary_dim]
   std::vector<AttentionWork> works;
   std::vector<uint8_t> seen;  // [cache sequences]
   AttentionPlan plan;
@@ -391,6 +458,15 @@ Status AttentionLayer::Impl::Pack(const AttentionLayerConfig& c,
     b_o.assign(weights.b_o, weights.b_o + c.d_model);
     n_weights += c.d_model;
   }
+  if (c.qk_norm) {
+    q_norm.assign(weights.q_norm, weights.q_norm + hd);
+    k_norm.assign(weights.k_norm, weights.k_norm + hd);
+    if (h0 == 0) n_weights += 2 * hd;  // every shard has them; one counts
+  }
+  if (c.rope.rotary_dim != 0) {
+    rope_freq.resize(static_cast<size_t>(c.rope.rotary_dim / 2));
+    internal::RopeFrequencies(c.rope, rope_freq.data());
+  }
   return Status::Ok();
 }
 
@@ -424,8 +500,12 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
 }
 
 const AttentionLayerConfig& AttentionLayer::config() const {
-  static const AttentionLayerConfig kEmpty{
-      0, 0, 0, 0, AttentionOptions{AttentionMask::kNone, 0.0f}, 0, 0};
+  static const AttentionLayerConfig kEmpty = [] {
+    AttentionLayerConfig empty;
+    empty.attention.mask = AttentionMask::kNone;
+    empty.qk_norm_eps = 0.0f;
+    return empty;
+  }();
   return impl_ ? impl_->config : kEmpty;
 }
 int64_t AttentionLayer::local_heads() const {
@@ -590,6 +670,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   rows.resize(3 * t_rows);
   kv_rows.resize(2 * t_rows);
   kv_scales.resize(internal::KvDtypeScaled(dtype) ? 2 * t_rows : 0);
+  positions.resize(rope_freq.empty() ? 0 : t_rows);
   works.resize(static_cast<size_t>(n_sequences));
   float** q_rows = rows.data();  // rows: [3][T], Q, then K, then V
   float** k_rows = q_rows + t_rows;
@@ -615,6 +696,9 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
       }
     }
     const int64_t length = cache->length(s.seq);
+    for (int64_t t = 0; t < s.n_tokens && !positions.empty(); ++t) {
+      positions[row0 + static_cast<size_t>(t)] = length + t;
+    }
     works[static_cast<size_t>(i)] = MakeAttentionWork(
         *cache, s.seq, length, length + s.n_tokens,
         MatrixView<const float>(q_buf + row0 * ld_q, s.n_tokens,
@@ -635,6 +719,16 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
   step->head_dim = hd;
+  step->q_norm = q_norm.empty() ? nullptr : q_norm.data();
+  step->k_norm = k_norm.empty() ? nullptr : k_norm.data();
+  step->qk_norm_eps = c.qk_norm_eps;
+  step->rope_freq = rope_freq.data();
+  step->rope_half = rope_freq.size();
+  step->rope_layout = c.rope.layout;
+  step->positions = positions.data();
+  step->rope_table = rope_freq.empty()
+                         ? nullptr
+                         : rope_table.Get(t_rows * 2 * rope_freq.size());
   step->kv_dtype = dtype;
   step->q = q_buf;
   step->ld_q = ld_q;
