@@ -714,6 +714,344 @@ static void TestKvDtypes(void) {
   TestKvDtypeErrors();
 }
 
+/* ---------------------------------------------------------- RoPE, RMSNorm */
+
+/* hw_rope_config with the zeros that mean a default replaced by the defaults
+ * headway.h documents: this file's own statement of them. */
+static hw_rope_config ResolvedRope(hw_rope_config rope) {
+  if (rope.theta == 0.0) rope.theta = 10000.0;
+  if (rope.factor == 0.0) rope.factor = 1.0;
+  if (rope.low_freq_factor == 0.0) rope.low_freq_factor = 1.0;
+  if (rope.high_freq_factor == 0.0) rope.high_freq_factor = 4.0;
+  if (rope.original_max_position == 0) rope.original_max_position = 8192;
+  return rope;
+}
+
+/* freq_i of a resolved config in float64: theta^(-2 i / rotary_dim), then
+ * scaled as Hugging Face's _compute_default_rope_parameters,
+ * _compute_linear_scaling_rope_parameters and _compute_llama3_parameters do
+ * it. */
+static double RopeFreq(const hw_rope_config* rope, int64_t i) {
+  const double inv_freq =
+      pow(rope->theta, -2.0 * (double)i / (double)rope->rotary_dim);
+  if (rope->scaling == HW_ROPE_SCALING_LINEAR) return inv_freq / rope->factor;
+  if (rope->scaling != HW_ROPE_SCALING_LLAMA3) return inv_freq;
+  const double old_len = (double)rope->original_max_position;
+  const double low_freq_wavelen = old_len / rope->low_freq_factor;
+  const double high_freq_wavelen = old_len / rope->high_freq_factor;
+  const double wavelen = 2.0 * 3.14159265358979323846 / inv_freq;
+  if (wavelen > low_freq_wavelen) return inv_freq / rope->factor;
+  if (wavelen < high_freq_wavelen) return inv_freq;
+  const double smooth = (old_len / wavelen - rope->low_freq_factor) /
+                        (rope->high_freq_factor - rope->low_freq_factor);
+  return (1.0 - smooth) * inv_freq / rope->factor + smooth * inv_freq;
+}
+
+/* The two elements of a head that pair i rotates. */
+static void RopePair(const hw_rope_config* rope, int64_t i, int64_t* a,
+                     int64_t* b) {
+  if (rope->layout == HW_ROPE_INTERLEAVED) {
+    *a = 2 * i;
+    *b = 2 * i + 1;
+  } else {
+    *a = i;
+    *b = i + rope->rotary_dim / 2;
+  }
+}
+
+/* RoPE of one head [head_dim] at position pos in float64, for a resolved
+ * config. */
+static void ReferenceRope(const hw_rope_config* rope, int64_t pos,
+                          double* head) {
+  for (int64_t i = 0; i < rope->rotary_dim / 2; ++i) {
+    const double angle = (double)pos * RopeFreq(rope, i);
+    const double c = cos(angle), s = sin(angle);
+    int64_t a = 0, b = 0;
+    RopePair(rope, i, &a, &b);
+    const double xa = head[a], xb = head[b];
+    head[a] = xa * c - xb * s;
+    head[b] = xb * c + xa * s;
+  }
+}
+
+/* RMSNorm of one head [head_dim] in float64. */
+static void ReferenceRmsNorm(int64_t head_dim, const float* weight, double eps,
+                             double* head) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < head_dim; ++i) sum += head[i] * head[i];
+  const double inv = 1.0 / sqrt(sum / (double)head_dim + eps);
+  for (int64_t i = 0; i < head_dim; ++i) head[i] *= inv * weight[i];
+}
+
+/* One hw_apply_rope case: rows at `positions`, n_heads heads, row stride
+ * `stride` (0: dense), against ReferenceRope. Per element, with (a, b) the
+ * input pair, |got - want| <= 4 u (|a| + |b|), u = 2^-24 (headway.h's bound),
+ * plus 1e-9 (|a| + |b|) for the reference's own float64 angle, which differs
+ * from the library's by up to pos * freq * 2^-52 radians (2e-10 at position
+ * 10^6). Columns past rotary_dim and the padding keep their bits. */
+static void TestRopeCase(hw_rope_config rope, int64_t head_dim, int64_t n_heads,
+                         const int64_t* positions, int64_t rows,
+                         int64_t stride) {
+  const int64_t cols = n_heads * head_dim;
+  const int64_t s = stride == 0 ? cols : stride;
+  const hw_rope_config resolved = ResolvedRope(rope);
+  float* x = RandomArray(rows * s, 4.0f);
+  float* in = RandomArray(rows * s, 0.0f);
+  double* head = (double*)malloc((size_t)head_dim * sizeof(double));
+  if (head == NULL) exit(2);
+  memcpy(in, x, (size_t)(rows * s) * sizeof(float));
+  CHECK_OK(hw_apply_rope(&rope, head_dim, positions, x, rows, cols, stride));
+  int bad = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* a_in = in + t * s + h * head_dim;
+      const float* got = x + t * s + h * head_dim;
+      for (int64_t c = 0; c < head_dim; ++c) head[c] = a_in[c];
+      ReferenceRope(&resolved, positions[t], head);
+      for (int64_t i = 0; i < resolved.rotary_dim / 2; ++i) {
+        int64_t a = 0, b = 0;
+        RopePair(&resolved, i, &a, &b);
+        const double norm1 = fabs(a_in[a]) + fabs(a_in[b]);
+        const double bound = (4.0 / 16777216.0 + 1e-9) * norm1 + 1e-30;
+        if (!(fabs(got[a] - head[a]) <= bound) ||
+            !(fabs(got[b] - head[b]) <= bound)) {
+          if (bad++ < 4) {
+            fprintf(stderr,
+                    "  rope row %d head %d pair %d (pos %lld): got %.9g %.9g "
+                    "want %.9g %.9g\n",
+                    (int)t, (int)h, (int)i, (long long)positions[t], got[a],
+                    got[b], head[a], head[b]);
+          }
+        }
+      }
+      /* Past rotary_dim: the same bits. */
+      const int64_t rd = resolved.rotary_dim;
+      if (memcmp(got + rd, a_in + rd,
+                 (size_t)(head_dim - rd) * sizeof(float))) {
+        ++bad;
+      }
+    }
+    if (s > cols && memcmp(x + t * s + cols, in + t * s + cols,
+                           (size_t)(s - cols) * sizeof(float)) != 0) {
+      ++bad; /* padding written */
+    }
+  }
+  CHECK(bad == 0);
+  free(x);
+  free(in);
+  free(head);
+}
+
+static hw_rope_config RopeConfig(int64_t rotary_dim, int32_t layout,
+                                 int32_t scaling) {
+  hw_rope_config rope;
+  memset(&rope, 0, sizeof(rope));
+  rope.rotary_dim = rotary_dim;
+  rope.layout = layout;
+  rope.scaling = scaling;
+  return rope;
+}
+
+static void TestRope(void) {
+  /* Small positions, around float32's 2^24 and past a million. */
+  static const int64_t kPositions[9] = {0,     1,       2,       17,      4096,
+                                        65537, 1000000, 1234567, 16777217};
+  /* Defaults: theta 10000, halves, full rotary_dim; padded rows. */
+  TestRopeCase(RopeConfig(64, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE), 64, 3,
+               kPositions, 9, 3 * 64 + 5);
+  /* Interleaved, partial rotary_dim (and a head_dim not a multiple of 16). */
+  TestRopeCase(RopeConfig(16, HW_ROPE_INTERLEAVED, HW_ROPE_SCALING_NONE), 24, 2,
+               kPositions, 9, 0);
+  {
+    /* Partial halves of head_dim 80 with linear scaling and theta 500000. */
+    hw_rope_config rope =
+        RopeConfig(40, HW_ROPE_HALVES, HW_ROPE_SCALING_LINEAR);
+    rope.theta = 500000.0;
+    rope.factor = 4.0;
+    TestRopeCase(rope, 80, 2, kPositions, 9, 2 * 80 + 1);
+  }
+  {
+    /* Llama 3.1's: theta 500000, factor 8, the other fields default (low 1,
+     * high 4, original 8192): wavelengths from 6.3 to 2.4e6 cover the three
+     * bands. */
+    hw_rope_config rope =
+        RopeConfig(128, HW_ROPE_HALVES, HW_ROPE_SCALING_LLAMA3);
+    rope.theta = 500000.0;
+    rope.factor = 8.0;
+    TestRopeCase(rope, 128, 2, kPositions, 9, 0);
+  }
+  {
+    /* Llama 3 scaling, every field given, interleaved and partial:
+     * wavelengths 6.3, 19.9, 62.8, 199, ... against bands at 64 / 4 = 16 and
+     * 64 / 1 = 64: kept, blended (two), divided. */
+    hw_rope_config rope =
+        RopeConfig(16, HW_ROPE_INTERLEAVED, HW_ROPE_SCALING_LLAMA3);
+    rope.theta = 10000.0;
+    rope.factor = 3.0;
+    rope.low_freq_factor = 1.0;
+    rope.high_freq_factor = 4.0;
+    rope.original_max_position = 64;
+    TestRopeCase(rope, 24, 3, kPositions, 9, 3 * 24 + 2);
+  }
+  /* rotary_dim 2 of head_dim 2, one row. */
+  TestRopeCase(RopeConfig(2, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE), 2, 1,
+               kPositions + 6, 1, 0);
+}
+
+/* hw_rms_norm_heads against float64: |got - want| <= 2^-23 |want| (the
+ * documented 2^-24 (1 + 2^-20) with room). Rows scaled to 1e30 and 1e-30
+ * need the float64 sums. */
+static void TestRmsNormHeads(void) {
+  static const int64_t kHeadDims[3] = {3, 20, 128};
+  static const float kEps[2] = {1e-6f, 0.0f};
+  enum { kRows = 5, kHeads = 3 };
+  for (int d = 0; d < 3; ++d) {
+    for (int e = 0; e < 2; ++e) {
+      const int64_t hd = kHeadDims[d], cols = kHeads * hd;
+      /* Padded rows but for head_dim 20's (dense, stride 0). */
+      const int64_t s = d == 1 ? cols : cols + 3;
+      const int64_t stride = d == 1 ? 0 : s;
+      float* x = RandomArray(kRows * s, 4.0f);
+      float* weight = RandomArray(hd, 1.0f);
+      for (int64_t i = 0; i < hd; ++i) weight[i] += 1.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        x[3 * s + c] *= 1e30f;
+        x[4 * s + c] *= 1e-30f;
+      }
+      float* in = RandomArray(kRows * s, 0.0f);
+      memcpy(in, x, (size_t)(kRows * s) * sizeof(float));
+      double head[128];
+      CHECK_OK(hw_rms_norm_heads(x, kRows, cols, stride, hd, weight, kEps[e]));
+      int bad = 0;
+      for (int64_t t = 0; t < kRows; ++t) {
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const int64_t at = t * s + h * hd;
+          for (int64_t i = 0; i < hd; ++i) head[i] = in[at + i];
+          ReferenceRmsNorm(hd, weight, kEps[e], head);
+          for (int64_t i = 0; i < hd; ++i) {
+            if (!(fabs(x[at + i] - head[i]) <= fabs(head[i]) / 8388608.0)) {
+              if (bad++ < 4) {
+                fprintf(stderr,
+                        "  rms_norm head_dim %d row %d head %d [%d]: got "
+                        "%.9g want %.9g\n",
+                        (int)hd, (int)t, (int)h, (int)i, x[at + i], head[i]);
+              }
+            }
+          }
+        }
+        if (s > cols) bad += x[t * s + cols] != in[t * s + cols];
+      }
+      CHECK(bad == 0);
+      free(x);
+      free(in);
+      free(weight);
+    }
+  }
+}
+
+static void TestRopeAndNormErrors(void) {
+  enum { kHd = 8, kCols = 2 * kHd, kRows = 3 };
+  float* x = RandomArray(kRows * kCols, 1.0f);
+  float* copy = RandomArray(kRows * kCols, 0.0f);
+  memcpy(copy, x, sizeof(float) * kRows * kCols);
+  int64_t pos[kRows] = {0, 5, 9};
+  const hw_rope_config good =
+      RopeConfig(kHd, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
+  hw_rope_config bad = good;
+
+  CHECK_ERR(hw_apply_rope(NULL, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "hw_apply_rope: rope is null");
+  CHECK_ERR(hw_apply_rope(&good, kHd, NULL, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "hw_apply_rope: positions is null");
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, NULL, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "hw_apply_rope: x is null");
+  bad.rotary_dim = 5;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "hw_apply_rope: rope.rotary_dim (5)");
+  bad.rotary_dim = kHd + 2;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.rotary_dim (10)");
+  bad.rotary_dim = 0; /* "none" only in a layer's variants */
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.rotary_dim (0)");
+  bad = good;
+  bad.layout = 2;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_apply_rope: rope.layout (2) is not a hw_rope_layout");
+  bad = good;
+  bad.scaling = 3;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.scaling (3) is not a hw_rope_scaling");
+  bad = good;
+  bad.theta = -1.0;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.theta");
+  bad = good;
+  bad.scaling = HW_ROPE_SCALING_LINEAR;
+  bad.factor = NAN;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.factor");
+  /* low_freq_factor 5 against the default high_freq_factor 4. */
+  bad = good;
+  bad.scaling = HW_ROPE_SCALING_LLAMA3;
+  bad.low_freq_factor = 5.0;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.high_freq_factor (4");
+  bad.low_freq_factor = 0.0;
+  bad.original_max_position = -1;
+  CHECK_ERR(hw_apply_rope(&bad, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT, "rope.original_max_position (-1)");
+  pos[2] = -1;
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_apply_rope: positions[2] (-1) is negative");
+  pos[2] = 9;
+  CHECK_ERR(hw_apply_rope(&good, 0, pos, x, kRows, kCols, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_apply_rope: head_dim must be >= 1 (got 0)");
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, x, kRows, kCols - 2, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_apply_rope: cols (14) is not a multiple of head_dim (8)");
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, x, kRows, kCols, kCols - 1),
+            HW_INVALID_ARGUMENT,
+            "hw_apply_rope: stride (15) is shorter than cols (16)");
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, x, 0, kCols, 0), HW_INVALID_ARGUMENT,
+            "hw_apply_rope: rows must be >= 1 (got 0)");
+  CHECK_ERR(hw_apply_rope(&good, kHd, pos, x, INT64_MAX / 4, kCols, 0),
+            HW_RESOURCE_EXHAUSTED, "hw_apply_rope: x: rows");
+
+  float weight[kHd];
+  for (int i = 0; i < kHd; ++i) weight[i] = 1.0f + 0.1f * (float)i;
+  CHECK_ERR(hw_rms_norm_heads(NULL, kRows, kCols, 0, kHd, weight, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: x is null");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, kHd, NULL, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: weight is null");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, kHd, weight, -1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: eps (");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, kHd, weight, NAN),
+            HW_INVALID_ARGUMENT, "eps");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, 0, weight, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: head_dim must be >= 1");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, 5, weight, 1e-6f),
+            HW_INVALID_ARGUMENT,
+            "hw_rms_norm_heads: cols (16) is not a multiple of head_dim (5)");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 3, kHd, weight, 1e-6f),
+            HW_INVALID_ARGUMENT,
+            "hw_rms_norm_heads: stride (3) is shorter than cols (16)");
+  CHECK_ERR(hw_rms_norm_heads(x, -1, kCols, 0, kHd, weight, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: rows must be >= 1");
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, kHd, x + 4, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: x overlaps weight");
+  weight[2] = INFINITY;
+  CHECK_ERR(hw_rms_norm_heads(x, kRows, kCols, 0, kHd, weight, 1e-6f),
+            HW_INVALID_ARGUMENT, "hw_rms_norm_heads: weight[2]");
+  /* Nothing written by any of the failed calls. */
+  CHECK(memcmp(copy, x, sizeof(float) * kRows * kCols) == 0);
+  free(x);
+  free(copy);
+}
+
 /* ------------------------------------------------------- Attention layer */
 
 typedef struct Model {
@@ -797,8 +1135,11 @@ static hw_attention_layer_weights Weights(const Model* m) {
 }
 
 /* y = layer(x) in float64 for one sequence of n tokens from an empty cache:
- * x [n, d] dense, y [n, d] dense. */
+ * x [n, d] dense, y [n, d] dense. variants (resolved: ResolvedVariants, or
+ * NULL for none): after the bias, RMSNorm of every Q and K head, then RoPE at
+ * the token's position t. */
 static void ReferenceLayer(const Model* m, int64_t n, const float* x,
+                           const hw_attention_layer_variants* variants,
                            double* y) {
   const int64_t d = m->d_model, hd = m->head_dim;
   const int64_t q_cols = m->n_heads * hd, kv_cols = m->n_kv_heads * hd;
@@ -824,6 +1165,21 @@ static void ReferenceLayer(const Model* m, int64_t n, const float* x,
       }
       k[t * kv_cols + c] = sk;
       v[t * kv_cols + c] = sv;
+    }
+    if (variants == NULL) continue;
+    /* Q heads, then K heads: (heads, first head, norm weight). */
+    for (int which = 0; which < 2; ++which) {
+      const int64_t heads = which == 0 ? m->n_heads : m->n_kv_heads;
+      double* first = which == 0 ? q + t * q_cols : k + t * kv_cols;
+      const float* weight = which == 0 ? variants->q_norm : variants->k_norm;
+      for (int64_t h = 0; h < heads; ++h) {
+        if (variants->qk_norm) {
+          ReferenceRmsNorm(hd, weight, variants->qk_norm_eps, first + h * hd);
+        }
+        if (variants->rope.rotary_dim != 0) {
+          ReferenceRope(&variants->rope, t, first + h * hd);
+        }
+      }
     }
   }
   const double scale = 1.0 / sqrt((double)hd);
@@ -929,7 +1285,7 @@ static void TestLayerShape(const Model* m) {
   hw_layer_sequence s0 = Seq(0, kN);
   CHECK_OK(hw_attention_layer_forward(layer, cache, &s0, 1, x, 0, y_full, 0));
   CHECK(Length(cache, 0) == kN);
-  ReferenceLayer(m, kN, x, ref);
+  ReferenceLayer(m, kN, x, NULL, ref);
   for (int64_t i = 0; i < kN * d; ++i) ref_f[i] = (float)ref[i];
   CHECK(NormwiseDiff(y_full, d, ref_f, d, kN, d) <= kTolerance);
 
@@ -1405,6 +1761,390 @@ static void TestLayerErrors(void) {
   free(y);
   hw_kv_cache_destroy(cache);
   hw_attention_layer_destroy(layer);
+  FreeModel(&m);
+}
+
+/* ------------------------------------------------ Attention layer variants */
+
+/* The variants as the layer reports them (headway.h): zeros that mean a
+ * default replaced by it, and a variant that is off with C++'s defaults. */
+static hw_attention_layer_variants ResolvedVariants(
+    const hw_attention_layer_variants* variants) {
+  hw_attention_layer_variants v;
+  memset(&v, 0, sizeof(v));
+  if (variants != NULL) v = *variants;
+  v.struct_size = sizeof(v);
+  if (v.qk_norm == 0 || v.qk_norm_eps == 0.0f) v.qk_norm_eps = 1e-6f;
+  if (v.qk_norm == 0) v.q_norm = v.k_norm = NULL;
+  if (v.rope.rotary_dim == 0) memset(&v.rope, 0, sizeof(v.rope));
+  v.rope = ResolvedRope(v.rope);
+  return v;
+}
+
+static int SameRope(const hw_rope_config* a, const hw_rope_config* b) {
+  return a->rotary_dim == b->rotary_dim && a->layout == b->layout &&
+         a->scaling == b->scaling && a->theta == b->theta &&
+         a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+         a->high_freq_factor == b->high_freq_factor &&
+         a->original_max_position == b->original_max_position;
+}
+
+/* A zeroed struct of this header's size: every variant off. */
+static hw_attention_layer_variants NoVariants(void) {
+  hw_attention_layer_variants v;
+  memset(&v, 0, sizeof(v));
+  v.struct_size = sizeof(v);
+  return v;
+}
+
+/* One layer with variants on the target active now: what get_variants
+ * reports, then tokens reaching the cache three ways against the float64
+ * reference: sequence 1's prefill of kPrefix tokens; a batch of sequence 0's
+ * prefill of kN tokens (positions 0 .. kN - 1) with sequence 1's next token
+ * (position kPrefix, row 0 of its call); sequence 1's decode steps. A RoPE
+ * position taken from the call's rows instead of the cache's length, or a
+ * norm applied to the wrong head, moves the outputs by O(1). */
+static void TestLayerVariantsCase(const Model* m,
+                                  const hw_attention_layer_variants* variants) {
+  const hw_attention_layer_config config = Config(m);
+  const hw_attention_layer_weights weights = Weights(m);
+  const int64_t d = m->d_model, hd = m->head_dim;
+  hw_attention_layer* layer = NULL;
+  CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, variants,
+                                                   &layer));
+  if (layer == NULL) return;
+  const hw_attention_layer_variants want = ResolvedVariants(variants);
+
+  hw_attention_layer_variants got;
+  memset(&got, 0xff, sizeof(got));
+  got.struct_size = sizeof(got);
+  CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+  CHECK(got.struct_size == sizeof(got) && got.qk_norm == want.qk_norm &&
+        got.qk_norm_eps == want.qk_norm_eps && SameRope(&got.rope, &want.rope));
+  if (want.qk_norm) {
+    /* The layer's copies, not the caller's arrays. */
+    CHECK(got.q_norm != NULL && got.q_norm != want.q_norm &&
+          got.k_norm != NULL && got.k_norm != want.k_norm);
+    if (got.q_norm != NULL && got.k_norm != NULL) {
+      CHECK(memcmp(got.q_norm, want.q_norm, (size_t)hd * sizeof(float)) == 0);
+      CHECK(memcmp(got.k_norm, want.k_norm, (size_t)hd * sizeof(float)) == 0);
+    }
+  } else {
+    CHECK(got.q_norm == NULL && got.k_norm == NULL);
+  }
+
+  enum { kN = 7, kPrefix = 3, kCap = 8 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_attention_layer_create_cache(layer, 2, kCap, &cache));
+  float* x = RandomArray((kN + 1) * d, 2.0f); /* + sequence 1's batch row */
+  float* yb = FilledArray((kN + 1) * d, NAN);
+  float* y1 = FilledArray(kN * d, NAN);
+  float* ref_f = FilledArray(kN * d, 0.0f);
+  double* ref = (double*)calloc((size_t)(kN * d), sizeof(double));
+  if (ref == NULL) exit(2);
+  memcpy(x + kN * d, x + kPrefix * d, (size_t)d * sizeof(float));
+  if (cache != NULL) {
+    hw_layer_sequence s = Seq(1, kPrefix);
+    CHECK_OK(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y1, 0));
+    hw_layer_sequence both[2];
+    both[0] = Seq(0, kN);
+    both[1] = Seq(1, 1);
+    CHECK_OK(hw_attention_layer_forward(layer, cache, both, 2, x, 0, yb, 0));
+    memcpy(y1 + kPrefix * d, yb + kN * d, (size_t)d * sizeof(float));
+    for (int64_t t = kPrefix + 1; t < kN; ++t) {
+      s = Seq(1, 1);
+      CHECK_OK(hw_attention_layer_forward(layer, cache, &s, 1, x + t * d, 0,
+                                          y1 + t * d, 0));
+    }
+    CHECK(Length(cache, 0) == kN && Length(cache, 1) == kN);
+    ReferenceLayer(m, kN, x, &want, ref);
+    for (int64_t i = 0; i < kN * d; ++i) ref_f[i] = (float)ref[i];
+    CHECK(NormwiseDiff(yb, d, ref_f, d, kN, d) <= kTolerance);
+    CHECK(NormwiseDiff(y1, d, ref_f, d, kN, d) <= kTolerance);
+  }
+  free(x);
+  free(yb);
+  free(y1);
+  free(ref_f);
+  free(ref);
+  hw_kv_cache_destroy(cache);
+  hw_attention_layer_destroy(layer);
+}
+
+/* Four variant sets on a GQA layer and one on an MQA layer with head_dim 6,
+ * on every instruction set. */
+static void TestLayerVariants(void) {
+  Model models[2];
+  models[0] = MakeModel(32, 4, 2, 16, HW_MASK_CAUSAL, 1);
+  models[1] = MakeModel(24, 4, 1, 6, HW_MASK_CAUSAL, 0);
+  float* norms[2][2];
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      norms[i][j] = RandomArray(models[i].head_dim, 1.0f);
+      for (int64_t c = 0; c < models[i].head_dim; ++c) norms[i][j][c] += 1.0f;
+    }
+  }
+  enum { kSets = 5 };
+  hw_attention_layer_variants sets[kSets];
+  int model_of[kSets];
+  for (int i = 0; i < kSets; ++i) {
+    sets[i] = NoVariants();
+    model_of[i] = i == kSets - 1 ? 1 : 0;
+  }
+  /* QK-norm with the default eps (0), RoPE on half of each head (halves). */
+  sets[0].qk_norm = 1;
+  sets[0].rope.rotary_dim = 8;
+  /* RoPE alone, interleaved, Llama 3 scaling with bands inside the head:
+   * wavelengths 6.3 .. 2e4 against 16 / 4 = 4 and 16 / 1 = 16. */
+  sets[1].rope = RopeConfig(16, HW_ROPE_INTERLEAVED, HW_ROPE_SCALING_LLAMA3);
+  sets[1].rope.factor = 8.0;
+  sets[1].rope.original_max_position = 16;
+  /* QK-norm alone, eps given. */
+  sets[2].qk_norm = 1;
+  sets[2].qk_norm_eps = 1e-3f;
+  /* Both, linear scaling, theta 10^6. */
+  sets[3].qk_norm = 1;
+  sets[3].qk_norm_eps = 1e-5f;
+  sets[3].rope = RopeConfig(16, HW_ROPE_HALVES, HW_ROPE_SCALING_LINEAR);
+  sets[3].rope.theta = 1e6;
+  sets[3].rope.factor = 2.0;
+  /* MQA, head_dim 6: QK-norm, RoPE on 4 of 6 (interleaved). */
+  sets[4].qk_norm = 1;
+  sets[4].rope = RopeConfig(4, HW_ROPE_INTERLEAVED, HW_ROPE_SCALING_NONE);
+  for (int i = 0; i < kSets; ++i) {
+    sets[i].q_norm = norms[model_of[i]][0];
+    sets[i].k_norm = norms[model_of[i]][1];
+  }
+
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    for (int i = 0; i < kSets; ++i) {
+      const int before_set = g_failures;
+      TestLayerVariantsCase(&models[model_of[i]], &sets[i]);
+      if (g_failures != before_set) {
+        fprintf(stderr, "  (the failures above are of variant set %d)\n", i);
+      }
+    }
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+  for (int i = 0; i < 2; ++i) {
+    FreeModel(&models[i]);
+    free(norms[i][0]);
+    free(norms[i][1]);
+  }
+}
+
+/* A layer with every variant off, however asked (NULL variants, a zeroed
+ * struct whose ignored fields hold garbage, a longer struct from a newer
+ * header with zero tail), is hw_attention_layer_create's: the same outputs,
+ * bit for bit. */
+static void TestLayerVariantsOff(void) {
+  Model m = MakeModel(32, 4, 2, 8, HW_MASK_CAUSAL, 1);
+  const hw_attention_layer_config config = Config(&m);
+  const hw_attention_layer_weights weights = Weights(&m);
+  typedef struct Longer {
+    hw_attention_layer_variants v;
+    unsigned char tail[16]; /* fields of a later version, zero: off */
+  } Longer;
+  Longer longer;
+  memset(&longer, 0, sizeof(longer));
+  longer.v.struct_size = sizeof(longer);
+  hw_attention_layer_variants ignored = NoVariants();
+  ignored.qk_norm_eps = -1.0f;       /* ignored without qk_norm */
+  ignored.q_norm = (const float*)16; /* likewise, never read */
+  ignored.rope.layout = 9;           /* ignored with rotary_dim 0 */
+  ignored.rope.theta = -5.0;
+  const hw_attention_layer_variants* asks[3] = {NULL, &ignored, &longer.v};
+
+  enum { kN = 5 };
+  const int64_t d = m.d_model;
+  float* x = RandomArray(kN * d, 2.0f);
+  float* want = FilledArray(kN * d, NAN);
+  float* got = FilledArray(kN * d, NAN);
+  hw_attention_layer* plain = NULL;
+  hw_kv_cache* cache = NULL;
+  hw_layer_sequence s = Seq(0, kN);
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &plain));
+  if (plain == NULL) return;
+  CHECK_OK(hw_attention_layer_create_cache(plain, 1, kN, &cache));
+  CHECK_OK(hw_attention_layer_forward(plain, cache, &s, 1, x, 0, want, 0));
+  hw_kv_cache_destroy(cache);
+  {
+    hw_attention_layer_variants v;
+    memset(&v, 0xff, sizeof(v));
+    v.struct_size = sizeof(v);
+    CHECK_OK(hw_attention_layer_get_variants(plain, &v));
+    const hw_attention_layer_variants off = ResolvedVariants(NULL);
+    CHECK(v.struct_size == sizeof(v) && v.qk_norm == 0 &&
+          v.qk_norm_eps == off.qk_norm_eps && v.q_norm == NULL &&
+          v.k_norm == NULL && SameRope(&v.rope, &off.rope));
+    CHECK(v.rope.rotary_dim == 0 && v.rope.theta == 10000.0 &&
+          v.rope.factor == 1.0 && v.rope.low_freq_factor == 1.0 &&
+          v.rope.high_freq_factor == 4.0 &&
+          v.rope.original_max_position == 8192 && v.qk_norm_eps == 1e-6f);
+  }
+  for (int i = 0; i < 3; ++i) {
+    hw_attention_layer* layer = NULL;
+    cache = NULL;
+    CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, asks[i],
+                                                     &layer));
+    if (layer == NULL) continue;
+    CHECK_OK(hw_attention_layer_create_cache(layer, 1, kN, &cache));
+    for (int64_t j = 0; j < kN * d; ++j) got[j] = NAN;
+    CHECK_OK(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, got, 0));
+    CHECK(memcmp(got, want, (size_t)(kN * d) * sizeof(float)) == 0);
+    /* A newer caller's longer struct: its tail comes back zero. */
+    memset(&longer, 0x5a, sizeof(longer));
+    longer.v.struct_size = sizeof(longer);
+    CHECK_OK(hw_attention_layer_get_variants(layer, &longer.v));
+    CHECK(longer.v.struct_size == sizeof(longer) && longer.v.qk_norm == 0 &&
+          longer.v.rope.rotary_dim == 0 && longer.tail[0] == 0 &&
+          longer.tail[15] == 0);
+    memset(&longer, 0, sizeof(longer));
+    longer.v.struct_size = sizeof(longer);
+    hw_kv_cache_destroy(cache);
+    hw_attention_layer_destroy(layer);
+  }
+  free(x);
+  free(want);
+  free(got);
+  hw_attention_layer_destroy(plain);
+  FreeModel(&m);
+}
+
+static void TestLayerVariantErrors(void) {
+  Model m = MakeModel(16, 4, 2, 4, HW_MASK_CAUSAL, 1);
+  const hw_attention_layer_config config = Config(&m);
+  const hw_attention_layer_weights weights = Weights(&m);
+  float q_norm[4] = {1.0f, 0.5f, 2.0f, 1.5f};
+  float k_norm[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  hw_attention_layer* layer = NULL;
+  hw_attention_layer_variants v = NoVariants();
+  char needle[160];
+
+  /* struct_size: checked here, whatever the C++ layer does. */
+  CHECK_ERR(hw_attention_layer_create_with_variants(NULL, &weights, &v, &layer),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_with_variants: config is null");
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, NULL),
+      HW_INVALID_ARGUMENT, "out is null");
+  v.struct_size = 0;
+  snprintf(needle, sizeof(needle),
+           "hw_attention_layer_create_with_variants: variants.struct_size (0) "
+           "is smaller than version 1's (%u)",
+           (unsigned)HW_ATTENTION_LAYER_VARIANTS_V1_SIZE);
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, needle);
+  v.struct_size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE - 1;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.struct_size");
+  v.struct_size = 4097;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.struct_size (4097) is larger than 4096");
+  {
+    struct {
+      hw_attention_layer_variants v;
+      unsigned char tail[16];
+    } longer;
+    memset(&longer, 0, sizeof(longer));
+    longer.v.struct_size = sizeof(longer);
+    longer.tail[3] = 1; /* a variant this library does not know, on */
+    snprintf(needle, sizeof(needle),
+             "variants.struct_size (%u) is larger than this library's (%u) "
+             "and byte %u is not zero",
+             (unsigned)sizeof(longer),
+             (unsigned)sizeof(hw_attention_layer_variants),
+             (unsigned)sizeof(hw_attention_layer_variants) + 3);
+    CHECK_ERR(hw_attention_layer_create_with_variants(&config, &weights,
+                                                      &longer.v, &layer),
+              HW_INVALID_ARGUMENT, needle);
+  }
+  v = NoVariants();
+  v.qk_norm = 2;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_with_variants: variants.qk_norm (2) must be 0 "
+      "or 1");
+  /* The plain create's errors, in this function's name. */
+  {
+    hw_attention_layer_weights bad = weights;
+    bad.w_q.cols = 15;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &bad, NULL, &layer),
+        HW_INVALID_ARGUMENT, "hw_attention_layer_create_with_variants: ");
+  }
+  CHECK(layer == NULL);
+
+  /* get_variants. */
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &layer));
+  v = NoVariants();
+  CHECK_ERR(hw_attention_layer_get_variants(NULL, &v), HW_INVALID_ARGUMENT,
+            "hw_attention_layer_get_variants: layer is null");
+  CHECK_ERR(hw_attention_layer_get_variants(layer, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention_layer_get_variants: variants is null");
+  v.struct_size = 8;
+  v.qk_norm = 77;
+  CHECK_ERR(hw_attention_layer_get_variants(layer, &v), HW_INVALID_ARGUMENT,
+            "hw_attention_layer_get_variants: variants.struct_size (8)");
+  CHECK(v.qk_norm == 77); /* nothing written */
+  hw_attention_layer_destroy(layer);
+  layer = NULL;
+
+  /* Checked by the C++ layer (AttentionLayer::Create), named in C's words. */
+  v = NoVariants();
+  v.rope.rotary_dim = 3;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_with_variants: variants.rope.rotary_dim (3)");
+  v.rope.rotary_dim = 6; /* > head_dim 4 */
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.rope.rotary_dim (6)");
+  v.rope.rotary_dim = 4;
+  v.rope.layout = 3;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.rope.layout (3) is not a hw_rope_layout");
+  v.rope.layout = HW_ROPE_HALVES;
+  v.rope.theta = -1.0;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.rope.theta");
+  v = NoVariants();
+  v.qk_norm = 1;
+  v.k_norm = k_norm;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.q_norm");
+  v.q_norm = q_norm;
+  v.k_norm = NULL;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.k_norm");
+  v.k_norm = k_norm;
+  v.qk_norm_eps = -1.0f;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.qk_norm_eps");
+  v.qk_norm_eps = 0.0f;
+  q_norm[1] = NAN;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT, "variants.q_norm[1]");
+  CHECK(layer == NULL);
   FreeModel(&m);
 }
 
@@ -1975,9 +2715,15 @@ int main(void) {
   TestTargetsAndThreads();
   TestKvCache();
   TestKvDtypes();
+  TestRope();
+  TestRmsNormHeads();
+  TestRopeAndNormErrors();
   TestLayerShapes();
   TestLayerDtypes();
   TestLayerErrors();
+  TestLayerVariantsOff();
+  TestLayerVariantErrors();
+  TestLayerVariants();
   TestAttention();
   TestAttentionErrors();
   TestMatmul();

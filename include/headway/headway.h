@@ -33,6 +33,12 @@
  * hw_kv_cache_create_typed with HW_KV_FLOAT32). Enum values travel as int
  * and match the C++ enums'; 0 is the default, so a zeroed struct is the
  * default configuration. Handles are opaque, so what they hold can grow.
+ * A released struct keeps its size and layout; a struct made to grow
+ * (hw_attention_layer_variants) begins with `size_t struct_size`, which the
+ * caller sets to sizeof as it compiled it: fields appended later are read
+ * only when struct_size covers them, and a library older than the caller's
+ * header accepts the larger struct when the bytes it does not know are zero
+ * (the new features left off).
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
@@ -313,10 +319,93 @@ HEADWAY_C_API int hw_kv_cache_reset(hw_kv_cache* cache, int64_t seq);
 /* Empties every sequence. Error: HW_INVALID_ARGUMENT for a NULL cache. */
 HEADWAY_C_API int hw_kv_cache_reset_all(hw_kv_cache* cache);
 
+/* ---------------------------------------------------------- RoPE, RMSNorm */
+
+/* Which elements of a head form the rotated pairs; the same values as
+ * headway::RopeLayout (headway/rope.h). Pair i < rotary_dim / 2 is rotated
+ * by the angle pos * freq_i. */
+typedef enum hw_rope_layout {
+  /* (x[i], x[i + rotary_dim / 2]): GPT-NeoX, Hugging Face transformers */
+  HW_ROPE_HALVES = 0,
+  /* (x[2i], x[2i + 1]): GPT-J, Meta's Llama reference code */
+  HW_ROPE_INTERLEAVED = 1
+} hw_rope_layout;
+
+/* How the frequencies are stretched for contexts past the trained one; the
+ * same values as headway::RopeScaling. */
+typedef enum hw_rope_scaling {
+  HW_ROPE_SCALING_NONE = 0,
+  HW_ROPE_SCALING_LINEAR = 1, /* freq_i / factor (position interpolation) */
+  /* Llama 3.1 (Hugging Face's "llama3" rope_type): wavelengths 2 pi / freq_i
+   * shorter than original_max_position / high_freq_factor keep freq_i, longer
+   * than original_max_position / low_freq_factor get freq_i / factor, in
+   * between a linear blend in original_max_position / wavelength. */
+  HW_ROPE_SCALING_LLAMA3 = 2
+} hw_rope_scaling;
+
+/* Rotary position embeddings, headway::RopeConfig:
+ *   freq_i = theta^(-2 i / rotary_dim), i < rotary_dim / 2, then scaled.
+ * A zeroed struct plus rotary_dim is the C++ default: every other field's 0
+ * means the default written beside it (0 is not a valid value of any of
+ * them); a negative value is passed on and rejected. The scaling fields are
+ * read only by the scalings that use them. */
+typedef struct hw_rope_config {
+  /* Rotated elements of each head, the first rotary_dim of head_dim (the rest
+   * pass through): even, 2 .. head_dim. In a layer's variants 0 means no
+   * RoPE; hw_apply_rope rejects 0. */
+  int64_t rotary_dim;
+  int32_t layout;  /* hw_rope_layout; 0 (HW_ROPE_HALVES) by default */
+  int32_t scaling; /* hw_rope_scaling; 0 (HW_ROPE_SCALING_NONE) by default */
+  double theta;    /* > 0; 0 means 10000 */
+  double factor;   /* LINEAR, LLAMA3: > 0; 0 means 1 */
+  double low_freq_factor;        /* LLAMA3: > 0; 0 means 1 */
+  double high_freq_factor;       /* LLAMA3: > low_freq_factor; 0 means 4 */
+  int64_t original_max_position; /* LLAMA3: >= 1; 0 means 8192 */
+} hw_rope_config;
+
+/* Rotates every head of every row of x in place (headway::ApplyRope):
+ *   x: [rows, cols] at row stride `stride` (0: dense), cols = n_heads *
+ *      head_dim, head h in columns [h * head_dim, (h + 1) * head_dim);
+ *   positions: [rows], the absolute position of each row, >= 0.
+ * For pair (a, b) of a head of row t, with angle = positions[t] * freq_i:
+ *   a' = a cos(angle) - b sin(angle),  b' = b cos(angle) + a sin(angle).
+ * Columns past rotary_dim of each head, and the padding between rows, are not
+ * written. Angles are taken in float64; error per output element, u = 2^-24:
+ * |x' - exact| <= 4 u (|a| + |b|) for positions < 2^31.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL rope, positions
+ * or x, head_dim < 1, rows or cols < 1, cols not a multiple of head_dim, a
+ * stride (other than 0) < cols, a bad rope field (rotary_dim odd, < 2 or >
+ * head_dim, a value out of the range above, a layout or scaling that is not
+ * one of the enum's; the message names it, e.g. "rope.rotary_dim"), a
+ * negative position (the message names its index); HW_RESOURCE_EXHAUSTED
+ * when x at its stride overflows the address space, or no memory. */
+HEADWAY_C_API int hw_apply_rope(const hw_rope_config* rope, int64_t head_dim,
+                                const int64_t* positions, float* x,
+                                int64_t rows, int64_t cols, int64_t stride);
+
+/* RMSNorm of every head of every row of x in place (headway::RmsNormHeads,
+ * QK-norm):
+ *   x_i' = x_i / sqrt(mean_j x_j^2 + eps) * weight[i]
+ *   x: [rows, cols] at row stride `stride` (0: dense), cols = n_heads *
+ *      head_dim; weight: [head_dim], shared by the heads.
+ * Sums are taken in float64: |x' - exact| <= 2^-24 |exact| (1 + 2^-20). A
+ * head holding a NaN or an inf becomes all NaN; an all-zero head with eps == 0
+ * stays zero.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL x or weight,
+ * head_dim < 1, rows or cols < 1, cols not a multiple of head_dim, a stride
+ * (other than 0) < cols, a weight element that is not finite (the message
+ * names its index), eps < 0 or not finite, weight overlapping x;
+ * HW_RESOURCE_EXHAUSTED when x at its stride overflows the address space. */
+HEADWAY_C_API int hw_rms_norm_heads(float* x, int64_t rows, int64_t cols,
+                                    int64_t stride, int64_t head_dim,
+                                    const float* weight, float eps);
+
 /* ------------------------------------------------------- Attention layer */
 
 /* One MHA / GQA / MQA attention layer with its packed weights:
  *   Q = x W_Q + b_q, K = x W_K + b_k, V = x W_V + b_v
+ *   Q_h, K_g = RoPE(RMSNorm(Q_h)), RoPE(RMSNorm(K_g))  (each optional: see
+ *                                            hw_attention_layer_variants)
  *   o_h = softmax(scale * Q_h K_g^T + mask) V_g, g = h / (n_heads / n_kv_heads)
  *   y = concat_h(o_h) W_O + b_o
  * See headway/layer.h. */
@@ -373,6 +462,34 @@ typedef struct hw_attention_layer_weights {
   const float* b_o; /* [d_model] or NULL */
 } hw_attention_layer_weights;
 
+/* What a layer does beyond hw_attention_layer_config's plain attention (Qwen3,
+ * Gemma 3, Llama 3 and OLMo 2 layers): a struct that grows, one field group
+ * per variant, each off when zeroed. Set struct_size to
+ * sizeof(hw_attention_layer_variants) and zero the rest (memset) before
+ * setting fields, so that a field this header adds later reads as off.
+ * Version 1 ends after `rope` (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes). */
+typedef struct hw_attention_layer_variants {
+  size_t struct_size; /* sizeof(hw_attention_layer_variants) */
+  /* QK-norm: 1 applies, after the bias, RMSNorm (hw_rms_norm_heads) to every
+   * Q head with q_norm and every K head with k_norm; 0: none. */
+  int32_t qk_norm;
+  /* With qk_norm: >= 0, finite; 0 means 1e-6 (so eps == 0 itself cannot be
+   * asked for: 1e-45f, the smallest denormal, is the nearest). */
+  float qk_norm_eps;
+  const float* q_norm; /* with qk_norm: [head_dim]; otherwise ignored */
+  const float* k_norm; /* with qk_norm: [head_dim]; otherwise ignored */
+  /* RoPE of Q and K after QK-norm (as hw_apply_rope), at each token's
+   * absolute position: its sequence's cache length before the forward call
+   * plus its index among the call's tokens of that sequence. K is cached
+   * rotated. rope.rotary_dim == 0: none (the other rope fields ignored). */
+  hw_rope_config rope;
+} hw_attention_layer_variants;
+
+/* The size of version 1 of hw_attention_layer_variants, the smallest
+ * struct_size accepted. */
+#define HW_ATTENTION_LAYER_VARIANTS_V1_SIZE \
+  (offsetof(hw_attention_layer_variants, rope) + sizeof(hw_rope_config))
+
 /* The new tokens of one sequence in a forward call: n_tokens consecutive rows
  * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
 typedef struct hw_layer_sequence {
@@ -393,6 +510,23 @@ HEADWAY_C_API int hw_attention_layer_create(
     const hw_attention_layer_config* config,
     const hw_attention_layer_weights* weights, hw_attention_layer** out);
 
+/* hw_attention_layer_create plus the variants (NULL: none, the same layer as
+ * hw_attention_layer_create's). The norm weights are copied: the host may
+ * free them afterwards.
+ * Errors: those of hw_attention_layer_create, and HW_INVALID_ARGUMENT for
+ * variants->struct_size smaller than HW_ATTENTION_LAYER_VARIANTS_V1_SIZE,
+ * larger than 4096, or larger than this library's
+ * sizeof(hw_attention_layer_variants) with a nonzero byte past it (a variant
+ * this library does not know; the message gives the byte's offset), qk_norm
+ * not 0 or 1, with qk_norm a qk_norm_eps < 0 or not finite, a NULL q_norm or
+ * k_norm or one with an element that is not finite, a bad rope field (as
+ * hw_apply_rope; rotary_dim must be <= head_dim). Messages name the field,
+ * e.g. "variants.rope.rotary_dim (5) must be even ...". */
+HEADWAY_C_API int hw_attention_layer_create_with_variants(
+    const hw_attention_layer_config* config,
+    const hw_attention_layer_weights* weights,
+    const hw_attention_layer_variants* variants, hw_attention_layer** out);
+
 /* Frees a layer (NULL: nothing). */
 HEADWAY_C_API void hw_attention_layer_destroy(hw_attention_layer* layer);
 
@@ -401,6 +535,20 @@ HEADWAY_C_API void hw_attention_layer_destroy(hw_attention_layer* layer);
  * Errors: HW_INVALID_ARGUMENT for a NULL layer or config. */
 HEADWAY_C_API int hw_attention_layer_get_config(
     const hw_attention_layer* layer, hw_attention_layer_config* config);
+
+/* Writes the layer's variants into *variants, whose struct_size the caller
+ * sets first and which keeps it: the fields up to struct_size are written,
+ * those this library does not know as zero (off). Zeros that mean a default
+ * read as the default (qk_norm_eps, the rope fields), and a variant that is
+ * off as its defaults (qk_norm 0 with qk_norm_eps 1e-6, q_norm and k_norm
+ * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...). q_norm and k_norm
+ * point at the layer's copies, valid until it is destroyed. A layer from
+ * hw_attention_layer_create has every variant off.
+ * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL layer or variants,
+ * a struct_size smaller than HW_ATTENTION_LAYER_VARIANTS_V1_SIZE or larger
+ * than 4096. */
+HEADWAY_C_API int hw_attention_layer_get_variants(
+    const hw_attention_layer* layer, hw_attention_layer_variants* variants);
 
 /* *n = parameters of the layer (its shard): weights plus the biases given;
  * 4 * d_model^2 for an MHA layer without bias with n_heads * head_dim ==

@@ -8,6 +8,7 @@
 // and the thread's last-error message, in the C caller's words: the C++
 // function's name becomes the C function's, and the C++ names of arguments
 // that have other names in C become those (the wrapper's Renames).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,8 @@
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
 #include "headway/matmul.h"
+#include "headway/norm.h"
+#include "headway/rope.h"
 #include "headway/softmax.h"
 #include "headway/status.h"
 #include "headway/targets.h"
@@ -69,6 +72,19 @@ static_assert(HW_KV_FLOAT32 == static_cast<int>(headway::KvDtype::kFloat32) &&
                       static_cast<int>(headway::KvDtype::kFloat16) &&
                   HW_KV_INT8 == static_cast<int>(headway::KvDtype::kInt8),
               "dtype values");
+// RoPE's layout and scaling likewise (ApplyRope and Create name a bad one).
+static_assert(HW_ROPE_HALVES ==
+                      static_cast<int>(headway::RopeLayout::kHalves) &&
+                  HW_ROPE_INTERLEAVED ==
+                      static_cast<int>(headway::RopeLayout::kInterleaved),
+              "rope layout values");
+static_assert(HW_ROPE_SCALING_NONE ==
+                      static_cast<int>(headway::RopeScaling::kNone) &&
+                  HW_ROPE_SCALING_LINEAR ==
+                      static_cast<int>(headway::RopeScaling::kLinear) &&
+                  HW_ROPE_SCALING_LLAMA3 ==
+                      static_cast<int>(headway::RopeScaling::kLlama3),
+              "rope scaling values");
 
 struct hw_kv_cache {
   headway::KvCache cache;
@@ -79,6 +95,9 @@ struct hw_attention_layer {
   // Forward's sequences converted to the C++ struct; kept so that a forward no
   // larger than an earlier one allocates nothing here either.
   std::vector<headway::LayerSequence> sequences;
+  // Copies of the QK-norm weights, [head_dim] each (empty without qk_norm),
+  // for hw_attention_layer_get_variants.
+  std::vector<float> q_norm, k_norm;
 };
 
 namespace {
@@ -365,6 +384,174 @@ View StoredRows(int dtype, Data* data, int64_t rows, int64_t cols,
   view.stride = stride == 0 ? cols : stride;
   view.scales = dtype == HW_KV_INT8 ? scales : nullptr;
   return view;
+}
+
+// C++ names in the messages of ApplyRope and RmsNormHeads and what
+// hw_apply_rope and hw_rms_norm_heads call them.
+constexpr Renames kRowsInPlace = {{"x.rows", "rows"},
+                                  {"x.cols", "cols"},
+                                  {"x.stride", "stride"},
+                                  {"RopeLayout", "hw_rope_layout"},
+                                  {"RopeScaling", "hw_rope_scaling"}};
+
+// A C RoPE config in C++: a field whose 0 means a default (headway.h) keeps
+// RopeConfig's; any other value, and the enum values, are passed on as they
+// are and checked by the C++ call.
+headway::RopeConfig Rope(const hw_rope_config& rope) {
+  headway::RopeConfig result;
+  result.rotary_dim = rope.rotary_dim;
+  result.layout = static_cast<headway::RopeLayout>(rope.layout);
+  result.scaling = static_cast<headway::RopeScaling>(rope.scaling);
+  if (rope.theta != 0.0) result.theta = rope.theta;
+  if (rope.factor != 0.0) result.factor = rope.factor;
+  if (rope.low_freq_factor != 0.0) {
+    result.low_freq_factor = rope.low_freq_factor;
+  }
+  if (rope.high_freq_factor != 0.0) {
+    result.high_freq_factor = rope.high_freq_factor;
+  }
+  if (rope.original_max_position != 0) {
+    result.original_max_position = rope.original_max_position;
+  }
+  return result;
+}
+
+hw_rope_config CRope(const headway::RopeConfig& rope) {
+  hw_rope_config result;
+  std::memset(&result, 0, sizeof(result));
+  result.rotary_dim = rope.rotary_dim;
+  result.layout = static_cast<int32_t>(rope.layout);
+  result.scaling = static_cast<int32_t>(rope.scaling);
+  result.theta = rope.theta;
+  result.factor = rope.factor;
+  result.low_freq_factor = rope.low_freq_factor;
+  result.high_freq_factor = rope.high_freq_factor;
+  result.original_max_position = rope.original_max_position;
+  return result;
+}
+
+// The largest struct_size accepted: bounds what a garbage struct_size makes
+// the library read or write past the caller's struct.
+constexpr size_t kMaxStructSize = 4096;
+
+int CheckStructSize(const char* fn, size_t size) {
+  if (size < HW_ATTENTION_LAYER_VARIANTS_V1_SIZE) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
+                ") is smaller than version 1's (",
+                HW_ATTENTION_LAYER_VARIANTS_V1_SIZE,
+                "): set it to sizeof(hw_attention_layer_variants)");
+  }
+  if (size > kMaxStructSize) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
+                ") is larger than ", kMaxStructSize,
+                ": set it to sizeof(hw_attention_layer_variants)");
+  }
+  return HW_OK;
+}
+
+// The caller's variants into *v: an older caller's shorter struct with the
+// fields it lacks zero (off), a newer caller's longer one if the bytes past
+// this library's struct are zero (the variants it does not know are off).
+// HW_OK or the error recorded.
+int ReadVariants(const char* fn, const hw_attention_layer_variants& variants,
+                 hw_attention_layer_variants* v) {
+  const size_t size = variants.struct_size;
+  if (CheckStructSize(fn, size) != HW_OK) return HW_INVALID_ARGUMENT;
+  const unsigned char* bytes =
+      reinterpret_cast<const unsigned char*>(&variants);
+  for (size_t i = sizeof(hw_attention_layer_variants); i < size; ++i) {
+    if (bytes[i] != 0) {
+      return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
+                  ") is larger than this library's (",
+                  sizeof(hw_attention_layer_variants), ") and byte ", i,
+                  " is not zero: a variant that Headway ",
+                  HEADWAY_VERSION_STRING, " does not know");
+    }
+  }
+  std::memset(v, 0, sizeof(*v));
+  std::memcpy(v, &variants, std::min(size, sizeof(*v)));
+  return HW_OK;
+}
+
+// The variants (NULL: none) into the C++ config and weights. A variant that
+// is off passes C++'s defaults, so that its other fields are ignored as
+// headway.h says. HW_OK or the error recorded.
+int SetVariants(const char* fn, const hw_attention_layer_variants* variants,
+                headway::AttentionLayerConfig* config,
+                headway::AttentionLayerWeights* weights) {
+  if (variants == nullptr) return HW_OK;
+  hw_attention_layer_variants v;
+  if (ReadVariants(fn, *variants, &v) != HW_OK) return HW_INVALID_ARGUMENT;
+  if (v.qk_norm != 0 && v.qk_norm != 1) {
+    return Fail(HW_INVALID_ARGUMENT, fn, "variants.qk_norm (", v.qk_norm,
+                ") must be 0 or 1");
+  }
+  if (v.qk_norm == 1) {
+    config->qk_norm = true;
+    if (v.qk_norm_eps != 0.0f) config->qk_norm_eps = v.qk_norm_eps;
+    weights->q_norm = v.q_norm;
+    weights->k_norm = v.k_norm;
+  }
+  if (v.rope.rotary_dim != 0) config->rope = Rope(v.rope);
+  return HW_OK;
+}
+
+// C++ names in Create's messages and what the C caller calls them.
+constexpr Renames kLayerCreate = {
+    kMaskEnum,
+    {"config.attention.mask", "config.mask"},
+    {"config.attention.scale", "config.scale"},
+    {"config.qk_norm", "variants.qk_norm"},
+    {"config.qk_norm_eps", "variants.qk_norm_eps"},
+    {"config.rope", "variants.rope"},
+    {"weights.q_norm", "variants.q_norm"},
+    {"weights.k_norm", "variants.k_norm"},
+    {"q_norm", "variants.q_norm"},
+    {"k_norm", "variants.k_norm"},
+    {"RopeLayout", "hw_rope_layout"},
+    {"RopeScaling", "hw_rope_scaling"}};
+
+// hw_attention_layer_create and _create_with_variants, as fn.
+int CreateLayer(const char* fn, const hw_attention_layer_config* config,
+                const hw_attention_layer_weights* weights,
+                const hw_attention_layer_variants* variants,
+                hw_attention_layer** out) {
+  if (config == nullptr) return Null(fn, "config");
+  if (weights == nullptr) return Null(fn, "weights");
+  if (out == nullptr) return Null(fn, "out");
+  headway::AttentionLayerConfig c;
+  c.d_model = config->d_model;
+  c.n_heads = config->n_heads;
+  c.n_kv_heads = config->n_kv_heads;
+  c.head_dim = config->head_dim;
+  c.attention.mask = static_cast<headway::AttentionMask>(config->mask);
+  c.attention.scale = config->scale;
+  c.head_begin = config->head_begin;
+  c.head_end = config->head_end;
+
+  headway::AttentionLayerWeights w;
+  w.w_q = View(weights->w_q);
+  w.w_k = View(weights->w_k);
+  w.w_v = View(weights->w_v);
+  w.w_o = View(weights->w_o);
+  w.b_q = weights->b_q;
+  w.b_k = weights->b_k;
+  w.b_v = weights->b_v;
+  w.b_o = weights->b_o;
+  if (SetVariants(fn, variants, &c, &w) != HW_OK) return HW_INVALID_ARGUMENT;
+
+  auto handle = std::make_unique<hw_attention_layer>();
+  const int code = FromStatus(
+      fn, headway::AttentionLayer::Create(c, w, &handle->layer), kLayerCreate);
+  if (code != HW_OK) return code;
+  // Create has checked q_norm and k_norm: [head_dim] finite floats each.
+  const size_t head_dim = static_cast<size_t>(handle->layer.config().head_dim);
+  if (c.qk_norm && w.q_norm != nullptr && w.k_norm != nullptr) {
+    handle->q_norm.assign(w.q_norm, w.q_norm + head_dim);
+    handle->k_norm.assign(w.k_norm, w.k_norm + head_dim);
+  }
+  *out = handle.release();
+  return HW_OK;
 }
 
 }  // namespace
@@ -668,6 +855,38 @@ int hw_kv_cache_reset_all(hw_kv_cache* cache) {
   });
 }
 
+// ------------------------------------------------------------ RoPE, RMSNorm
+
+int hw_apply_rope(const hw_rope_config* rope, int64_t head_dim,
+                  const int64_t* positions, float* x, int64_t rows,
+                  int64_t cols, int64_t stride) {
+  constexpr const char* kFn = "hw_apply_rope";
+  return Guard(kFn, [&]() -> int {
+    if (rope == nullptr) return Null(kFn, "rope");
+    if (positions == nullptr) return Null(kFn, "positions");
+    if (x == nullptr) return Null(kFn, "x");
+    return FromStatus(
+        kFn,
+        headway::ApplyRope(Rope(*rope), head_dim, positions,
+                           headway::MatrixView<float>(x, rows, cols, stride)),
+        kRowsInPlace);
+  });
+}
+
+int hw_rms_norm_heads(float* x, int64_t rows, int64_t cols, int64_t stride,
+                      int64_t head_dim, const float* weight, float eps) {
+  constexpr const char* kFn = "hw_rms_norm_heads";
+  return Guard(kFn, [&]() -> int {
+    if (x == nullptr) return Null(kFn, "x");
+    if (weight == nullptr) return Null(kFn, "weight");
+    return FromStatus(
+        kFn,
+        headway::RmsNormHeads(headway::MatrixView<float>(x, rows, cols, stride),
+                              head_dim, weight, eps),
+        kRowsInPlace);
+  });
+}
+
 // --------------------------------------------------------- Attention layer
 
 int hw_attention_layer_create(const hw_attention_layer_config* config,
@@ -675,37 +894,17 @@ int hw_attention_layer_create(const hw_attention_layer_config* config,
                               hw_attention_layer** out) {
   constexpr const char* kFn = "hw_attention_layer_create";
   return Guard(kFn, [&]() -> int {
-    if (config == nullptr) return Null(kFn, "config");
-    if (weights == nullptr) return Null(kFn, "weights");
-    if (out == nullptr) return Null(kFn, "out");
-    headway::AttentionLayerConfig c;
-    c.d_model = config->d_model;
-    c.n_heads = config->n_heads;
-    c.n_kv_heads = config->n_kv_heads;
-    c.head_dim = config->head_dim;
-    c.attention.mask = static_cast<headway::AttentionMask>(config->mask);
-    c.attention.scale = config->scale;
-    c.head_begin = config->head_begin;
-    c.head_end = config->head_end;
+    return CreateLayer(kFn, config, weights, nullptr, out);
+  });
+}
 
-    headway::AttentionLayerWeights w;
-    w.w_q = View(weights->w_q);
-    w.w_k = View(weights->w_k);
-    w.w_v = View(weights->w_v);
-    w.w_o = View(weights->w_o);
-    w.b_q = weights->b_q;
-    w.b_k = weights->b_k;
-    w.b_v = weights->b_v;
-    w.b_o = weights->b_o;
-
-    auto handle = std::make_unique<hw_attention_layer>();
-    const int code =
-        FromStatus(kFn, headway::AttentionLayer::Create(c, w, &handle->layer),
-                   {kMaskEnum,
-                    {"config.attention.mask", "config.mask"},
-                    {"config.attention.scale", "config.scale"}});
-    if (code == HW_OK) *out = handle.release();
-    return code;
+int hw_attention_layer_create_with_variants(
+    const hw_attention_layer_config* config,
+    const hw_attention_layer_weights* weights,
+    const hw_attention_layer_variants* variants, hw_attention_layer** out) {
+  constexpr const char* kFn = "hw_attention_layer_create_with_variants";
+  return Guard(kFn, [&]() -> int {
+    return CreateLayer(kFn, config, weights, variants, out);
   });
 }
 
@@ -728,6 +927,33 @@ int hw_attention_layer_get_config(const hw_attention_layer* layer,
     result.head_begin = c.head_begin;
     result.head_end = c.head_end;
     *config = result;
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_get_variants(const hw_attention_layer* layer,
+                                    hw_attention_layer_variants* variants) {
+  constexpr const char* kFn = "hw_attention_layer_get_variants";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (variants == nullptr) return Null(kFn, "variants");
+    const size_t size = variants->struct_size;
+    if (CheckStructSize(kFn, size) != HW_OK) return HW_INVALID_ARGUMENT;
+    const headway::AttentionLayerConfig& c = layer->layer.config();
+    hw_attention_layer_variants result;
+    std::memset(&result, 0, sizeof(result));
+    result.struct_size = size;
+    result.qk_norm = c.qk_norm ? 1 : 0;
+    result.qk_norm_eps = c.qk_norm_eps;
+    result.q_norm = layer->q_norm.empty() ? nullptr : layer->q_norm.data();
+    result.k_norm = layer->k_norm.empty() ? nullptr : layer->k_norm.data();
+    result.rope = CRope(c.rope);
+    // The caller's fields that this library does not know: zero, off.
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(variants);
+    std::memcpy(bytes, &result, std::min(size, sizeof(result)));
+    if (size > sizeof(result)) {
+      std::memset(bytes + sizeof(result), 0, size - sizeof(result));
+    }
     return Succeed();
   });
 }
