@@ -163,10 +163,13 @@ const Result& ComputedOnce(uint64_t key, Compute compute) {
   return results.emplace(key, compute()).first->second;
 }
 
-// The reference for query `query` of `cache` (ComputedOnce).
+// The reference for query `query` of `cache` (ComputedOnce), with the
+// options' variants. The tolerance's S_t counts softcap and the row's largest
+// |ALiBi bias| too (attention.h), and L_t the keys of its window.
 const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
                               const AttentionQuery& query, bool causal,
-                              float scale) {
+                              float scale,
+                              const test::ref::Variants& variants = {}) {
   const int64_t d = cache.head_dim(), n_tokens = query.q.rows;
   const int64_t length = cache.length(query.seq);
   const int64_t group = n_heads / cache.n_kv_heads();
@@ -179,6 +182,17 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
                            length,  query.q_pos0,       causal};
   InputHash key;
   key.Add(shape, 7).Add(&scale, 1).Add(q.data(), q.size());
+  const double variant_values[] = {static_cast<double>(variants.window),
+                                   variants.softcap};
+  key.Add(variant_values, 2);
+  for (const float* array : {variants.alibi_slopes, variants.sink_logits}) {
+    const float none = -1234.5f;
+    if (array != nullptr) {
+      key.Add(array, static_cast<size_t>(n_heads));
+    } else {
+      key.Add(&none, 1);
+    }
+  }
   key.Add(k.data(), k.size()).Add(v.data(), v.size());
   if (query.mask.data != nullptr) {
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -191,7 +205,7 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
     r.out = test::ref::AttentionCore(
         q.data(), n_heads * d, n_tokens, k.data(), kv_width, v.data(), kv_width,
         length, n_heads, cache.n_kv_heads(), d, query.q_pos0, causal,
-        query.mask.data, query.mask.stride, scale);
+        query.mask.data, query.mask.stride, scale, variants);
     // The magnitudes that scale the tolerance, over the finite inputs (a NaN or
     // inf input makes the rows that see it non-finite, checked as such).
     double v_abs = 0.0;
@@ -200,18 +214,28 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
     }
     r.tol.resize(static_cast<size_t>(n_tokens * n_heads));
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const int64_t seen =
-          causal ? std::min(length, query.q_pos0 + t + 1) : length;
+      const int64_t pos = query.q_pos0 + t;
+      const int64_t end = causal ? std::min(length, pos + 1) : length;
+      const int64_t first =
+          variants.window > 0
+              ? std::min(end, std::max<int64_t>(0, pos - variants.window + 1))
+              : 0;
+      const int64_t seen = end - first;
       for (int64_t h = 0; h < n_heads; ++h) {
         const int64_t g = h / group;
         double s_abs = 0.0;
-        for (int64_t s = 0; s < seen; ++s) {
+        for (int64_t s = first; s < end; ++s) {
           double dot = 0.0;
           for (int64_t p = 0; p < d; ++p) {
             dot += std::fabs(q[t * n_heads * d + h * d + p] *
                              k[s * kv_width + g * d + p]);
           }
-          if (std::isfinite(dot)) s_abs = std::max(s_abs, scale * dot);
+          double bias = variants.softcap;
+          if (variants.alibi_slopes != nullptr) {
+            bias += std::fabs(variants.alibi_slopes[h] *
+                              static_cast<double>(s - pos));
+          }
+          if (std::isfinite(dot)) s_abs = std::max(s_abs, scale * dot + bias);
         }
         r.tol[t * n_heads + h] = 4 * kU * v_abs *
                                  (std::sqrt(static_cast<double>(d)) * s_abs +
@@ -227,10 +251,11 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
 void ExpectMatchesReference(const KvCache& cache, int64_t n_heads,
                             const AttentionQuery& query, bool causal,
                             float scale, const std::string& what,
-                            double* worst = nullptr) {
+                            double* worst = nullptr,
+                            const test::ref::Variants& variants = {}) {
   const int64_t d = cache.head_dim(), n_tokens = query.q.rows;
   const Reference& reference =
-      ReferenceFor(cache, n_heads, query, causal, scale);
+      ReferenceFor(cache, n_heads, query, causal, scale, variants);
   if (::testing::Test::HasFatalFailure()) return;
   const std::vector<double>& ref = reference.out;
   double worst_ratio = 0.0;
@@ -1143,6 +1168,206 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Variants: sliding window, soft-capping, ALiBi, sink logits.
+
+struct VariantSet {
+  std::string name;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  bool alibi = false;
+  bool sinks = false;
+  bool additive_mask = false;
+};
+
+const std::vector<VariantSet>& VariantSets() {
+  static const std::vector<VariantSet> sets = {
+      {"window 1", 1},
+      {"window 100", 100},
+      {"softcap", 0, 1.5f},
+      {"alibi", 0, 0.0f, true},
+      {"sinks", 0, 0.0f, false, true},
+      {"window 37 + softcap + sinks", 37, 2.0f, false, true},
+      {"alibi + mask", 0, 0.0f, true, false, true},
+      {"all", 200, 3.0f, true, true, true},
+  };
+  return sets;
+}
+
+// The options, reference variants and (with additive_mask) mask [n_tokens,
+// kv_len] of a set for n_heads heads; slopes and sinks live in *arrays.
+struct VariantCall {
+  AttentionOptions options;
+  test::ref::Variants variants;
+  std::vector<float> slopes, sinks, mask;
+};
+VariantCall MakeVariantCall(const VariantSet& set, int64_t n_heads,
+                            int64_t n_tokens, int64_t kv_len, bool causal,
+                            uint64_t seed) {
+  VariantCall call;
+  call.options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+  // Scores of a few units, where tanh bends.
+  call.options.scale = 0.5f;
+  call.options.window = set.window;
+  call.options.softcap = set.softcap;
+  call.variants.window = set.window;
+  call.variants.softcap = set.softcap;
+  if (set.alibi) {
+    call.slopes.resize(static_cast<size_t>(n_heads));
+    EXPECT_TRUE(AlibiSlopes(n_heads, call.slopes.data()).ok());
+    call.options.alibi_slopes = call.variants.alibi_slopes = call.slopes.data();
+  }
+  if (set.sinks) {
+    call.sinks = test::RandomVector(n_heads, seed, -1.0f, 3.0f);
+    call.options.sink_logits = call.variants.sink_logits = call.sinks.data();
+  }
+  if (set.additive_mask) {
+    call.mask = test::RandomVector(n_tokens * kv_len, seed + 1, -2.0f, 2.0f);
+    for (size_t i = 0; i < call.mask.size(); i += 5) call.mask[i] = -kInf;
+  }
+  return call;
+}
+
+// Every set on MHA, GQA and MQA: decode (narrow tiles; chunked past 512 keys,
+// where the sinks join at the merge), prefill (wide tiles) and a window far
+// from the cache's start; both masks; fused and materialised paths.
+TEST_P(AttentionTest, VariantsMatchReference) {
+  struct Shape {
+    int64_t n_tokens, kv_len;
+  };
+  const Shape shapes[] = {{1, 1},    {1, 130},  {1, 700},
+                          {1, 3001}, {40, 150}, {3, 2000}};
+  uint64_t seed = 4000;
+  for (const KvDtype dtype : {KvDtype::kFloat32, KvDtype::kInt8}) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      for (const Shape& shape : shapes) {
+        for (const bool causal : {true, false}) {
+          if (!causal && shape.kv_len > 700) continue;
+          const int64_t d = 64, n = shape.n_tokens, kv_len = shape.kv_len;
+          KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, seed,
+                                    /*extra_capacity=*/0, dtype);
+          const int64_t width = layout.n_heads * d;
+          std::vector<float> q(n * width);
+          test::FillRandom(q.data(), q.size(), seed + 1);
+          for (const VariantSet& set : VariantSets()) {
+            if (dtype != KvDtype::kFloat32 && set.name != "all") continue;
+            const std::string what =
+                DtypeName(dtype) + ", " + set.name + ", heads " +
+                std::to_string(layout.n_heads) + "/" +
+                std::to_string(layout.n_kv_heads) + ", n_tokens " +
+                std::to_string(n) + ", kv_len " + std::to_string(kv_len) +
+                (causal ? ", causal" : ", no mask");
+            VariantCall call = MakeVariantCall(set, layout.n_heads, n, kv_len,
+                                               causal, seed + 2);
+            std::vector<float> out(q.size(), -7.0f);
+            AttentionQuery query;
+            query.q_pos0 = kv_len - n;
+            query.q = MatrixView<const float>(q.data(), n, width);
+            query.out = MatrixView<float>(out.data(), n, width);
+            if (!call.mask.empty()) {
+              query.mask = MatrixView<const float>(call.mask.data(), n, kv_len);
+            }
+            Status status =
+                Attention(cache, layout.n_heads, &query, 1, call.options);
+            ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+            ExpectMatchesReference(cache, layout.n_heads, query, causal,
+                                   call.options.scale, what, nullptr,
+                                   call.variants);
+            if (HasFatalFailure()) return;
+            // The materialised path: the same outputs, and weights that are 0
+            // outside the window and sum to 1 less the sink's share.
+            if (kv_len > 700) continue;
+            std::vector<float> mat(q.size(), -7.0f);
+            std::vector<float> weights(layout.n_heads * n * kv_len, -7.0f);
+            query.out = MatrixView<float>(mat.data(), n, width);
+            status = AttentionWithWeights(
+                cache, layout.n_heads, query,
+                MatrixView<float>(weights.data(), layout.n_heads * n, kv_len),
+                call.options);
+            ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+            ExpectMatchesReference(cache, layout.n_heads, query, causal,
+                                   call.options.scale, what + ", materialised",
+                                   nullptr, call.variants);
+            if (HasFatalFailure()) return;
+            for (int64_t row = 0; row < layout.n_heads * n; ++row) {
+              const int64_t pos = query.q_pos0 + row % n;
+              double sum = 0.0;
+              for (int64_t s = 0; s < kv_len; ++s) {
+                const float w = weights[row * kv_len + s];
+                if (set.window > 0 && s <= pos - set.window) {
+                  ASSERT_EQ(w, 0.0f) << what << ": key " << s;
+                }
+                sum += w;
+              }
+              ASSERT_LE(sum, 1.0 + 1e-5) << what;
+              if (!set.sinks && !set.additive_mask) {
+                ASSERT_NEAR(sum, 1.0, 1e-5) << what;
+              }
+            }
+          }
+          seed += 10;
+        }
+      }
+    }
+  }
+}
+
+// With every variant on: 1, 2 and 7 threads give the same bits (decode,
+// chunked, and prefill).
+TEST_P(AttentionTest, VariantsSameBitsForAnyThreadCount) {
+  for (const Case& c :
+       {Case{{8, 2}, 64, 5000, 1, true}, Case{{8, 4}, 64, 300, 300, true}}) {
+    KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 85);
+    const int64_t width = c.layout.n_heads * c.head_dim;
+    std::vector<float> q(c.n_tokens * width);
+    test::FillRandom(q.data(), q.size(), 86);
+    VariantCall call = MakeVariantCall(VariantSets().back(), c.layout.n_heads,
+                                       c.n_tokens, c.kv_len, true, 87);
+    call.options.window = 1000;
+    std::vector<float> first;
+    for (const int threads : {1, 2, 7}) {
+      std::vector<float> out(q.size());
+      AttentionQuery query;
+      query.q_pos0 = c.kv_len - c.n_tokens;
+      query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
+      query.out = MatrixView<float>(out.data(), c.n_tokens, width);
+      query.mask =
+          MatrixView<const float>(call.mask.data(), c.n_tokens, c.kv_len);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        ASSERT_TRUE(
+            Attention(cache, c.layout.n_heads, &query, 1, call.options).ok());
+      });
+      if (first.empty()) {
+        first = out;
+      } else {
+        ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
+                                 out.size() * sizeof(float)))
+            << Describe(c) << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+// The ALiBi paper's slopes: 2^-1 .. 2^-8 for 8 heads; for 12, those of 8 then
+// the odd slopes of 16.
+TEST(AttentionAlibi, PaperSlopes) {
+  float slopes[12];
+  ASSERT_TRUE(AlibiSlopes(8, slopes).ok());
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(slopes[h], std::exp2(-(h + 1.0f)));
+  ASSERT_TRUE(AlibiSlopes(12, slopes).ok());
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(slopes[h], std::exp2(-(h + 1.0f)));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(slopes[8 + i], std::exp2(-(2 * i + 1) * 0.5f)) << i;
+  }
+  EXPECT_TRUE(test::IsError(AlibiSlopes(0, slopes),
+                            StatusCode::kInvalidArgument, {"n_heads"},
+                            "AlibiSlopes: "));
+  EXPECT_TRUE(test::IsError(AlibiSlopes(4, nullptr),
+                            StatusCode::kInvalidArgument, {"slopes is null"},
+                            "AlibiSlopes: "));
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionTest);
 
 // The decode step shown in README.md, as written there.
@@ -1249,6 +1474,18 @@ TEST(AttentionErrors, RejectBadArguments) {
   add("options.mask is not an AttentionMask (got 7)",
       StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.mask = static_cast<AttentionMask>(7); });
+  add("options.window must be >= 0 (got -1)", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.window = -1; });
+  add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.softcap = -1.0f; });
+  add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.softcap = kInf; });
+  static const float kBadSlopes[4] = {0.5f, 0.25f, kInf, 0.0625f};
+  static const float kBadSinks[4] = {0.0f, 1.0f, 2.0f, NAN};
+  add("options.alibi_slopes[2] is not finite", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.alibi_slopes = kBadSlopes; });
+  add("options.sink_logits[3] is not finite", StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.sink_logits = kBadSinks; });
   for (const Bad& bad : cases) {
     const Status status =
         Attention(cache, bad.n_heads, &bad.query, 1, bad.options);

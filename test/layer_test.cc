@@ -133,6 +133,25 @@ AttentionLayerConfig WithVariants(AttentionLayerConfig config, bool qk_norm,
   return config;
 }
 
+// config with attention variants (AttentionOptions): a window, soft-capping,
+// ALiBi (the paper's slopes) and sink logits (in [-1, 3]) for up to 16 heads.
+AttentionLayerConfig WithAttentionVariants(AttentionLayerConfig config,
+                                           int64_t window, float softcap,
+                                           bool alibi, bool sinks) {
+  static const std::vector<float> kSlopes = [] {
+    std::vector<float> slopes(16);
+    EXPECT_TRUE(AlibiSlopes(16, slopes.data()).ok());
+    return slopes;
+  }();
+  static const std::vector<float> kSinks =
+      test::RandomVector(16, 77, -1.0f, 3.0f);
+  config.attention.window = window;
+  config.attention.softcap = softcap;
+  config.attention.alibi_slopes = alibi ? kSlopes.data() : nullptr;
+  config.attention.sink_logits = sinks ? kSinks.data() : nullptr;
+  return config;
+}
+
 Shape ShapeOf(const AttentionLayerConfig& config) {
   return {
       config.d_model, config.n_heads,
@@ -159,6 +178,11 @@ std::string Describe(const AttentionLayerConfig& config) {
             std::to_string(config.head_end) + ")";
   }
   if (config.qk_norm) text += ", QK-norm";
+  const AttentionOptions& a = config.attention;
+  if (a.window != 0) text += ", window " + std::to_string(a.window);
+  if (a.softcap != 0.0f) text += ", softcap " + std::to_string(a.softcap);
+  if (a.alibi_slopes != nullptr) text += ", ALiBi";
+  if (a.sink_logits != nullptr) text += ", sink logits";
   if (config.rope.rotary_dim != 0) {
     text += ", RoPE " + std::to_string(config.rope.rotary_dim) +
             (config.rope.layout == RopeLayout::kHalves ? " halves"
@@ -222,6 +246,18 @@ struct Model {
     const int64_t hd = shape.head_dim;
     rope = config.rope;
     qk_norm_eps = config.qk_norm_eps;
+    // The attention variants, with copies of the per-head arrays.
+    const AttentionOptions& a = config.attention;
+    slopes.assign(a.alibi_slopes, a.alibi_slopes == nullptr
+                                      ? a.alibi_slopes
+                                      : a.alibi_slopes + shape.n_heads);
+    sinks.assign(a.sink_logits, a.sink_logits == nullptr
+                                    ? a.sink_logits
+                                    : a.sink_logits + shape.n_heads);
+    variants.window = a.window;
+    variants.softcap = a.softcap;
+    variants.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    variants.sink_logits = sinks.empty() ? nullptr : sinks.data();
     q_norm.clear();
     k_norm.clear();
     if (config.qk_norm) {
@@ -249,8 +285,12 @@ struct Model {
     return status;
   }
 
-  // Whether Q and K change after the bias (QK-norm or RoPE).
-  bool HasVariants() const { return !q_norm.empty() || rope.rotary_dim != 0; }
+  // Whether the layer is more than the seed's (ref::MultiHeadAttention): Q
+  // and K change after the bias (QK-norm, RoPE) or attention has variants.
+  bool HasVariants() const {
+    return !q_norm.empty() || rope.rotary_dim != 0 || variants.window != 0 ||
+           variants.softcap != 0.0 || !slopes.empty() || !sinks.empty();
+  }
 
   // QK-norm with `norm` (if the model has it), then RoPE (if any), of y [n,
   // heads * head_dim] (a projection with its bias, tokens at positions 0 ..
@@ -317,6 +357,8 @@ struct Model {
   std::vector<float> q_norm, k_norm;  // empty: no QK-norm
   float qk_norm_eps = 0;
   RopeConfig rope;
+  ref::Variants variants;  // of attention, pointing into slopes and sinks
+  std::vector<float> slopes, sinks;
 
  private:
   MatrixView<const float> Copy(int i, const std::vector<float>& from,
@@ -402,7 +444,8 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   auto attend = [&](const std::vector<double>& values) {
     return ref::AttentionCore(q.data(), qc, n, keys.data(), kvc, values.data(),
                               kvc, n, s.n_heads, s.n_kv_heads, hd,
-                              /*q_pos0=*/0, causal, nullptr, 0, scale);
+                              /*q_pos0=*/0, causal, nullptr, 0, scale,
+                              m.variants);
   };
   std::vector<double> v_plain_abs(v_attn != nullptr ? *v_attn : e.v);
   for (double& value : v_plain_abs) value = std::fabs(value);
@@ -411,11 +454,15 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   const std::vector<double> o_vabs = attend(v_abs);
   std::vector<double> o_err(n * qc);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t seen = causal ? t + 1 : n;
+    const int64_t end = causal ? t + 1 : n;
+    const int64_t first = m.variants.window > 0
+                              ? std::max<int64_t>(0, t - m.variants.window + 1)
+                              : 0;
+    const int64_t seen = end - first;
     for (int64_t h = 0; h < s.n_heads; ++h) {
       const int64_t g = h / s.group();
       double score_err = 0.0, s_max = 0.0;
-      for (int64_t j = 0; j < seen; ++j) {
+      for (int64_t j = first; j < end; ++j) {
         double carried = 0.0, dot = 0.0;
         for (int64_t p = 0; p < hd; ++p) {
           const size_t qi = static_cast<size_t>(t * qc + h * hd + p);
@@ -425,7 +472,12 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
           dot += std::fabs(q[qi] * keys[ki]);
         }
         score_err = std::max(score_err, e_p * scale * std::sqrt(carried));
-        s_max = std::max(s_max, scale * dot);
+        // Soft-capping and ALiBi's bias count in the kernel's S_t
+        // (attention.h).
+        const double bias =
+            m.variants.softcap +
+            (m.slopes.empty() ? 0.0 : std::fabs(m.slopes[h] * (j - t)));
+        s_max = std::max(s_max, scale * dot + bias);
       }
       const double kernel = 4 * kU *
                             (std::sqrt(static_cast<double>(hd)) * s_max +
@@ -641,6 +693,20 @@ TEST_P(AttentionLayerTest, QkNormAndRopeMatchReference) {
                    RopeScaling::kLinear),
   };
   ParitySweep(configs, {1, 7, 33}, /*seed=*/900);
+}
+
+// The attention variants through the layer, alone and with RoPE and QK-norm
+// (a Gemma-2- or gpt-oss-shaped layer).
+TEST_P(AttentionLayerTest, AttentionVariantsMatchReference) {
+  const std::vector<AttentionLayerConfig> configs = {
+      WithAttentionVariants(Config(64, 4), 5, 0.0f, false, false),
+      WithAttentionVariants(Config(64, 4), 0, 2.0f, false, false),
+      WithAttentionVariants(Config(96, 6, 2, 16), 0, 0.0f, true, false),
+      WithAttentionVariants(Config(64, 4, 1, 24), 0, 0.0f, false, true),
+      WithAttentionVariants(WithVariants(Config(64, 8, 2, 16), true, 16), 9,
+                            3.0f, true, true),
+  };
+  ParitySweep(configs, {1, 7, 33}, /*seed=*/1900);
 }
 
 // GQA and MQA: query head h reads KV head h / (n_heads / n_kv_heads).
@@ -866,6 +932,9 @@ TEST_P(AttentionLayerTest, ShardsSumToWholeLayer) {
       {Config(64, 8, 2, 16), {0, 4, 8}},      // GQA, two shards
       {Config(64, 4, 1, 16), {0, 4}},         // MQA: one shard only
       {WithVariants(Config(96, 6, 3, 16), true, 16), {0, 2, 4, 6}},
+      // Per-head ALiBi slopes and sink logits: each shard reads its heads'.
+      {WithAttentionVariants(Config(64, 8, 4, 8), 6, 2.0f, true, true),
+       {0, 2, 6, 8}},
   };
   uint64_t seed = 5000;
   for (const Split& split : splits) {
@@ -1437,10 +1506,13 @@ TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
       {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
   };
   const AttentionLayerConfig configs[] = {
-      Config(64, 4), Config(64, 8, 2, 16), Config(96, 6, 1),
+      Config(64, 4),
+      Config(64, 8, 2, 16),
+      Config(96, 6, 1),
       Config(60, 3, 3, 20),
       WithVariants(Config(64, 8, 2, 16), true, 12, RopeLayout::kHalves,
-                   RopeScaling::kLlama3)};
+                   RopeScaling::kLlama3),
+      WithAttentionVariants(Config(64, 8, 4, 16), 4, 2.0f, true, true)};
   uint64_t seed = 5000;
   for (const AttentionLayerConfig& config : configs) {
     ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, steps, 4, 16, seed));
@@ -1634,6 +1706,14 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
     qk(b);
     b.config.qk_norm_eps = -1e-6f;
   });
+  // Attention variants: the per-head arrays are the whole model's [n_heads].
+  static const float kBadSinks[4] = {0.0f, 1.0f, 2.0f, kNaN};
+  add({"config.attention.window"}, kInvalid,
+      [](Bad& b) { b.config.attention.window = -3; });
+  add({"config.attention.softcap"}, kInvalid,
+      [](Bad& b) { b.config.attention.softcap = kNaN; });
+  add({"config.attention.sink_logits[3]"}, kInvalid,
+      [](Bad& b) { b.config.attention.sink_logits = kBadSinks; });
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);

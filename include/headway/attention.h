@@ -9,17 +9,20 @@
 // over the cached rows s < length(seq), where M is the causal mask (-inf for s
 // > q_pos0 + t) plus the optional additive mask, added in natural units (every
 // finite mask value, -FLT_MAX included, is a score offset: a row of -FLT_MAX
-// is the uniform average of the keys it sees). A key that a row does not see
-// (causal, or a -inf mask entry) contributes nothing to it, not even a NaN or
-// inf in its K or V row. A row whose every score is masked gives zeros; a row
-// that sees a NaN, or a score of +inf, is NaN.
+// is the uniform average of the keys it sees). AttentionOptions adds the
+// variants models use (sliding window, soft-capping, ALiBi, sink logits): see
+// there for where each enters. A key that a row does not see (causal, window,
+// or a -inf mask entry) contributes nothing to it, not even a NaN or inf in
+// its K or V row. A row whose every score is masked gives zeros; a row that
+// sees a NaN, or a score of +inf (without softcap), is NaN.
 //
 // Error bound, per output element of query row t (u = 2^-24): rounding errors
 // taken as a random walk (Higham, Accuracy and Stability of Numerical
 // Algorithms, 2nd ed., sec. 2.8), which the tests assert on every target,
 //   |out - exact| <= 4 u |V|max (sqrt(d) S_t + sqrt(L_t) + 8)
-// with S_t = max_s (scale * sum_p |q_p K[s, p]| + |mask[t, s]|) over the L_t
-// keys the row sees and |V|max the largest |V| among them. The sqrt(d) S_t
+// with S_t = max_s (scale * sum_p |q_p K[s, p]| + softcap + |alibi bias| +
+// |mask[t, s]|) over the L_t keys the row sees and |V|max the largest |V|
+// among them. The sqrt(d) S_t
 // term is the rounding of the scores, which dominates for large logits (an
 // error e in a score moves that key's weight by e relative); sqrt(L_t) the
 // weighted sum of V; 8 exp, the rescaling and the chunk merge. Measured on
@@ -43,11 +46,40 @@ enum class AttentionMask : int {
   kNone = 1,    // every query sees every cached row (and the additive mask)
 };
 
+// The score of query head h at position p for the key at position k is, in
+// this order (each step only where its option is set):
+//   s = scale * q . k
+//   s = softcap * tanh(s / softcap)          (Gemma 2's logit soft-capping)
+//   s = s + alibi_slopes[h] * (k - p)        (ALiBi)
+//   s = s + mask[t, k]                       (the query's additive mask)
+// and the key takes part only if the rules of VisibleKeys let it: k <= p
+// (kCausal) and k > p - window (a sliding window). With sink_logits, the
+// softmax's denominator also holds exp(sink_logits[h]) (gpt-oss's learned
+// attention sinks: a virtual key of that score whose value is zero), so a
+// row's weights sum to less than 1.
 struct AttentionOptions {
   AttentionMask mask = AttentionMask::kCausal;
   // Multiplies q . k; 0 means 1 / sqrt(head_dim).
   float scale = 0.0f;
+  // A query at position p sees no key at position <= p - window (Mistral,
+  // Gemma 2/3, gpt-oss); 0: no window. Time and work follow the keys a query
+  // sees: decode reads window keys, prefill skips the blocks outside.
+  int64_t window = 0;
+  // Logit soft-capping (Gemma 2: 50); 0: none. A +inf score becomes softcap.
+  float softcap = 0.0f;
+  // [n_heads] per-head ALiBi slopes (Press et al., 2022; AlibiSlopes gives
+  // the paper's); null: none. Finite. Distances k - p are exact below 2^24.
+  const float* alibi_slopes = nullptr;
+  // [n_heads] per-head sink logits in natural units (gpt-oss); null: none.
+  // Finite.
+  const float* sink_logits = nullptr;
 };
+
+// The ALiBi paper's slopes for n_heads heads into slopes [n_heads]: for n a
+// power of two, 2^(-8 (h + 1) / n); otherwise those of the largest power of
+// two n' < n, then every other slope of 2 n' (BLOOM's and the paper's code).
+// Errors (kInvalidArgument): n_heads < 1, null slopes.
+HEADWAY_API Status AlibiSlopes(int64_t n_heads, float* slopes);
 
 // The new queries of one sequence.
 struct AttentionQuery {
@@ -75,7 +107,9 @@ struct AttentionQuery {
 // overflowing int64_t, n_queries < 1 or a null queries, a bad seq, bad
 // q/out/mask views, q or out not [n_tokens, n_heads * head_dim], a mask not
 // [n_tokens, length(seq)], out overlapping q, the mask, the cache or another
-// query's out, q_pos0 < 0, a scale that is not finite or < 0; kOutOfRange:
+// query's out, q_pos0 < 0, a scale that is not finite or < 0, a window < 0, a
+// softcap that is not finite or < 0, a slope or sink logit that is not finite
+// (the message names its index); kOutOfRange:
 // q_pos0 + n_tokens > length(seq) (a query must come after its own key and
 // value are cached); kResourceExhausted: a view whose byte span overflows, or
 // no memory for scratch.
@@ -87,8 +121,10 @@ HEADWAY_API Status Attention(const KvCache& cache, int64_t n_heads,
 // (and the baseline the fused path is measured against): for one sequence,
 //   weights[h * n_tokens + t, s] = softmax_s(scale * q_h[t] . K_g[s] + M[t, s])
 //   out[t, h*d : (h+1)*d] = sum_s weights[h * n_tokens + t, s] V_g[s]
-// weights: [n_heads * n_tokens, length(seq)], written (hidden entries are 0;
-// a row that sees a NaN or +inf score is NaN throughout, as softmax gives).
+// with the options' variants as Attention applies them (with sink_logits a
+// row's weights sum to less than 1). weights: [n_heads * n_tokens,
+// length(seq)], written (hidden entries are 0; a row that sees a NaN or +inf
+// score is NaN throughout, as softmax gives).
 // Errors: as Attention, plus weights not [n_heads * n_tokens, length(seq)] or
 // overlapping. Memory: the weights are n_heads * n_tokens * length floats.
 HEADWAY_API Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,

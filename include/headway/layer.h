@@ -58,8 +58,10 @@ struct AttentionLayerConfig {
   int64_t n_kv_heads = 0;
   // Elements per head; 0 means d_model / n_heads (which must then divide).
   int64_t head_dim = 0;
-  // The mask (causal by default) and scale (0: 1 / sqrt(head_dim)) of the
-  // layer's attention, as Attention takes them.
+  // The mask (causal by default), scale (0: 1 / sqrt(head_dim)) and variants
+  // (sliding window, soft-capping, ALiBi, sink logits) of the layer's
+  // attention, as Attention takes them; alibi_slopes and sink_logits are the
+  // whole model's [n_heads] (Create copies them; a shard reads its heads').
   AttentionOptions attention;
   // The query heads this layer owns, [head_begin, head_end); both 0 means all.
   // Must cover whole KV groups: multiples of n_heads / n_kv_heads.

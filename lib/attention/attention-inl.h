@@ -29,9 +29,11 @@
 // points switch on the cache's KvDtype once per call (VisitKvDtype).
 //
 // One home per rule, which every path asks: VisibleKeys (which keys a query
-// sees), MaskedScore (the additive mask), KvRows (how stored K and V rows are
-// read), OnlineSoftmaxStep (the softmax update) and RowNormalizer (the
-// result of a row, zeros for a row that saw no key).
+// sees: causal, sliding window), ScoreRules (with which bias: soft-capping and
+// ALiBi), MaskedScore (the additive mask), KvRows (how stored K and V rows are
+// read), OnlineSoftmaxStep (the softmax update), RowNormalizer and MergedRow
+// (the result of a row, with the sink logits in its denominator; zeros for a
+// row that saw no key).
 //
 // Work items are (sequence, KV head, group of up to 4 consecutive query tiles,
 // key chunk); a group runs key block by key block over all its tiles, so that
@@ -88,14 +90,18 @@ struct KeyRange {
   }
 };
 
-// The keys that query token t of `work` sees before the additive mask: the one
-// home of the causal rule, and of any future window (begin > 0). Both ends are
-// nondecreasing in t and the ranges of consecutive tokens overlap, which
-// KeysSeenByAny and KeysSeenByAll rely on.
+// The keys that query token t of `work` (at position p = q_pos0 + t) sees
+// before the additive mask: the one home of the causal rule (keys <= p) and
+// of the sliding window (keys > p - window). Both ends are nondecreasing in t
+// and the ranges of consecutive tokens overlap or touch, which KeysSeenByAny
+// and KeysSeenByAll rely on.
 inline KeyRange VisibleKeys(const AttentionDims& dims,
                             const AttentionWork& work, int64_t t) {
-  return {0, dims.causal ? std::min(work.kv_len, work.q_pos0 + t + 1)
-                         : work.kv_len};
+  const int64_t p = work.q_pos0 + t;
+  const int64_t end = dims.causal ? std::min(work.kv_len, p + 1) : work.kv_len;
+  const int64_t begin =
+      dims.window > 0 ? std::max<int64_t>(0, p - dims.window + 1) : 0;
+  return {std::min(begin, end), end};
 }
 
 // The union of the visible ranges of tokens [t0, t0 + nt), nt >= 1: the keys
@@ -252,6 +258,76 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
 // natural units, where every finite float is representable.
 HWY_INLINE float MaskedScore(float score, float mask) {
   return mask == -std::numeric_limits<float>::infinity() ? mask : score + mask;
+}
+
+// The rules that turn a score into the one the softmax sees, before the
+// additive mask (AttentionOptions): soft-capping, then ALiBi's bias. `unit` is
+// the scores' unit per natural one (log2(e) for base-2 scores, else 1).
+struct ScoreRules {
+  float cap;            // softcap * unit; 0: none
+  float inv_cap;        // 1 / cap
+  const float* slopes;  // [n_heads] in natural units; null: no ALiBi
+  float unit;
+  bool any() const { return cap != 0.0f || slopes != nullptr; }
+  // Query head h's slope in the scores' units (0 without ALiBi).
+  float Slope(int64_t h) const {
+    return slopes != nullptr ? slopes[h] * unit : 0.0f;
+  }
+};
+HWY_INLINE ScoreRules MakeScoreRules(const AttentionDims& dims, float unit) {
+  ScoreRules rules;
+  rules.cap = dims.softcap * unit;
+  rules.inv_cap = dims.softcap != 0.0f ? 1.0f / rules.cap : 0.0f;
+  rules.slopes = dims.alibi_slopes;
+  rules.unit = unit;
+  return rules;
+}
+
+// The one home of "with which bias": scores s (in the rules' units) of the
+// (query, key) pairs in the lanes, slope the query head's slope (Slope) and
+// dist the key's position minus the query's: cap * tanh(s / cap), then +
+// slope * dist. A NaN stays NaN; +-inf becomes +-cap.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V RuledScores(D d, const ScoreRules& rules, V s, V slope, V dist) {
+  if (rules.cap != 0.0f) {
+    // Tanh is exact to 1 beyond |x| = 18.7; the clamp keeps Expm1's
+    // conversion to integer in range, and NaN out of it (SCALAR converts in
+    // C++).
+    const auto nan = hn::IsNaN(s);
+    const V x = hn::IfThenZeroElse(
+        nan, hn::Min(hn::Max(hn::Mul(s, hn::Set(d, rules.inv_cap)),
+                             hn::Set(d, -20.0f)),
+                     hn::Set(d, 20.0f)));
+    s = hn::IfThenElse(nan, s, hn::Mul(hn::Set(d, rules.cap), hn::Tanh(d, x)));
+  }
+  if (rules.slopes != nullptr) s = hn::MulAdd(slope, dist, s);
+  return s;
+}
+
+// RuledScores over row[0, n): the scores of one query (head h, position
+// q_pos) against keys k0, k0 + 1, ... (keys along the lanes).
+HWY_INLINE void RuleScoreRow(const ScoreRules& rules, int64_t h, int64_t q_pos,
+                             int64_t k0, float* HWY_RESTRICT row, size_t n) {
+  const AttnD d;
+  const hn::CappedTag<float, 1> d1;
+  const size_t N = hn::Lanes(d);
+  const float slope = rules.Slope(h);
+  // Distances are exact below 2^24.
+  const float dist0 = static_cast<float>(k0 - q_pos);
+  size_t s = 0;
+  for (; s + N <= n; s += N) {
+    const auto dist =
+        hn::Add(hn::Iota(d, 0.0f), hn::Set(d, dist0 + static_cast<float>(s)));
+    hn::StoreU(
+        RuledScores(d, rules, hn::LoadU(d, row + s), hn::Set(d, slope), dist),
+        d, row + s);
+  }
+  for (; s < n; ++s) {
+    const auto dist = hn::Set(d1, dist0 + static_cast<float>(s));
+    hn::StoreU(RuledScores(d1, rules, hn::LoadU(d1, row + s),
+                           hn::Set(d1, slope), dist),
+               d1, row + s);
+  }
 }
 
 // Whether the query token t of `work` must not see key `key`: outside its
@@ -436,6 +512,11 @@ HWY_INLINE float QueryScale(const AttentionDims& dims,
 HWY_INLINE float MaxToNatural(const AttentionWork& work) {
   return ScoresInBase2(work) ? kLn2 : 1.0f;
 }
+// The call's ScoreRules in the units of the work's scores.
+HWY_INLINE ScoreRules WorkScoreRules(const AttentionDims& dims,
+                                     const AttentionWork& work) {
+  return MakeScoreRules(dims, ScoresInBase2(work) ? kLog2e : 1.0f);
+}
 
 // 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
 // measured over [-0.5, 0.5] against float64): x = n + f, n = round(x),
@@ -498,15 +579,16 @@ struct OnlineSoftmaxStep {
 };
 
 // The result of a query row from its unnormalised output o and softmax sum l,
-// for the rows in the lanes of l, the one rule of every tile and chunk: o / l
-// (as o * (1 / l)); zeros for a row that saw no key (l == 0), whatever o
-// holds; NaN for a NaN l (the row saw a NaN or a +inf score). MergedRow is the
-// same rule for merged chunks.
+// for the rows in the lanes of l, the one rule of every tile and chunk: o / (l
+// + sink) (as o * (1 / (l + sink))), sink the share of a sink logit in the
+// denominator (SinkWeight; 0 without); zeros for a row that saw no key (l ==
+// 0), whatever o holds; NaN for a NaN l (the row saw a NaN or a +inf score).
+// MergedRow is the same rule for merged chunks.
 template <class D, class V = hn::Vec<D>>
 struct RowNormalizer {
-  HWY_INLINE RowNormalizer(D d, V l)
+  HWY_INLINE RowNormalizer(D d, V l, V sink)
       : keep(hn::Or(hn::Gt(l, hn::Zero(d)), hn::IsNaN(l))),
-        inv(hn::Div(hn::Set(d, 1.0f), l)) {}
+        inv(hn::Div(hn::Set(d, 1.0f), hn::Add(l, sink))) {}
   HWY_INLINE V operator()(V o) const {
     return hn::IfThenElseZero(keep, hn::Mul(o, inv));
   }
@@ -515,12 +597,21 @@ struct RowNormalizer {
   V inv;
 };
 
-// RowNormalizer's rule after a merge: acc / total, where total sums the
-// weights of the chunks that saw keys; zeros when none did (total == 0); NaN
-// when one saw a NaN (nan).
-HWY_INLINE float MergedRow(double acc, double total, bool nan) {
+// RowNormalizer's rule after a merge: acc / (total + sink), where total sums
+// the weights of the chunks that saw keys and sink is SinkWeight's at their
+// common max; zeros when none did (total == 0); NaN when one saw a NaN (nan).
+HWY_INLINE float MergedRow(double acc, double total, double sink, bool nan) {
   if (nan) return std::numeric_limits<float>::quiet_NaN();
-  return total > 0.0 ? static_cast<float>(acc / total) : 0.0f;
+  return total > 0.0 ? static_cast<float>(acc / (total + sink)) : 0.0f;
+}
+
+// The sink logit's term of query head h's softmax denominator,
+// exp(sink_logits[h] - m), for a row whose largest score is m in natural
+// units (-inf: none, giving +inf, which RowNormalizer's zero row ignores); 0
+// without sink logits.
+HWY_INLINE double SinkWeight(const AttentionDims& dims, int64_t h, double m) {
+  if (dims.sink_logits == nullptr) return 0.0;
+  return std::exp(static_cast<double>(dims.sink_logits[h]) - m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -681,6 +772,31 @@ HWY_NOINLINE void WideTileBlock(const AttentionDims& dims,
   // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
   OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys, rp / N,
                     /*accumulate=*/false);
+  // Soft-capping and ALiBi, a query row per lane (padding rows: slope 0).
+  const ScoreRules rules = WorkScoreRules(dims, work);
+  if (rules.any()) {
+    for (size_t j = 0; j < rp; j += N) {
+      HWY_ALIGN float slope[hn::MaxLanes(d)];
+      HWY_ALIGN float q_pos[hn::MaxLanes(d)];
+      for (size_t lane = 0; lane < N; ++lane) {
+        const int64_t r = static_cast<int64_t>(j + lane);
+        slope[lane] = r < tile.rows
+                          ? rules.Slope(tile.kv_head * group + r % group)
+                          : 0.0f;
+        q_pos[lane] = static_cast<float>(work.q_pos0 + tile.t0 + r / group);
+      }
+      const auto vslope = hn::Load(d, slope);
+      const auto vq_pos = hn::Load(d, q_pos);
+      for (size_t s = 0; s < n_keys; ++s) {
+        float* row = st + s * rp + j;
+        const auto dist = hn::Sub(
+            hn::Set(d, static_cast<float>(k0 + static_cast<int64_t>(s))),
+            vq_pos);
+        hn::Store(RuledScores(d, rules, hn::Load(d, row), vslope, dist), d,
+                  row);
+      }
+    }
+  }
   // Each lane's VisibleKeys, only on blocks that some row does not wholly see.
   const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
                                              static_cast<int64_t>(n_keys));
@@ -824,6 +940,7 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
       HeadRows<T>(dims, work, KvSide::kKeys, tile.kv_head, nullptr);
   const KvRows<T> values =
       HeadRows<T>(dims, work, KvSide::kValues, tile.kv_head, nullptr);
+  const ScoreRules rules = WorkScoreRules(dims, work);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
@@ -835,12 +952,18 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     ScoreRows(qs, row_stride, rows, keys.Stored(k0), row_stride,
               keys.Scales(k0), n_keys, row_stride,
               rows > 1 ? values.Stored(k0) : nullptr, row_stride, sc, bkp);
-    // Masks: the additive one, each row's VisibleKeys, -inf for the padding.
+    // Soft-capping and ALiBi, the additive mask, each row's VisibleKeys, -inf
+    // for the padding.
     const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
                                                static_cast<int64_t>(n_keys));
     for (size_t r = 0; r < rows; ++r) {
       const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
       float* sc_row = sc + r * bkp;
+      if (rules.any()) {
+        RuleScoreRow(rules,
+                     tile.kv_head * group + static_cast<int64_t>(r) % group,
+                     work.q_pos0 + t, k0, sc_row, n_keys);
+      }
       if (work.mask) {
         const float* mask_row = work.mask + t * work.mask_stride + k0;
         for (size_t s = 0; s < n_keys; ++s)
@@ -914,16 +1037,21 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   split.n_tiles = (work.n_tokens + split.tile_tokens - 1) / split.tile_tokens;
   split.group_tiles = split.wide ? kAttentionGroupTiles : 1;
   split.n_groups = (split.n_tiles + split.group_tiles - 1) / split.group_tiles;
-  split.chunk = RoundUp(std::max<int64_t>(work.kv_len, 1), kAttentionKeyBlock);
+  // Chunks cut the keys that some token sees (a window's, not the cache's),
+  // from the key block that holds the first.
+  const KeyRange seen = KeysSeenByAny(dims, work, 0, work.n_tokens);
+  split.key0 = seen.begin / kAttentionKeyBlock * kAttentionKeyBlock;
+  const int64_t n_keys = std::max<int64_t>(seen.end - split.key0, 1);
+  split.chunk = RoundUp(n_keys, kAttentionKeyBlock);
   if (items_without_chunks < kAttentionMinItems) {
     const int64_t want =
         (kAttentionMinItems + items_without_chunks - 1) / items_without_chunks;
     const int64_t chunk =
-        RoundUp(std::max(kAttentionMinChunk, (work.kv_len + want - 1) / want),
+        RoundUp(std::max(kAttentionMinChunk, (n_keys + want - 1) / want),
                 kAttentionKeyBlock);
     split.chunk = std::min(split.chunk, chunk);
   }
-  split.n_chunks = (work.kv_len + split.chunk - 1) / split.chunk;
+  split.n_chunks = (n_keys + split.chunk - 1) / split.chunk;
   return split;
 }
 
@@ -1002,7 +1130,7 @@ HWY_INLINE AttentionTile MakeTile(const AttentionDims& dims,
   tile.t0 = index * split.tile_tokens;
   tile.nt = std::min(split.tile_tokens, work.n_tokens - tile.t0);
   tile.rows = tile.nt * (dims.n_heads / dims.n_kv_heads);
-  const int64_t chunk_begin = chunk * split.chunk;
+  const int64_t chunk_begin = split.key0 + chunk * split.chunk;
   const int64_t chunk_end = std::min(work.kv_len, chunk_begin + split.chunk);
   const KeyRange seen = KeysSeenByAny(dims, work, tile.t0, tile.nt);
   tile.key_begin =
@@ -1100,18 +1228,34 @@ HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
   NarrowTile<T>(dims, tile, qs, sc, o, result->state);
 }
 
-// Applies RowNormalizer to a finished tile's output, in place.
+// Applies RowNormalizer to a finished tile's output, in place; with_sinks:
+// the tile saw all of its rows' keys (no chunks to merge), so the sink
+// logits join here.
 HWY_INLINE void NormalizeTile(const AttentionDims& dims,
                               const AttentionTile& tile,
-                              const TileResult& result) {
+                              const TileResult& result, bool with_sinks) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const double to_natural = MaxToNatural(*tile.work);
+  // Row r's SinkWeight (0 for padding rows, or without sinks).
+  const auto sink = [&](int64_t r) {
+    return with_sinks && r < tile.rows
+               ? static_cast<float>(
+                     SinkWeight(dims, tile.kv_head * group + r % group,
+                                to_natural * result.state.max[r]))
+               : 0.0f;
+  };
   if (result.row_step == 1) {
     // Wide: OT [d, rp], a row per lane.
     const size_t rp = RoundUp(static_cast<size_t>(tile.rows), N);
     for (size_t j = 0; j < rp; j += N) {
-      const RowNormalizer<AttnD> normalize(d,
-                                           hn::Load(d, result.state.sum + j));
+      HWY_ALIGN float sinks[hn::MaxLanes(d)];
+      for (size_t lane = 0; lane < N; ++lane) {
+        sinks[lane] = sink(static_cast<int64_t>(j + lane));
+      }
+      const RowNormalizer<AttnD> normalize(d, hn::Load(d, result.state.sum + j),
+                                           hn::Load(d, sinks));
       for (int64_t p = 0; p < dims.head_dim; ++p) {
         float* o = result.o + static_cast<size_t>(p) * result.col_step + j;
         hn::Store(normalize(hn::Load(d, o)), d, o);
@@ -1121,7 +1265,8 @@ HWY_INLINE void NormalizeTile(const AttentionDims& dims,
   }
   // Narrow: O [rows, row_stride], a row broadcast.
   for (int64_t r = 0; r < tile.rows; ++r) {
-    const RowNormalizer<AttnD> normalize(d, hn::Set(d, result.state.sum[r]));
+    const RowNormalizer<AttnD> normalize(d, hn::Set(d, result.state.sum[r]),
+                                         hn::Set(d, sink(r)));
     float* o_row = result.o + static_cast<size_t>(r) * result.row_step;
     for (size_t p = 0; p < result.row_step; p += N) {
       hn::Store(normalize(hn::Load(d, o_row + p)), d, o_row + p);
@@ -1208,7 +1353,7 @@ HWY_INLINE void RunWorkItem(const AttentionWork* works,
     RunNarrowTile<T>(dims, tiles[0], &results[0]);
   }
   for (int64_t i = 0; i < it.n_tiles; ++i) {
-    NormalizeTile(dims, tiles[i], results[i]);
+    NormalizeTile(dims, tiles[i], results[i], sp.n_chunks == 1);
     if (sp.n_chunks == 1) {
       WriteTileOutput(dims, tiles[i], results[i]);
     } else {
@@ -1227,6 +1372,7 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
                               const AttentionTile& tile,
                               const AttentionPartial* partials,
                               int64_t n_chunks) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
   for (int64_t r = 0; r < tile.rows; ++r) {
     float* out_row = TileOutRow(dims, tile, r);
     double m = -std::numeric_limits<double>::infinity();
@@ -1245,13 +1391,16 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
                        : 0.0;
       total += weights[c];
     }
+    const double sink =
+        total > 0.0 ? SinkWeight(dims, tile.kv_head * group + r % group, m)
+                    : 0.0;
     for (int64_t p = 0; p < dims.head_dim; ++p) {
       double acc = 0.0;
       for (int64_t c = 0; c < n_chunks; ++c) {
         if (weights[c] > 0.0)
           acc += weights[c] * partials[c].out[r * dims.head_dim + p];
       }
-      out_row[p] = MergedRow(acc, total, nan);
+      out_row[p] = MergedRow(acc, total, sink, nan);
     }
   }
 }
@@ -1326,29 +1475,64 @@ HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
       }
     }
   }
+  // Scores in natural units here.
+  const ScoreRules rules = MakeScoreRules(dims, 1.0f);
+  const bool sinks = dims.sink_logits != nullptr;
+  // sinks: each row's largest score (before the softmax).
+  std::vector<float> row_max(sinks ? n_tokens : 0);
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     float* w = weights + h * work.n_tokens * w_stride;
     MatmulUnpackedT(
         work.q + h * dims.head_dim, static_cast<size_t>(work.q_stride),
         /*trans_a=*/false, keys, row_stride, /*trans_b=*/true, n_tokens, kv_len,
         dim, w, static_cast<size_t>(w_stride), dims.scale, 0.0f);
-    if (may_hide) {
+    if (may_hide || rules.any() || sinks) {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, work.n_tokens),
           [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
             for (int64_t t = range.begin(); t < range.end(); ++t) {
               float* row = w + t * w_stride;
+              if (rules.any()) {
+                RuleScoreRow(rules, h, work.q_pos0 + t, 0, row, kv_len);
+              }
               if (work.mask != nullptr) {
                 const float* mask_row = work.mask + t * work.mask_stride;
                 for (int64_t s = 0; s < work.kv_len; ++s)
                   row[s] = MaskedScore(row[s], mask_row[s]);
               }
-              HideOutside(VisibleKeys(dims, work, t), 0, kv_len, row);
+              if (may_hide) {
+                HideOutside(VisibleKeys(dims, work, t), 0, kv_len, row);
+              }
+              if (sinks) {
+                bool special = false;  // NaN or +inf: the softmax's NaN row
+                row_max[static_cast<size_t>(t)] =
+                    SoftmaxBlockMax(row, kv_len, 1.0f, &special);
+              }
             }
           });
     }
     SoftmaxRows(w, static_cast<size_t>(w_stride), w,
                 static_cast<size_t>(w_stride), n_tokens, kv_len, 1.0f);
+    if (sinks) {
+      // softmax w_s = exp(z_s - M) / S, and 1 / S is the largest weight: with
+      // the sink, w_s * S / (S + exp(sink - M)) = w_s / (1 + exp(sink - M) /
+      // S).
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, work.n_tokens),
+          [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+            for (int64_t t = range.begin(); t < range.end(); ++t) {
+              const float m = row_max[static_cast<size_t>(t)];
+              if (!std::isfinite(m)) continue;  // zeros or NaN already
+              float* row = w + t * w_stride;
+              const float inv_s = *std::max_element(row, row + kv_len);
+              const double factor =
+                  1.0 / (1.0 + SinkWeight(dims, h, m) * inv_s);
+              for (size_t s = 0; s < kv_len; ++s) {
+                row[s] = static_cast<float>(row[s] * factor);
+              }
+            }
+          });
+    }
     float* out = work.out + h * dims.head_dim;
     MatmulUnpackedT(w, static_cast<size_t>(w_stride), /*trans_a=*/false, values,
                     row_stride, /*trans_b=*/false, n_tokens, dim, kv_len, out,

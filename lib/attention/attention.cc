@@ -97,7 +97,7 @@ Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
     return Fail(StatusCode::kInvalidArgument, fn, "n_heads * head_dim (",
                 n_heads, " * ", cache.head_dim(), ") overflows int64_t");
   }
-  return CheckAttentionOptions(fn, "options", options);
+  return CheckAttentionOptions(fn, "options", options, n_heads);
 }
 
 // Checks one query (width: n_heads * head_dim, checked) and fills its work.

@@ -1,13 +1,14 @@
 #include "lib/attention/attention_build.h"
 
 #include <cmath>
+#include <utility>
 
 #include "lib/core/message.h"
 
 namespace headway {
 
 Status CheckAttentionOptions(const char* fn, const char* name,
-                             const AttentionOptions& options) {
+                             const AttentionOptions& options, int64_t n_heads) {
   if (options.mask != AttentionMask::kNone &&
       options.mask != AttentionMask::kCausal) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
@@ -19,6 +20,47 @@ Status CheckAttentionOptions(const char* fn, const char* name,
                           ".scale must be finite and >= 0 (got ", options.scale,
                           ")");
   }
+  if (options.window < 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".window must be >= 0 (got ", options.window, ")");
+  }
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".softcap must be finite and >= 0 (got ",
+                          options.softcap, ")");
+  }
+  const std::pair<const char*, const float*> arrays[] = {
+      {".alibi_slopes", options.alibi_slopes},
+      {".sink_logits", options.sink_logits}};
+  for (const auto& [field, values] : arrays) {
+    for (int64_t h = 0; values != nullptr && h < n_heads; ++h) {
+      if (!std::isfinite(values[h])) {
+        return internal::Fail(StatusCode::kInvalidArgument, fn, name, field,
+                              "[", h, "] is not finite (got ", values[h], ")");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status AlibiSlopes(int64_t n_heads, float* slopes) {
+  constexpr const char* kFn = "AlibiSlopes";
+  Status status = internal::CheckPositive(kFn, "n_heads", n_heads);
+  if (!status.ok()) return status;
+  if (slopes == nullptr) {
+    return internal::Fail(StatusCode::kInvalidArgument, kFn, "slopes is null");
+  }
+  // n' = the largest power of two <= n_heads.
+  int64_t n2 = 1;
+  while (n2 <= n_heads / 2) n2 *= 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    // Heads past n' take the odd slopes of 2 n': 2^(-8 (2 i + 1) / (2 n')).
+    const double exponent =
+        h < n2 ? -8.0 * static_cast<double>(h + 1) / static_cast<double>(n2)
+               : -8.0 * static_cast<double>(2 * (h - n2) + 1) /
+                     static_cast<double>(2 * n2);
+    slopes[h] = static_cast<float>(std::exp2(exponent));
+  }
   return Status::Ok();
 }
 
@@ -28,7 +70,8 @@ float AttentionScale(const AttentionOptions& options, int64_t head_dim) {
 }
 
 AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
-                                const AttentionOptions& options) {
+                                const AttentionOptions& options,
+                                int64_t head0) {
   AttentionDims dims;
   dims.n_heads = n_heads;
   dims.n_kv_heads = cache.n_kv_heads();
@@ -39,6 +82,12 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
   dims.scale_head_stride = cache.scale_head_stride();
   dims.scale = AttentionScale(options, cache.head_dim());
   dims.causal = options.mask == AttentionMask::kCausal;
+  dims.window = options.window;
+  dims.softcap = options.softcap;
+  dims.alibi_slopes =
+      options.alibi_slopes != nullptr ? options.alibi_slopes + head0 : nullptr;
+  dims.sink_logits =
+      options.sink_logits != nullptr ? options.sink_logits + head0 : nullptr;
   return dims;
 }
 

@@ -15,18 +15,22 @@
 
 namespace headway {
 
-// A known mask and a finite scale >= 0; the messages name the fields
-// "<name>.mask" and "<name>.scale" (name: "options", "config.attention").
+// A known mask, a finite scale >= 0, window >= 0, a finite softcap >= 0 and
+// finite alibi_slopes and sink_logits [n_heads] (when not null); the messages
+// name the fields "<name>.mask", "<name>.alibi_slopes[3]"... (name:
+// "options", "config.attention").
 Status CheckAttentionOptions(const char* fn, const char* name,
-                             const AttentionOptions& options);
+                             const AttentionOptions& options, int64_t n_heads);
 
 // options.scale, or 1 / sqrt(head_dim) where it is 0.
 float AttentionScale(const AttentionOptions& options, int64_t head_dim);
 
 // The shape of a call of n_heads query heads (a multiple of the cache's
-// n_kv_heads, checked) on cache, with checked options.
+// n_kv_heads, checked) on cache, with checked options; the call's head h is
+// head head0 + h of options' per-head arrays (a layer shard's offset).
 AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
-                                const AttentionOptions& options);
+                                const AttentionOptions& options,
+                                int64_t head0 = 0);
 
 // One sequence's work: the n_tokens rows of q (and out) at positions q_pos0 ..
 // q_pos0 + n_tokens - 1 attend to the first kv_len cached rows of seq (a

@@ -47,6 +47,12 @@ struct AttentionDims {
                               // (capacity); else 0
   float scale;
   bool causal;
+  // The variants (AttentionOptions): 0 or null where unused. alibi_slopes and
+  // sink_logits are indexed by the call's query heads [0, n_heads).
+  int64_t window;
+  float softcap;
+  const float* alibi_slopes;
+  const float* sink_logits;
 };
 
 // How one sequence's work is cut.
@@ -56,6 +62,7 @@ struct AttentionSplit {
   int64_t n_tiles;
   int64_t group_tiles;  // consecutive tiles of a KV head in one work item
   int64_t n_groups;     // per KV head
+  int64_t key0;         // the first chunk's first key (on the block grid)
   int64_t chunk;        // keys per chunk (multiple of the key block)
   int64_t n_chunks;
 };

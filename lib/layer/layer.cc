@@ -300,7 +300,8 @@ Status ResolveConfig(const char* fn, AttentionLayerConfig* config) {
     }
     c.head_dim = c.d_model / c.n_heads;
   }
-  status = CheckAttentionOptions(fn, "config.attention", c.attention);
+  status =
+      CheckAttentionOptions(fn, "config.attention", c.attention, c.n_heads);
   if (status.ok() && c.rope.rotary_dim != 0) {
     status = internal::CheckRope(fn, "config.rope", c.rope, c.head_dim);
   }
@@ -396,6 +397,9 @@ struct AttentionLayer::Impl {
   std::vector<float> b_o;             // empty: none (or not the first shard)
   std::vector<float> q_norm, k_norm;  // [head_dim]; empty: no QK-norm
   std::vector<double> rope_freq;      // [rotary_dim / 2]; empty: no RoPE
+  // Copies of config.attention's per-head arrays, [n_heads] (the whole
+  // model's, as config() reports them); empty: none.
+  std::vector<float> alibi_slopes, sink_logits;
   // Reused by Forward.
   ScratchBuffer q, attn;           // grow-only (lib/core/blocks.h)
   ScratchBuffer kv_chunk;          // stored K/V: [chunk_rows, scratch_cols]
@@ -467,6 +471,14 @@ Status AttentionLayer::Impl::Pack(const AttentionLayerConfig& c,
     rope_freq.resize(static_cast<size_t>(c.rope.rotary_dim / 2));
     internal::RopeFrequencies(c.rope, rope_freq.data());
   }
+  // The per-head arrays: the layer's own copies, which config() points to.
+  const auto keep = [&](const float* from, std::vector<float>* to) {
+    if (from == nullptr) return static_cast<const float*>(nullptr);
+    to->assign(from, from + c.n_heads);
+    return static_cast<const float*>(to->data());
+  };
+  config.attention.alibi_slopes = keep(c.attention.alibi_slopes, &alibi_slopes);
+  config.attention.sink_logits = keep(c.attention.sink_logits, &sink_logits);
   return Status::Ok();
 }
 
@@ -761,7 +773,8 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
       static_cast<size_t>(cache->head_stride());
   step->works = works.data();
   step->n_works = works.size();
-  step->dims = MakeAttentionDims(*cache, local_heads, c.attention);
+  step->dims =
+      MakeAttentionDims(*cache, local_heads, c.attention, c.head_begin);
   step->plan = &plan;
   step->attn = attn_buf;
   step->ld_attn = lq;

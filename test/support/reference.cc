@@ -41,9 +41,11 @@ void MatmulT(int64_t m, int64_t n, int64_t k, double alpha, const T* a,
   }
 }
 
-// z[0, n) = softmax(z) in place. All -inf gives zeros; a NaN or +inf gives all
-// NaN. Returns false when every value is -inf (or n == 0): z is then zeros.
-bool SoftmaxRowInPlace(double* z, int64_t n) {
+// z[0, n) = softmax(z) in place, with exp(sink) in the denominator (a virtual
+// key of that score and zero value; -inf: none). All -inf gives zeros; a NaN
+// or +inf gives all NaN. Returns false when every value is -inf (or n == 0): z
+// is then zeros.
+bool SoftmaxRowInPlace(double* z, int64_t n, double sink = -kInf) {
   double max = -kInf;
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(z[i]) || z[i] == kInf) {
@@ -56,7 +58,7 @@ bool SoftmaxRowInPlace(double* z, int64_t n) {
     for (int64_t j = 0; j < n; ++j) z[j] = 0.0;
     return false;
   }
-  double sum = 0.0;
+  double sum = std::exp(sink - max);
   for (int64_t i = 0; i < n; ++i) {
     z[i] = std::exp(z[i] - max);  // exp(-inf) = 0
     sum += z[i];
@@ -108,11 +110,14 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
   return y;
 }
 
-std::vector<double> AttentionCore(
-    const double* q, int64_t q_stride, int64_t n_q, const double* k,
-    int64_t k_stride, const double* v, int64_t v_stride, int64_t n_kv,
-    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t q_pos0,
-    bool causal, const float* mask, int64_t mask_stride, double scale) {
+std::vector<double> AttentionCore(const double* q, int64_t q_stride,
+                                  int64_t n_q, const double* k,
+                                  int64_t k_stride, const double* v,
+                                  int64_t v_stride, int64_t n_kv,
+                                  int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, int64_t q_pos0, bool causal,
+                                  const float* mask, int64_t mask_stride,
+                                  double scale, const Variants& variants) {
   const int64_t group_size = n_heads / n_kv_heads;  // query heads per KV head
   const int64_t out_cols = n_heads * head_dim;
   std::vector<double> out(static_cast<size_t>(n_q * out_cols), 0.0);
@@ -122,24 +127,43 @@ std::vector<double> AttentionCore(
     for (int64_t t = 0; t < n_q; ++t) {
       // Keys 0 .. n_keys-1 take part; causal excludes positions after the
       // query's.
+      const int64_t p = q_pos0 + t;
       int64_t n_keys = n_kv;
-      if (causal) n_keys = std::max<int64_t>(0, std::min(n_kv, q_pos0 + t + 1));
+      if (causal) n_keys = std::max<int64_t>(0, std::min(n_kv, p + 1));
+      // The window hides keys at positions <= p - window.
+      const int64_t first =
+          variants.window > 0
+              ? std::min(n_keys, std::max<int64_t>(0, p - variants.window + 1))
+              : 0;
       const double* q_row = q + t * q_stride + h * head_dim;
-      for (int64_t s = 0; s < n_keys; ++s) {
+      for (int64_t s = first; s < n_keys; ++s) {
         const double* k_row = k + s * k_stride + g * head_dim;
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += q_row[d] * k_row[d];
-        weights[s] = scale * dot;
+        double score = scale * dot;
+        if (variants.softcap != 0.0) {
+          score = variants.softcap * std::tanh(score / variants.softcap);
+        }
+        if (variants.alibi_slopes != nullptr) {
+          score += static_cast<double>(variants.alibi_slopes[h]) *
+                   static_cast<double>(s - p);
+        }
         // A -inf mask entry hides the key, whatever its score (NaN included).
         if (mask != nullptr) {
           const double m = mask[t * mask_stride + s];
-          weights[s] = m == -INFINITY ? m : weights[s] + m;
+          score = m == -INFINITY ? m : score + m;
         }
+        weights[s] = score;
       }
+      const double sink = variants.sink_logits != nullptr
+                              ? static_cast<double>(variants.sink_logits[h])
+                              : -kInf;
       // A row with no key left stays zeros.
-      if (!SoftmaxRowInPlace(weights.data(), n_keys)) continue;
+      if (!SoftmaxRowInPlace(weights.data() + first, n_keys - first, sink)) {
+        continue;
+      }
       double* out_row = out.data() + t * out_cols + h * head_dim;
-      for (int64_t s = 0; s < n_keys; ++s) {
+      for (int64_t s = first; s < n_keys; ++s) {
         // A hidden key adds nothing, not even 0 * NaN.
         if (mask != nullptr && mask[t * mask_stride + s] == -INFINITY) continue;
         const double* v_row = v + s * v_stride + g * head_dim;

@@ -65,11 +65,24 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
 // the row, not even a NaN of its K or V.
 // Softmax over s as in Softmax() above, except that a row with no key left
 // (all excluded or all -inf) gives zeros, never NaN.
-std::vector<double> AttentionCore(
-    const double* q, int64_t q_stride, int64_t n_q, const double* k,
-    int64_t k_stride, const double* v, int64_t v_stride, int64_t n_kv,
-    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t q_pos0,
-    bool causal, const float* mask, int64_t mask_stride, double scale);
+// With variants (AttentionOptions, headway/attention.h), in this order: keys
+// at positions <= q_pos0 + t - window are excluded too; the score becomes
+// softcap * tanh(score / softcap), then gains alibi_slopes[h] * (s - (q_pos0 +
+// t)), before the mask; exp(sink_logits[h]) joins each row's denominator.
+struct Variants {
+  int64_t window = 0;
+  double softcap = 0.0;
+  const float* alibi_slopes = nullptr;  // [n_heads] or null
+  const float* sink_logits = nullptr;   // [n_heads] or null
+};
+std::vector<double> AttentionCore(const double* q, int64_t q_stride,
+                                  int64_t n_q, const double* k,
+                                  int64_t k_stride, const double* v,
+                                  int64_t v_stride, int64_t n_kv,
+                                  int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, int64_t q_pos0, bool causal,
+                                  const float* mask, int64_t mask_stride,
+                                  double scale, const Variants& variants = {});
 
 // Shape of one attention layer. n_heads must be a multiple of n_kv_heads:
 // 1 is MQA, n_heads is MHA, anything between is GQA. d_model need not equal
