@@ -2,7 +2,8 @@
 // context of 4096 tokens and a causal prefill of 512 tokens, for a d_model 4096
 // layer with 32 query heads of head_dim 128 as MHA, GQA-8 and MQA, its cache
 // in float32 and, for MHA decode on the key targets, in bfloat16, float16 and
-// int8 (argument dtype: the KvDtype value; the weights stay float32); and the
+// int8 (argument dtype: the KvDtype value; the weights stay float32); the
+// same with QK-norm and Llama 3.1's RoPE fused (layer_*_qknorm_rope); and the
 // "seed" peer, the same layer computed the way the seed's numpy code does it,
 // composed from Headway's public kernels.
 //
@@ -59,6 +60,7 @@
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
 #include "headway/matmul.h"
+#include "headway/rope.h"
 #include "headway/status.h"
 #include "headway/targets.h"
 #include "headway/view.h"
@@ -115,6 +117,7 @@ const HostWeights& SharedHostWeights() {
 // layout on the same target: one packed layer (up to 256 MiB) at a time.
 struct LayerSlot {
   int64_t n_kv = 0;
+  bool variants = false;
   int64_t target_bits = 0;
   std::unique_ptr<AttentionLayer> layer;
 };
@@ -123,12 +126,25 @@ LayerSlot& SharedLayerSlot() {
   return slot;
 }
 
+// QK-norm's weights (Qwen3's are near 1): uniform in [0.5, 1.5].
+const std::vector<float>& NormWeights() {
+  static const std::vector<float> weights = [] {
+    std::vector<float> w(kHeadDim);
+    FillUniform(w.data(), w.size(), 0.5f, 1.5f, 15);
+    return w;
+  }();
+  return weights;
+}
+
 // The layer with n_kv KV heads, packed for `target` (the harness has capped
-// dispatch at it); null after skipping the benchmark if Create fails.
+// dispatch at it); with `variants`, QK-norm and Llama 3.1's RoPE (theta
+// 500000, factor 8, original context 8192) as a Qwen3- or Llama-3-shaped
+// layer runs them. Null after skipping the benchmark if Create fails.
 AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
-                            const Target& target) {
+                            const Target& target, bool variants = false) {
   LayerSlot& slot = SharedLayerSlot();
-  if (slot.layer && slot.n_kv == n_kv && slot.target_bits == target.bits) {
+  if (slot.layer && slot.n_kv == n_kv && slot.variants == variants &&
+      slot.target_bits == target.bits) {
     return slot.layer.get();
   }
   slot.layer.reset();  // frees the previous one before packing the next
@@ -143,11 +159,20 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
   weights.w_k = host.K(n_kv);
   weights.w_v = host.V(n_kv);
   weights.w_o = host.O();
+  if (variants) {
+    config.qk_norm = true;
+    weights.q_norm = weights.k_norm = NormWeights().data();
+    config.rope.rotary_dim = kHeadDim;
+    config.rope.theta = 500000.0;
+    config.rope.scaling = RopeScaling::kLlama3;
+    config.rope.factor = 8.0;
+  }
   auto layer = std::make_unique<AttentionLayer>();
   if (!Check(state, AttentionLayer::Create(config, weights, layer.get()))) {
     return nullptr;
   }
   slot.n_kv = n_kv;
+  slot.variants = variants;
   slot.target_bits = target.bits;
   slot.layer = std::move(layer);
   return slot.layer.get();
@@ -260,10 +285,12 @@ double HostWeightBytes(int64_t n_kv) {
 // -----------------------------------------------------------------------------
 // The layer.
 
-void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
+// variants: QK-norm and RoPE fused (SharedLayer).
+void BM_LayerDecode(benchmark::State& state, const RunConfig& run,
+                    bool variants) {
   const int64_t n_kv = state.range(0);
   const KvDtype dtype = static_cast<KvDtype>(state.range(1));
-  AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
+  AttentionLayer* layer = SharedLayer(state, n_kv, run.target, variants);
   if (layer == nullptr) return;
   KvCache* cache = DecodeCache(state, n_kv, dtype);
   if (cache == nullptr) return;
@@ -281,9 +308,10 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run) {
          static_cast<double>(cache->bytes_per_token()));
 }
 
-void BM_LayerPrefill(benchmark::State& state, const RunConfig& run) {
+void BM_LayerPrefill(benchmark::State& state, const RunConfig& run,
+                     bool variants) {
   const int64_t n_kv = state.range(0);
-  AttentionLayer* layer = SharedLayer(state, n_kv, run.target);
+  AttentionLayer* layer = SharedLayer(state, n_kv, run.target, variants);
   if (layer == nullptr) return;
   KvCache* cache = PrefillCache(state, n_kv);
   if (cache == nullptr) return;
@@ -432,12 +460,26 @@ void RegisterLayer() {
           {"kv_heads"}, layouts);
     }
   };
+  // The layer without (plain) and with QK-norm and RoPE fused.
+  const auto layer_fn = [](auto fn, bool variants) {
+    return [fn, variants](benchmark::State& state, const RunConfig& run) {
+      fn(state, run, variants);
+    };
+  };
   // Decode also with the MHA cache in the narrower dtypes (KvDtype values 1-3),
   // on the key targets, beside the float32-cache rows (dtype 0).
-  RegisterPerTarget("layer_decode", BM_LayerDecode, {"kv_heads", "dtype"},
+  RegisterPerTarget("layer_decode", layer_fn(BM_LayerDecode, false),
+                    {"kv_heads", "dtype"},
                     {{32, 0}, {8, 0}, {1, 0}, {32, 1}, {32, 2}, {32, 3}});
+  RegisterPerTarget("layer_decode_qknorm_rope", layer_fn(BM_LayerDecode, true),
+                    {"kv_heads", "dtype"}, {{32, 0}, {8, 0}, {8, 1}},
+                    /*every_target_sets=*/0);
   register_seeds("decode", BM_SeedDecode);
-  RegisterPerTarget("layer_prefill", BM_LayerPrefill, {"kv_heads"}, layouts);
+  RegisterPerTarget("layer_prefill", layer_fn(BM_LayerPrefill, false),
+                    {"kv_heads"}, layouts);
+  RegisterPerTarget("layer_prefill_qknorm_rope",
+                    layer_fn(BM_LayerPrefill, true), {"kv_heads"}, {{32}, {8}},
+                    /*every_target_sets=*/0);
   register_seeds("prefill", BM_SeedPrefill);
 }
 
