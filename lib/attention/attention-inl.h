@@ -251,6 +251,41 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Exponentials.
+
+// Scores are in base 2 (q carries scale * log2(e), so exp(s - m) = exp2(s2 -
+// m2)) where they can be: exp2 needs no range reduction by ln(2), and
+// Exp2NonPositive is about half the operations of hn::Exp (the softmax step is
+// 13% of causal prefill time with hn::Exp).
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.693147180559945309f;
+
+// 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
+// measured over [-0.5, 0.5] against float64): x = n + f, n = round(x),
+// f in [-0.5, 0.5]; 2^f by a degree-6 polynomial (a Chebyshev fit of 2^f on
+// [-0.5, 0.5], Horner form); 2^n built in the exponent bits. Below -127 the
+// result is 0 instead of a subnormal (< 2^-126: nothing next to the row's
+// maximum, whose term is 1). NaN is not preserved (the caller keeps it).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V Exp2NonPositive(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  x = hn::Max(x, hn::Set(d, -127.0f));
+  const V n = hn::Round(x);
+  const V f = hn::Sub(x, n);
+  V p = hn::Set(d, 1.5469732170458883e-4f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3400432653725147e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.61802527308464e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550327152013779e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 0.24022650718688965f));
+  p = hn::MulAdd(p, f, hn::Set(d, 0.6931471824645996f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  // n in [-127, 0]: biased exponent n + 127 in [0, 127]; 0 gives +0.0.
+  const auto bits =
+      hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  return hn::Mul(p, hn::BitCast(d, bits));
+}
+
+// ---------------------------------------------------------------------------------------------
 // The rules every path asks: visible keys, the additive mask, K/V reads.
 
 // The additive mask's rule, for every path: a -inf entry hides the key
@@ -290,15 +325,21 @@ HWY_INLINE ScoreRules MakeScoreRules(const AttentionDims& dims, float unit) {
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V RuledScores(D d, const ScoreRules& rules, V s, V slope, V dist) {
   if (rules.cap != 0.0f) {
-    // Tanh is exact to 1 beyond |x| = 18.7; the clamp keeps Expm1's
-    // conversion to integer in range, and NaN out of it (SCALAR converts in
-    // C++).
+    // tanh |y| = (1 - e) / (1 + e), e = exp(-2 |y|) <= 1 (Exp2NonPositive,
+    // half the work of hn::Tanh's Expm1): e's 1.1e-7 moves it by 2e / (1 +
+    // e)^2 * 1.1e-7 <= 5.5e-8, the three roundings by 3 u |tanh|: under 2^-22
+    // absolute, so cap * tanh within cap 2^-22, inside the bound's softcap
+    // term (attention.h).
+    // NaN is kept out of the exponent's conversion to integer (SCALAR
+    // converts in C++) and put back.
     const auto nan = hn::IsNaN(s);
-    const V x = hn::IfThenZeroElse(
-        nan, hn::Min(hn::Max(hn::Mul(s, hn::Set(d, rules.inv_cap)),
-                             hn::Set(d, -20.0f)),
-                     hn::Set(d, 20.0f)));
-    s = hn::IfThenElse(nan, s, hn::Mul(hn::Set(d, rules.cap), hn::Tanh(d, x)));
+    const V y = hn::IfThenZeroElse(nan, hn::Mul(s, hn::Set(d, rules.inv_cap)));
+    const V sign = hn::And(hn::SignBit(d), y);
+    const V e = Exp2NonPositive(
+        d, hn::Mul(hn::Xor(y, sign), hn::Set(d, -2.0f * kLog2e)));
+    const V one = hn::Set(d, 1.0f);
+    const V tanh = hn::Xor(hn::Div(hn::Sub(one, e), hn::Add(one, e)), sign);
+    s = hn::IfThenElse(nan, s, hn::Mul(hn::Set(d, rules.cap), tanh));
   }
   if (rules.slopes != nullptr) s = hn::MulAdd(slope, dist, s);
   return s;
@@ -490,13 +531,6 @@ HWY_INLINE KvRows<T> HeadRows(const AttentionDims& dims,
 // ---------------------------------------------------------------------------------------------
 // The online softmax, shared by both tile kinds.
 
-// Scores are in base 2 (q carries scale * log2(e), so exp(s - m) = exp2(s2 -
-// m2)) where they can be: exp2 needs no range reduction by ln(2), and
-// Exp2NonPositive is about half the operations of hn::Exp (the softmax step is
-// 13% of causal prefill time with hn::Exp).
-inline constexpr float kLog2e = 1.44269504088896341f;
-inline constexpr float kLn2 = 0.693147180559945309f;
-
 // A call with an additive mask keeps natural units (q carries scale only, the
 // mask is added, exp2 takes (s - m) * log2(e)): a mask of -FLT_MAX times
 // log2(e) would overflow to -inf and hide a key that the mask leaves visible.
@@ -516,31 +550,6 @@ HWY_INLINE float MaxToNatural(const AttentionWork& work) {
 HWY_INLINE ScoreRules WorkScoreRules(const AttentionDims& dims,
                                      const AttentionWork& work) {
   return MakeScoreRules(dims, ScoresInBase2(work) ? kLog2e : 1.0f);
-}
-
-// 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
-// measured over [-0.5, 0.5] against float64): x = n + f, n = round(x),
-// f in [-0.5, 0.5]; 2^f by a degree-6 polynomial (a Chebyshev fit of 2^f on
-// [-0.5, 0.5], Horner form); 2^n built in the exponent bits. Below -127 the
-// result is 0 instead of a subnormal (< 2^-126: nothing next to the row's
-// maximum, whose term is 1). NaN is not preserved (the caller keeps it).
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE V Exp2NonPositive(D d, V x) {
-  const hn::RebindToSigned<D> di;
-  x = hn::Max(x, hn::Set(d, -127.0f));
-  const V n = hn::Round(x);
-  const V f = hn::Sub(x, n);
-  V p = hn::Set(d, 1.5469732170458883e-4f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3400432653725147e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.61802527308464e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550327152013779e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 0.24022650718688965f));
-  p = hn::MulAdd(p, f, hn::Set(d, 0.6931471824645996f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  // n in [-127, 0]: biased exponent n + 127 in [0, 127]; 0 gives +0.0.
-  const auto bits =
-      hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  return hn::Mul(p, hn::BitCast(d, bits));
 }
 
 // Running statistics of the online softmax for one query row (lane).
