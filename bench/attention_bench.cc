@@ -4,17 +4,25 @@
 // prefill MHA on the key targets, as bfloat16, float16 and int8 (argument
 // dtype: the KvDtype value, 0 float32, 1 bfloat16, 2 float16, 3 int8); and
 // the materialised path (AttentionWithWeights) on the float32 shapes, the
-// seed-style peer that the fused path is measured against.
+// seed-style peer that the fused path is measured against; and the variants
+// of AttentionOptions on the float32 rows (attention_*_variant: argument
+// variant 1 soft-capping at 50 as Gemma 2, 2 ALiBi with the paper's slopes,
+// 3 sink logits as gpt-oss) and the sliding window (attention_*_window:
+// decode at position 65535 with a 4096-key window beside plain decode at
+// 4096 keys, prefill of 16384 tokens with a 4096-key window).
 //
 // Counted work (docs/BENCHMARKS.md), with H = 32 query heads, G KV heads, d =
 // 128, L cached rows, n query rows:
 // - flops: the two products, 4 * H * d per (query, visible key) pair (QK^T
 //   and PV, two flops per multiply-add): decode 4 * H * L * d, prefill
 //   4 * H * d * n * n / 2 (the half of the square under the causal mask);
+//   with a window W, the pairs each query sees, min(p + 1, W) for position p
+//   (the variants' own work, a tanh or a bias per pair, is not counted);
 //   plus, for a stored type other than float32, one per stored K and V
 //   element converted, 2 * G * L * d (prefill converts each block once);
 // - bytes: what must be read and written: the K and V rows as stored, L *
-//   KvCache::bytes_per_token() (int8's scales included), plus
+//   KvCache::bytes_per_token() (int8's scales included; a window's rows
+//   only), plus
 //   4 * 2 * n * H * d (q read, out written); the materialised path also writes
 //   its weights, 4 * H * n * L more.
 // Each row reports the percentage of the ceiling that bounds it at that
@@ -29,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -113,14 +123,30 @@ AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
   return query;
 }
 
+// Visible (query, key) pairs of n_tokens queries ending at the last of
+// kv_len keys: all of them for one decode row, the lower half of the square
+// for a prefill; with a window, each query's min(p + 1, window).
+double VisiblePairs(int64_t n_tokens, int64_t kv_len, int64_t window) {
+  if (window == 0) {
+    return n_tokens == 1 ? static_cast<double>(kv_len)
+                         : 0.5 * n_tokens * kv_len;
+  }
+  double pairs = 0.0;
+  for (int64_t p = kv_len - n_tokens; p < kv_len; ++p) {
+    pairs += static_cast<double>(std::min(p + 1, window));
+  }
+  return pairs;
+}
+
 // The counters of n_tokens query rows against the kv_len cached rows of
-// `cache`, with or without the weights written.
+// `cache` (with a window: only those it sees), with or without the weights
+// written.
 void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
-            int64_t n_tokens, int64_t kv_len, bool weights) {
-  // Visible (query, key) pairs: all of them for one decode row, the lower half
-  // of the square for a prefill.
-  const double pairs =
-      n_tokens == 1 ? static_cast<double>(kv_len) : 0.5 * n_tokens * kv_len;
+            int64_t n_tokens, int64_t kv_len, bool weights,
+            int64_t window = 0) {
+  const double pairs = VisiblePairs(n_tokens, kv_len, window);
+  // The rows read: those some query sees.
+  kv_len = window == 0 ? kv_len : std::min(kv_len, window + n_tokens - 1);
   // One conversion per stored K and V element, unless stored as float32.
   const double conversions =
       cache.config().dtype == KvDtype::kFloat32
@@ -190,6 +216,73 @@ void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
   Report(state, run, *cache, kPrefillLen, kPrefillLen, /*weights=*/true);
 }
 
+// The options of a variant row (see the top).
+AttentionOptions VariantOptions(int64_t variant) {
+  static const std::vector<float> slopes = [] {
+    std::vector<float> s(kHeads);
+    if (!AlibiSlopes(kHeads, s.data()).ok()) std::abort();
+    return s;
+  }();
+  static const std::vector<float> sinks = [] {
+    std::vector<float> s(kHeads);
+    FillUniform(s.data(), s.size(), -1.0f, 3.0f, 17);
+    return s;
+  }();
+  AttentionOptions options;
+  if (variant == 1) options.softcap = 50.0f;
+  if (variant == 2) options.alibi_slopes = slopes.data();
+  if (variant == 3) options.sink_logits = sinks.data();
+  return options;
+}
+
+void BM_DecodeVariant(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const AttentionOptions options = VariantOptions(state.range(1));
+  const KvCache* cache =
+      SharedCache(state, n_kv, kDecodeLen, KvDtype::kFloat32);
+  if (cache == nullptr) return;
+  const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
+  const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
+  const auto step = [&] {
+    return Attention(*cache, kHeads, &query, 1, options);
+  };
+  if (!TimeSteps(state, step)) return;
+  Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
+}
+
+void BM_PrefillVariant(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const AttentionOptions options = VariantOptions(state.range(1));
+  const KvCache* cache =
+      SharedCache(state, n_kv, kPrefillLen, KvDtype::kFloat32);
+  if (cache == nullptr) return;
+  const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
+  const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
+  const auto step = [&] {
+    return Attention(*cache, kHeads, &query, 1, options);
+  };
+  if (!TimeSteps(state, step)) return;
+  Report(state, run, *cache, kPrefillLen, kPrefillLen, /*weights=*/false);
+}
+
+// n_tokens queries ending at the last of kv_len keys, with a window (0:
+// none).
+void BM_Window(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0), window = state.range(1);
+  const int64_t kv_len = state.range(2), n_tokens = state.range(3);
+  AttentionOptions options;
+  options.window = window;
+  const KvCache* cache = SharedCache(state, n_kv, kv_len, KvDtype::kFloat32);
+  if (cache == nullptr) return;
+  const Buffers buffers = MakeBuffers(n_tokens, false, kv_len);
+  const AttentionQuery query = MakeQuery(buffers, n_tokens, kv_len);
+  const auto step = [&] {
+    return Attention(*cache, kHeads, &query, 1, options);
+  };
+  if (!TimeSteps(state, step)) return;
+  Report(state, run, *cache, n_tokens, kv_len, /*weights=*/false, window);
+}
+
 void RegisterAttention() {
   // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA); dtype: the KvDtype. Decode, at
   // most tens of ms per call, runs the three float32 layouts on every target,
@@ -220,6 +313,24 @@ void RegisterAttention() {
                     {"kv_heads"}, layouts);
   RegisterPerTarget("attention_prefill_materialized", BM_PrefillMaterialized,
                     {"kv_heads"}, layouts);
+  // The variants beside attention_decode/kv_heads:8/dtype:0 and
+  // attention_prefill/kv_heads:32/dtype:0, on the key targets.
+  RegisterPerTarget("attention_decode_variant", BM_DecodeVariant,
+                    {"kv_heads", "variant"}, {{8, 1}, {8, 2}, {8, 3}},
+                    /*every_target_sets=*/0);
+  RegisterPerTarget("attention_prefill_variant", BM_PrefillVariant,
+                    {"kv_heads", "variant"}, {{32, 1}, {32, 2}, {32, 3}},
+                    /*every_target_sets=*/0);
+  // Decode GQA-8 at position 65535 with a 4096-key window and without one at
+  // 4096 keys (the same keys read); prefill MHA of 16384 tokens with a window
+  // of 4096 (about 2 s per call on AVX-512 with two threads).
+  RegisterPerTarget("attention_decode_window", BM_Window,
+                    {"kv_heads", "window", "kv_len", "n_tokens"},
+                    {{8, 0, 4096, 1}, {8, 4096, 65536, 1}},
+                    /*every_target_sets=*/0);
+  RegisterPerTarget("attention_prefill_window", BM_Window,
+                    {"kv_heads", "window", "kv_len", "n_tokens"},
+                    {{32, 4096, 16384, 16384}}, /*every_target_sets=*/0);
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterAttention);
