@@ -3,11 +3,21 @@
 //
 // A stack of AttentionLayers with random weights (fixed seeds) runs a prompt
 // with one Forward call per layer (prefill), then generates tokens one at a
-// time against the layers' KV caches (decode). It does so for an MHA, a GQA
-// (n_heads / 4 KV heads) and an MQA layout of the same d_model, on each
-// instruction set, and prints prefill and decode tokens per second, the KV
-// cache's size and the parameter count. --kv_dtype picks the KV cache's
-// stored type (float32, bfloat16, float16 or int8), as an engine would.
+// time against the layers' KV caches (decode). It does so for each layer
+// configuration of --configs, on each instruction set, and prints prefill and
+// decode tokens per second, the KV cache's size and the parameter count.
+// --kv_dtype picks the KV cache's stored type (float32, bfloat16, float16 or
+// int8), as an engine would. The configurations, all of the same d_model:
+//   mha, gqa, mqa  plain attention with n_heads, n_heads / 4 and 1 KV heads;
+//   llama3   GQA and RoPE with Llama 3.1's scaling (theta 500000, factor 8);
+//   qwen3    GQA, QK-norm and RoPE (theta 1000000);
+//   mistral  GQA, RoPE and a sliding window on every layer;
+//   gemma2   GQA (n_heads / 2), RoPE, logit soft-capping at 50, layers
+//            alternating between a sliding window and global attention;
+//   gpt-oss  GQA, RoPE, learned sink logits per head, layers alternating
+//            between a sliding window and global attention.
+// The window is --window tokens (128 by default, gpt-oss's; Mistral and Gemma
+// 2 use 4096, longer than this demo's default prompt).
 //
 // There is no vocabulary: no embedding table, no LM head, no sampling. The
 // hidden state of the next token is the stack's output for the previous one
@@ -18,7 +28,8 @@
 //
 //   generate [--layers=4] [--d_model=512] [--heads=8] [--prompt=256]
 //            [--tokens=128] [--threads=0] [--targets=all]
-//            [--kv_dtype=float32]
+//            [--kv_dtype=float32] [--window=128]
+//            [--configs=mha,gqa,mqa,llama3,qwen3,mistral,gemma2,gpt-oss]
 //
 // --threads=0 runs on TBB's default thread count. --targets takes "all" (every
 // instruction set this CPU supports), "best", or a comma-separated list of
@@ -32,13 +43,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "headway/attention.h"
 #include "headway/headway.h"
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
+#include "headway/rope.h"
 #include "headway/status.h"
 #include "headway/targets.h"
 #include "headway/view.h"
@@ -65,7 +76,19 @@ struct Options {
   int64_t threads = 0;   // 0: TBB's default
   std::string targets = "all";
   KvDtype kv_dtype = KvDtype::kFloat32;
+  int64_t window = 128;  // of the windowed configurations' local layers
+  std::vector<std::string> configs = {"mha",   "gqa",     "mqa",    "llama3",
+                                      "qwen3", "mistral", "gemma2", "gpt-oss"};
 };
+
+// Whether `name` is one of the configurations the demo knows.
+bool KnownConfig(const std::string& name) {
+  const Options defaults;
+  for (const std::string& known : defaults.configs) {
+    if (name == known) return true;
+  }
+  return false;
+}
 
 // The KV cache type's name, as the library spells it.
 const char* KvDtypeName(KvDtype dtype) {
@@ -78,7 +101,8 @@ const char* KvDtypeName(KvDtype dtype) {
                "usage: generate [--layers=N] [--d_model=N] [--heads=N] "
                "[--prompt=N] [--tokens=N] [--threads=N] "
                "[--targets=all|best|NAME,...] "
-               "[--kv_dtype=float32|bfloat16|float16|int8]\n",
+               "[--kv_dtype=float32|bfloat16|float16|int8] [--window=N] "
+               "[--configs=NAME,...]\n",
                message.c_str());
   std::exit(2);
 }
@@ -124,6 +148,23 @@ Options ParseOptions(int argc, char** argv) {
       options.threads = ParseCount(name, value, 0);
     } else if (name == "targets") {
       options.targets = value;
+    } else if (name == "window") {
+      options.window = ParseCount(name, value, 1);
+    } else if (name == "configs") {
+      options.configs.clear();
+      size_t begin = 0;
+      while (begin <= value.size()) {
+        size_t end = value.find(',', begin);
+        if (end == std::string::npos) end = value.size();
+        const std::string config = value.substr(begin, end - begin);
+        if (!KnownConfig(config)) {
+          UsageError("--configs: unknown configuration \"" + config +
+                     "\" (mha, gqa, mqa, llama3, qwen3, mistral, gemma2, "
+                     "gpt-oss)");
+        }
+        options.configs.push_back(config);
+        begin = end + 1;
+      }
     } else if (name == "kv_dtype") {
       // The names of the KvDtype values 0, 1, ... until "unknown".
       int dtype = 0;
@@ -214,6 +255,8 @@ struct HostWeights {
   std::vector<float> w_q, w_k, w_v, w_o;  // [d, q_cols], [d, kv_cols] x 2,
                                           // [q_cols, d]
   std::vector<float> b_q, b_k, b_v, b_o;
+  std::vector<float> q_norm, k_norm;  // [head_dim] (QK-norm; near 1)
+  std::vector<float> sink_logits;     // [n_heads] (gpt-oss's sinks)
 };
 
 // Weights scaled by 1 / sqrt(fan_in), so that a projection of a unit-RMS input
@@ -234,6 +277,16 @@ HostWeights MakeWeights(int64_t d, int64_t q_cols, int64_t kv_cols,
   return w;
 }
 
+// The QK-norm weights and sink logits of a layer of n_heads heads.
+void AddVariantWeights(HostWeights* w, int64_t head_dim, int64_t n_heads,
+                       uint64_t seed) {
+  w->q_norm = RandomUniform(head_dim, 0.2f, seed + 9);
+  w->k_norm = RandomUniform(head_dim, 0.2f, seed + 10);
+  for (float& x : w->q_norm) x += 1.0f;
+  for (float& x : w->k_norm) x += 1.0f;
+  w->sink_logits = RandomUniform(n_heads, 1.0f, seed + 11);
+}
+
 AttentionLayerWeights Views(const HostWeights& w, int64_t d, int64_t q_cols,
                             int64_t kv_cols) {
   AttentionLayerWeights views;
@@ -245,27 +298,66 @@ AttentionLayerWeights Views(const HostWeights& w, int64_t d, int64_t q_cols,
   views.b_k = w.b_k.data();
   views.b_v = w.b_v.data();
   views.b_o = w.b_o.data();
+  views.q_norm = w.q_norm.data();
+  views.k_norm = w.k_norm.data();
   return views;
 }
 
-// One attention layout of the model: its config and every layer's weights.
+// One configuration of the model: every layer's config and weights. The
+// configs' sink_logits point into weights (Run sets them).
 struct Model {
-  AttentionLayerConfig config;
-  std::vector<HostWeights> weights;  // [layers]
+  std::string name;
+  int64_t n_kv_heads = 0;
+  std::vector<AttentionLayerConfig> configs;  // [layers]
+  std::vector<HostWeights> weights;           // [layers]
 };
 
-Model MakeModel(const Options& options, int64_t n_kv_heads) {
+// GQA's KV heads: n_heads / divisor where that divides and leaves more than
+// one, else n_heads (MHA).
+int64_t GqaKvHeads(int64_t n_heads, int64_t divisor) {
+  return n_heads % divisor == 0 && n_heads / divisor > 1 ? n_heads / divisor
+                                                         : n_heads;
+}
+
+// The configuration `name` (see the top of the file).
+Model MakeModel(const Options& options, const std::string& name) {
   Model model;
-  model.config.d_model = options.d_model;
-  model.config.n_heads = options.heads;
-  model.config.n_kv_heads = n_kv_heads;
+  model.name = name;
+  const int64_t heads = options.heads;
+  model.n_kv_heads = name == "mha"      ? heads
+                     : name == "mqa"    ? 1
+                     : name == "gemma2" ? GqaKvHeads(heads, 2)
+                                        : GqaKvHeads(heads, 4);
   // head_dim 0: d_model / n_heads (Create reports a d_model that does not
   // divide). The mask is causal and the scale 1 / sqrt(head_dim) by default.
-  const int64_t head_dim = options.d_model / options.heads;
+  const int64_t head_dim = options.d_model / heads;
   for (int64_t l = 0; l < options.layers; ++l) {
-    model.weights.push_back(MakeWeights(options.d_model,
-                                        options.heads * head_dim,
-                                        n_kv_heads * head_dim, 100 * l + 17));
+    AttentionLayerConfig config;
+    config.d_model = options.d_model;
+    config.n_heads = heads;
+    config.n_kv_heads = model.n_kv_heads;
+    const bool plain = name == "mha" || name == "gqa" || name == "mqa";
+    if (!plain) config.rope.rotary_dim = head_dim - head_dim % 2;
+    if (name == "llama3") {
+      config.rope.theta = 500000.0;
+      config.rope.scaling = headway::RopeScaling::kLlama3;
+      config.rope.factor = 8.0;
+    }
+    if (name == "qwen3") {
+      config.rope.theta = 1000000.0;
+      config.qk_norm = true;
+    }
+    // Local (windowed) layers: all of Mistral's, every other one of Gemma 2's
+    // and gpt-oss's, starting with the first.
+    const bool local = name == "mistral" ||
+                       ((name == "gemma2" || name == "gpt-oss") && l % 2 == 0);
+    if (local) config.attention.window = options.window;
+    if (name == "gemma2") config.attention.softcap = 50.0f;
+    model.configs.push_back(config);
+    model.weights.push_back(MakeWeights(options.d_model, heads * head_dim,
+                                        model.n_kv_heads * head_dim,
+                                        100 * l + 17));
+    AddVariantWeights(&model.weights.back(), head_dim, heads, 100 * l + 17);
   }
   return model;
 }
@@ -317,14 +409,17 @@ RunResult Run(const Options& options, const Model& model,
   const int64_t d = options.d_model, n_layers = options.layers;
   const int64_t head_dim = d / options.heads;
   const int64_t q_cols = options.heads * head_dim;
-  const int64_t kv_cols = model.config.n_kv_heads * head_dim;
+  const int64_t kv_cols = model.n_kv_heads * head_dim;
   RunResult result;
   std::vector<AttentionLayer> layers(n_layers);
   std::vector<KvCache> caches(n_layers);
   for (int64_t l = 0; l < n_layers; ++l) {
-    Check(AttentionLayer::Create(model.config,
-                                 Views(model.weights[l], d, q_cols, kv_cols),
-                                 &layers[l]),
+    AttentionLayerConfig config = model.configs[l];
+    if (model.name == "gpt-oss") {
+      config.attention.sink_logits = model.weights[l].sink_logits.data();
+    }
+    Check(AttentionLayer::Create(
+              config, Views(model.weights[l], d, q_cols, kv_cols), &layers[l]),
           "AttentionLayer::Create");
     Check(KvCache::Create(layers[l].CacheConfig(/*n_sequences=*/1,
                                                 options.prompt + options.tokens,
@@ -389,15 +484,6 @@ int main(int argc, char** argv) {
   const Options options = ParseOptions(argc, argv);
   const std::vector<Target> targets = SelectTargets(options.targets);
 
-  // MHA, GQA with n_heads / 4 KV heads (when that divides and differs from
-  // MHA and MQA), MQA.
-  std::vector<std::pair<std::string, int64_t>> layouts = {
-      {"MHA", options.heads}};
-  if (options.heads % 4 == 0 && options.heads / 4 > 1) {
-    layouts.push_back({"GQA", options.heads / 4});
-  }
-  if (options.heads > 1) layouts.push_back({"MQA", 1});
-
   std::vector<float> prompt = RandomUniform(
       static_cast<size_t>(options.prompt * options.d_model), 1.0f, 1);
   RmsNormalize(prompt.data(), options.prompt, options.d_model);
@@ -407,24 +493,24 @@ int main(int argc, char** argv) {
   arena.initialize();
   std::printf(
       "%lld layers, d_model %lld, %lld heads of %lld, prompt %lld tokens, "
-      "%lld generated, %d threads, KV cache in %s\n",
+      "%lld generated, %d threads, KV cache in %s, window %lld\n",
       static_cast<long long>(options.layers),
       static_cast<long long>(options.d_model),
       static_cast<long long>(options.heads),
       static_cast<long long>(options.d_model / options.heads),
       static_cast<long long>(options.prompt),
       static_cast<long long>(options.tokens), arena.max_concurrency(),
-      KvDtypeName(options.kv_dtype));
+      KvDtypeName(options.kv_dtype), static_cast<long long>(options.window));
   std::printf(
       "max|diff|: largest difference of the last output from the first "
       "target's\n\n");
-  std::printf("%-10s %-8s %14s %14s %12s %12s %12s %10s\n", "config", "target",
+  std::printf("%-14s %-8s %14s %14s %12s %12s %12s %10s\n", "config", "target",
               "prefill tok/s", "decode tok/s", "KV B/token", "KV total",
               "weights", "max|diff|");
 
-  for (const auto& [name, n_kv_heads] : layouts) {
-    const Model model = MakeModel(options, n_kv_heads);
-    const std::string label = name + " kv" + std::to_string(n_kv_heads);
+  for (const std::string& name : options.configs) {
+    const Model model = MakeModel(options, name);
+    const std::string label = name + " kv" + std::to_string(model.n_kv_heads);
     std::vector<float> reference;
     for (const Target& target : targets) {
       Check(headway::SetMaxTarget(target.name), "SetMaxTarget");
@@ -443,7 +529,7 @@ int main(int argc, char** argv) {
         }
         std::snprintf(diff, sizeof(diff), "%.1e", max_diff);
       }
-      std::printf("%-10s %-8s %14.1f %14.1f %12zu %12s %12lld %10s\n",
+      std::printf("%-14s %-8s %14.1f %14.1f %12zu %12s %12lld %10s\n",
                   label.c_str(), target.name, result.prefill_tokens_per_s,
                   result.decode_tokens_per_s, result.cache_bytes_per_token,
                   FormatBytes(static_cast<double>(result.cache_bytes)).c_str(),
