@@ -710,12 +710,29 @@ HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
   }
 }
 
+// Per lane of a wide tile, what ALiBi's bias needs: the row's slope in the
+// scores' units (0 for padding rows) and its query position, [rp] each.
+struct WideLanes {
+  float* slope;
+  float* pos;
+};
+
 // Starts a wide tile: QT [d, rp] = QueryScale * q (0 for padding rows), OT
-// [d, rp] = 0, m = -inf, l = 0 per lane.
+// [d, rp] = 0, m = -inf, l = 0 per lane, and its lanes' slopes and positions.
 HWY_INLINE void WideTileBegin(const AttentionDims& dims,
                               const AttentionTile& tile, float* HWY_RESTRICT qt,
                               float* HWY_RESTRICT ot, size_t rp,
-                              OnlineSoftmaxState state) {
+                              OnlineSoftmaxState state, WideLanes lanes) {
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  const ScoreRules rules = WorkScoreRules(dims, *tile.work);
+  for (size_t lane = 0; lane < rp; ++lane) {
+    const int64_t r = static_cast<int64_t>(lane);
+    lanes.slope[lane] =
+        r < tile.rows ? rules.Slope(tile.kv_head * group + r % group) : 0.0f;
+    // Distances are exact below 2^24.
+    lanes.pos[lane] =
+        static_cast<float>(tile.work->q_pos0 + tile.t0 + r / group);
+  }
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const float qscale = QueryScale(dims, *tile.work);
   // QT[p, r] = qscale * q row r (TileQRow) [p]; 0 for padding.
@@ -761,14 +778,12 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
 // and V rows k_block and v_block [n_keys, row_stride] (KvRows::Block): scores
 // into st [n_keys, rp], masks, online softmax, OT += V^T P. Not inlined: one
 // copy for every stored type (a call per tile and key block).
-HWY_NOINLINE void WideTileBlock(const AttentionDims& dims,
-                                const AttentionTile& tile, int64_t k0,
-                                size_t n_keys,
-                                const float* HWY_RESTRICT k_block,
-                                const float* HWY_RESTRICT v_block,
-                                const float* HWY_RESTRICT qt,
-                                float* HWY_RESTRICT st, float* HWY_RESTRICT ot,
-                                size_t rp, OnlineSoftmaxState state) {
+HWY_NOINLINE void WideTileBlock(
+    const AttentionDims& dims, const AttentionTile& tile, int64_t k0,
+    size_t n_keys, const float* HWY_RESTRICT k_block,
+    const float* HWY_RESTRICT v_block, const float* HWY_RESTRICT qt,
+    float* HWY_RESTRICT st, float* HWY_RESTRICT ot, size_t rp,
+    OnlineSoftmaxState state, WideLanes lanes) {
   const AttnD d;
   const hn::RebindToSigned<AttnD> di;
   const size_t N = hn::Lanes(d);
@@ -781,21 +796,12 @@ HWY_NOINLINE void WideTileBlock(const AttentionDims& dims,
   // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
   OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys, rp / N,
                     /*accumulate=*/false);
-  // Soft-capping and ALiBi, a query row per lane (padding rows: slope 0).
+  // Soft-capping and ALiBi, a query row per lane (WideLanes).
   const ScoreRules rules = WorkScoreRules(dims, work);
   if (rules.any()) {
     for (size_t j = 0; j < rp; j += N) {
-      HWY_ALIGN float slope[hn::MaxLanes(d)];
-      HWY_ALIGN float q_pos[hn::MaxLanes(d)];
-      for (size_t lane = 0; lane < N; ++lane) {
-        const int64_t r = static_cast<int64_t>(j + lane);
-        slope[lane] = r < tile.rows
-                          ? rules.Slope(tile.kv_head * group + r % group)
-                          : 0.0f;
-        q_pos[lane] = static_cast<float>(work.q_pos0 + tile.t0 + r / group);
-      }
-      const auto vslope = hn::Load(d, slope);
-      const auto vq_pos = hn::Load(d, q_pos);
+      const auto vslope = hn::Load(d, lanes.slope + j);
+      const auto vq_pos = hn::Load(d, lanes.pos + j);
       for (size_t s = 0; s < n_keys; ++s) {
         float* row = st + s * rp + j;
         const auto dist = hn::Sub(
@@ -1179,9 +1185,9 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   const size_t N = hn::Lanes(AttnD());
   const size_t rp = RoundUp(static_cast<size_t>(tiles[0].rows), N);
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  // [tile][QT, OT, m, l], then ST shared by the tiles, then the K and V
-  // blocks' scratch (converting types).
-  const size_t tile_floats = 2 * dim * rp + 2 * rp;
+  // [tile][QT, OT, m, l, WideLanes], then ST shared by the tiles, then the K
+  // and V blocks' scratch (converting types).
+  const size_t tile_floats = 2 * dim * rp + 4 * rp;
   const size_t kv_floats =
       KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
                                static_cast<size_t>(dims.row_stride));
@@ -1191,12 +1197,15 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   float* st = buf + static_cast<size_t>(n) * tile_floats;
   float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
+  WideLanes lanes[kAttentionGroupTiles];
   int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
   for (int64_t i = 0; i < n; ++i) {
     qt[i] = buf + static_cast<size_t>(i) * tile_floats;
     float* ot = qt[i] + dim * rp;
-    results[i] = {ot, 1, rp, {ot + dim * rp, ot + dim * rp + rp}};
-    WideTileBegin(dims, tiles[i], qt[i], ot, rp, results[i].state);
+    float* stats = ot + dim * rp;  // m, l, then WideLanes
+    results[i] = {ot, 1, rp, {stats, stats + rp}};
+    lanes[i] = {stats + 2 * rp, stats + 3 * rp};
+    WideTileBegin(dims, tiles[i], qt[i], ot, rp, results[i].state, lanes[i]);
     key_begin = std::min(key_begin, tiles[i].key_begin);
     key_end = std::max(key_end, tiles[i].key_end);
   }
@@ -1215,7 +1224,7 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
       const size_t n_keys = static_cast<size_t>(
           std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
       WideTileBlock(dims, tiles[i], k0, n_keys, k_block, v_block, qt[i], st,
-                    results[i].o, rp, results[i].state);
+                    results[i].o, rp, results[i].state, lanes[i]);
     }
   }
 }
