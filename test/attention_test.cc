@@ -608,6 +608,37 @@ TEST_P(AttentionTest, MaterializedMatchesFused) {
   }
 }
 
+// Runs case c's query (q, the options, mask [n_tokens, kv_len] or null) on
+// 1, 2 and 7 threads: the outputs must be the same bits.
+void ExpectSameBitsOnAnyThreadCount(const KvCache& cache, const Case& c,
+                                    const std::vector<float>& q,
+                                    const AttentionOptions& options,
+                                    const float* mask) {
+  const int64_t width = c.layout.n_heads * c.head_dim;
+  std::vector<float> first;
+  for (const int threads : {1, 2, 7}) {
+    std::vector<float> out(q.size());
+    AttentionQuery query;
+    query.q_pos0 = c.kv_len - c.n_tokens;
+    query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
+    query.out = MatrixView<float>(out.data(), c.n_tokens, width);
+    if (mask != nullptr) {
+      query.mask = MatrixView<const float>(mask, c.n_tokens, c.kv_len);
+    }
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      ASSERT_TRUE(Attention(cache, c.layout.n_heads, &query, 1, options).ok());
+    });
+    if (first.empty()) {
+      first = out;
+    } else {
+      ASSERT_EQ(
+          0, std::memcmp(first.data(), out.data(), out.size() * sizeof(float)))
+          << Describe(c) << ", " << threads << " threads";
+    }
+  }
+}
+
 // Bit-identical outputs for 1, 2 and 7 threads: decode (chunked) and prefill.
 TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
   for (const KvDtype dtype : kDtypes) {
@@ -617,28 +648,10 @@ TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
       c.dtype = dtype;
       KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 81,
                                 /*extra_capacity=*/0, dtype);
-      const int64_t width = c.layout.n_heads * c.head_dim;
-      std::vector<float> q(c.n_tokens * width);
+      std::vector<float> q(c.n_tokens * c.layout.n_heads * c.head_dim);
       test::FillRandom(q.data(), q.size(), 82);
-      std::vector<float> first;
-      for (const int threads : {1, 2, 7}) {
-        std::vector<float> out(q.size());
-        AttentionQuery query;
-        query.q_pos0 = c.kv_len - c.n_tokens;
-        query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
-        query.out = MatrixView<float>(out.data(), c.n_tokens, width);
-        tbb::task_arena arena(threads);
-        arena.execute([&] {
-          ASSERT_TRUE(Attention(cache, c.layout.n_heads, &query, 1).ok());
-        });
-        if (first.empty()) {
-          first = out;
-        } else {
-          ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
-                                   out.size() * sizeof(float)))
-              << Describe(c) << ", " << threads << " threads";
-        }
-      }
+      ExpectSameBitsOnAnyThreadCount(cache, c, q, {}, nullptr);
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -1318,34 +1331,13 @@ TEST_P(AttentionTest, VariantsSameBitsForAnyThreadCount) {
   for (const Case& c :
        {Case{{8, 2}, 64, 5000, 1, true}, Case{{8, 4}, 64, 300, 300, true}}) {
     KvCache cache = MakeCache(c.layout.n_kv_heads, c.head_dim, {c.kv_len}, 85);
-    const int64_t width = c.layout.n_heads * c.head_dim;
-    std::vector<float> q(c.n_tokens * width);
+    std::vector<float> q(c.n_tokens * c.layout.n_heads * c.head_dim);
     test::FillRandom(q.data(), q.size(), 86);
     VariantCall call = MakeVariantCall(VariantSets().back(), c.layout.n_heads,
                                        c.n_tokens, c.kv_len, true, 87);
     call.options.window = 1000;
-    std::vector<float> first;
-    for (const int threads : {1, 2, 7}) {
-      std::vector<float> out(q.size());
-      AttentionQuery query;
-      query.q_pos0 = c.kv_len - c.n_tokens;
-      query.q = MatrixView<const float>(q.data(), c.n_tokens, width);
-      query.out = MatrixView<float>(out.data(), c.n_tokens, width);
-      query.mask =
-          MatrixView<const float>(call.mask.data(), c.n_tokens, c.kv_len);
-      tbb::task_arena arena(threads);
-      arena.execute([&] {
-        ASSERT_TRUE(
-            Attention(cache, c.layout.n_heads, &query, 1, call.options).ok());
-      });
-      if (first.empty()) {
-        first = out;
-      } else {
-        ASSERT_EQ(0, std::memcmp(first.data(), out.data(),
-                                 out.size() * sizeof(float)))
-            << Describe(c) << ", " << threads << " threads";
-      }
-    }
+    ExpectSameBitsOnAnyThreadCount(cache, c, q, call.options, call.mask.data());
+    if (HasFatalFailure()) return;
   }
 }
 

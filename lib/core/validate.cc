@@ -83,5 +83,16 @@ Status CheckFinite(const char* fn, const char* name, float value) {
               value, ")");
 }
 
+Status CheckHeadRows(const char* fn, const char* name, MatrixView<float> x,
+                     int64_t head_dim) {
+  Status status = CheckPositive(fn, "head_dim", head_dim);
+  if (status.ok()) status = CheckMatrix(fn, name, x);
+  if (status.ok() && x.cols % head_dim != 0) {
+    status = Fail(StatusCode::kInvalidArgument, fn, name, ".cols (", x.cols,
+                  ") is not a multiple of head_dim (", head_dim, ")");
+  }
+  return status;
+}
+
 }  // namespace internal
 }  // namespace headway

@@ -111,6 +111,11 @@ Status CheckInPlaceOrDisjoint(const char* fn, const char* in_name,
 // A finite float (not NaN, not +-inf).
 Status CheckFinite(const char* fn, const char* name, float value);
 
+// head_dim >= 1 and x a checked view of whole heads: cols a multiple of
+// head_dim (RoPE's and RMSNorm's rows of heads).
+Status CheckHeadRows(const char* fn, const char* name, MatrixView<float> x,
+                     int64_t head_dim);
+
 }  // namespace internal
 }  // namespace headway
 

@@ -79,13 +79,7 @@ HWY_EXPORT(RmsNormHeadsT);
 Status RmsNormHeads(MatrixView<float> x, int64_t head_dim, const float* weight,
                     float eps) {
   constexpr const char* kFn = "RmsNormHeads";
-  Status status = internal::CheckPositive(kFn, "head_dim", head_dim);
-  if (status.ok()) status = internal::CheckMatrix(kFn, "x", x);
-  if (status.ok() && x.cols % head_dim != 0) {
-    status =
-        internal::Fail(StatusCode::kInvalidArgument, kFn, "x.cols (", x.cols,
-                       ") is not a multiple of head_dim (", head_dim, ")");
-  }
+  Status status = internal::CheckHeadRows(kFn, "x", x, head_dim);
   if (status.ok()) {
     status = internal::CheckNormWeight(kFn, "weight", weight, head_dim);
   }

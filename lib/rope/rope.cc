@@ -139,12 +139,7 @@ Status ApplyRope(const RopeConfig& rope, int64_t head_dim,
   constexpr const char* kFn = "ApplyRope";
   Status status = internal::CheckPositive(kFn, "head_dim", head_dim);
   if (status.ok()) status = internal::CheckRope(kFn, "rope", rope, head_dim);
-  if (status.ok()) status = internal::CheckMatrix(kFn, "x", x);
-  if (status.ok() && x.cols % head_dim != 0) {
-    status =
-        internal::Fail(StatusCode::kInvalidArgument, kFn, "x.cols (", x.cols,
-                       ") is not a multiple of head_dim (", head_dim, ")");
-  }
+  if (status.ok()) status = internal::CheckHeadRows(kFn, "x", x, head_dim);
   if (status.ok() && positions == nullptr) {
     status =
         internal::Fail(StatusCode::kInvalidArgument, kFn, "positions is null");
