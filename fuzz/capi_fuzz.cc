@@ -20,10 +20,16 @@
 // which is checked against the rounding bound of the type (OpKvRows and
 // ModelRow); the cache is compared with it bit for bit, and attention against
 // float64 over these dequantized rows with float32's tolerance.
+//
+// Attention variants: the core calls and layers run sometimes with random
+// sliding windows, soft-capping, ALiBi slopes and sink logits (Variants),
+// bad ones included, and struct_size values of older, newer and bad callers;
+// the float64 references apply them as headway.h's hw_attention_variants says.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +140,154 @@ std::vector<float> MakeMatrix(FuzzedDataProvider& in, int64_t rows,
   return m;
 }
 
+// ---------------------------------------------------- Attention variants
+
+// The attention variants of a call or a layer: hw_attention_variants' fields,
+// which hw_attention_layer_variants shares, with their per-head arrays.
+struct Variants {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  std::vector<float> slopes, sinks;  // [n_heads] each; empty: none
+
+  const float* Slopes() const {
+    return slopes.empty() ? nullptr : slopes.data();
+  }
+  const float* Sinks() const { return sinks.empty() ? nullptr : sinks.data(); }
+  // The ALiBi bias of head h at position pos for the key at position r.
+  double Bias(int64_t h, int64_t r, int64_t pos) const {
+    return slopes.empty() ? 0.0 : slopes[h] * static_cast<double>(r - pos);
+  }
+  // The score of head h at position pos for the key at position r, from
+  // scale * q . k = scaled: soft-capped, then plus the ALiBi bias.
+  double Score(double scaled, int64_t h, int64_t r, int64_t pos) const {
+    double z = scaled;
+    if (softcap != 0.0f) z = softcap * std::tanh(z / softcap);
+    return z + Bias(h, r, pos);
+  }
+  // Whether a key at position r is outside the window of a query at pos.
+  bool OutsideWindow(int64_t r, int64_t pos) const {
+    return window > 0 && r <= pos - window;
+  }
+};
+
+// Random variants for n_heads heads (arrays of max(n_heads, 1) elements):
+// each on or off, of the sizes models use; sometimes a bad one (*invalid is
+// then set): a negative window, a softcap < 0 or not finite, a slope or sink
+// logit that is not finite.
+Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads,
+                         bool* invalid) {
+  Variants v;
+  const int64_t heads = std::max<int64_t>(n_heads, 1);
+  switch (in.ConsumeIntegralInRange(0, 3)) {
+    case 1:
+      v.window = in.ConsumeIntegralInRange<int64_t>(1, 3);
+      break;
+    case 2:
+      v.window = in.ConsumeIntegralInRange<int64_t>(1, 12);
+      break;
+    default:
+      break;
+  }
+  if (in.ConsumeBool()) {
+    v.softcap = 0.25f + 8.0f * in.ConsumeProbability<float>();
+  }
+  switch (in.ConsumeIntegralInRange(0, 2)) {
+    case 1:
+      v.slopes.resize(heads);
+      ExpectStatus(hw_alibi_slopes(heads, v.slopes.data()), HW_OK,
+                   "hw_alibi_slopes");
+      break;
+    case 2:
+      v.slopes.resize(heads);
+      for (float& x : v.slopes) x = ConsumeFloat(in, false, 1.0f);
+      break;
+    default:
+      break;
+  }
+  if (in.ConsumeBool()) {
+    v.sinks.resize(heads);
+    for (float& x : v.sinks) x = ConsumeFloat(in, false, 4.0f);
+  }
+  const auto at = [&]() {
+    return in.ConsumeIntegralInRange<size_t>(0, static_cast<size_t>(heads) - 1);
+  };
+  switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 12:
+      v.window = -1;
+      *invalid = true;
+      break;
+    case 13:
+      v.softcap = in.PickValueInArray({-1.0f, kNaN, kInf});
+      *invalid = true;
+      break;
+    case 14:
+      if (v.slopes.empty()) v.slopes.assign(heads, 0.5f);
+      v.slopes[at()] = in.ConsumeBool() ? kNaN : -kInf;
+      *invalid = true;
+      break;
+    case 15:
+      if (v.sinks.empty()) v.sinks.assign(heads, 0.0f);
+      v.sinks[at()] = in.ConsumeBool() ? kNaN : kInf;
+      *invalid = true;
+      break;
+    default:
+      break;
+  }
+  return v;
+}
+
+// A struct that grows (hw_attention_variants, hw_attention_layer_variants)
+// followed by room for a newer header's fields, all zero.
+template <typename T>
+struct Growing {
+  T v{};
+  unsigned char tail[16] = {};
+};
+
+// The variants' fields of a C struct.
+template <typename T>
+void SetVariantFields(const Variants& v, T* c) {
+  c->window = v.window;
+  c->softcap = v.softcap;
+  c->alibi_slopes = v.Slopes();
+  c->sink_logits = v.Sinks();
+}
+
+// g.v.struct_size: mostly sizeof; sometimes version 1's (v1), a newer
+// header's longer struct whose tail is zero (valid) or not (*invalid), or a
+// size out of range (*invalid). Never one past the room, which the library
+// would read.
+template <typename T>
+void ConsumeStructSize(FuzzedDataProvider& in, size_t v1, Growing<T>* g,
+                       bool* invalid) {
+  static_assert(offsetof(Growing<T>, tail) == sizeof(T), "tail follows v");
+  size_t size = sizeof(T);
+  switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 11:
+      size = v1;
+      break;
+    case 12:
+      size = sizeof(Growing<T>);
+      break;
+    case 13:
+      size = sizeof(Growing<T>);
+      g->tail[in.ConsumeIntegralInRange<size_t>(0, sizeof(g->tail) - 1)] = 1;
+      *invalid = true;
+      break;
+    case 14:
+      size = in.ConsumeBool() ? 0 : v1 - 1;
+      *invalid = true;
+      break;
+    case 15:
+      size = 4097;
+      *invalid = true;
+      break;
+    default:
+      break;
+  }
+  g->v.struct_size = size;
+}
+
 // ---------------------------------------------------------- Shadow model
 
 // The state the model predicts: one cache (or none), one layer (or none).
@@ -149,6 +303,7 @@ struct Shadow {
   hw_attention_layer* layer = nullptr;
   hw_attention_layer_config config{};                         // resolved
   std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;  // dense
+  Variants variants;  // the layer's; arrays of the whole model's n_heads
 
   int64_t Width() const { return n_kv_heads * head_dim; }
 
@@ -739,14 +894,50 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
     w.w_k.cols += 1;  // the wrong shape
     invalid = true;
   }
+  // 0: hw_attention_layer_create; 1: _with_variants(NULL); 2, 3: with the
+  // attention variants (the whole model's arrays; QK-norm and RoPE are
+  // capi_test's, not modelled here).
+  const int kind = in.ConsumeIntegralInRange(0, 3);
+  Variants var;
+  Growing<hw_attention_layer_variants> lv;
+  if (kind >= 2) {
+    var = ConsumeVariants(in, cfg.n_heads, &invalid);
+    SetVariantFields(var, &lv.v);
+    ConsumeStructSize(in, HW_ATTENTION_LAYER_VARIANTS_V1_SIZE, &lv, &invalid);
+  }
   hw_attention_layer* layer = nullptr;
-  ExpectStatus(hw_attention_layer_create(&cfg, &w, &layer),
+  ExpectStatus(kind == 0 ? hw_attention_layer_create(&cfg, &w, &layer)
+                         : hw_attention_layer_create_with_variants(
+                               &cfg, &w, kind >= 2 ? &lv.v : nullptr, &layer),
                invalid ? HW_INVALID_ARGUMENT : HW_OK,
                "hw_attention_layer_create");
   if (invalid) {
     Check(layer == nullptr, "*out written on error");
     return;
   }
+  // The layer reports its variants, the arrays as its own copies.
+  hw_attention_layer_variants got{};
+  got.struct_size = sizeof(got);
+  ExpectStatus(hw_attention_layer_get_variants(layer, &got), HW_OK,
+               "hw_attention_layer_get_variants");
+  Check(got.window == var.window && got.softcap == var.softcap &&
+            got.qk_norm == 0 && got.rope.rotary_dim == 0,
+        "hw_attention_layer_get_variants", static_cast<double>(got.window),
+        got.softcap);
+  const size_t array_bytes = static_cast<size_t>(cfg.n_heads) * sizeof(float);
+  Check(var.slopes.empty()
+            ? got.alibi_slopes == nullptr
+            : got.alibi_slopes != nullptr &&
+                  got.alibi_slopes != var.slopes.data() &&
+                  std::memcmp(got.alibi_slopes, var.slopes.data(),
+                              array_bytes) == 0,
+        "hw_attention_layer_get_variants: alibi_slopes");
+  Check(var.sinks.empty() ? got.sink_logits == nullptr
+                          : got.sink_logits != nullptr &&
+                                got.sink_logits != var.sinks.data() &&
+                                std::memcmp(got.sink_logits, var.sinks.data(),
+                                            array_bytes) == 0,
+        "hw_attention_layer_get_variants: sink_logits");
   hw_attention_layer_destroy(s.layer);
   s.layer = layer;
   ExpectStatus(hw_attention_layer_get_config(layer, &s.config), HW_OK,
@@ -769,6 +960,7 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
   s.b_k = bias ? bk : std::vector<float>(hkv, 0.0f);
   s.b_v = bias ? bv : std::vector<float>(hkv, 0.0f);
   s.b_o = bias ? bo : std::vector<float>(d, 0.0f);
+  s.variants = var;
 }
 
 void OpLayerCreateCache(FuzzedDataProvider& in, Shadow& s) {
@@ -904,9 +1096,10 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
     s.length[seq] = len0 + seqs[i].n_tokens;
   }
   // y = concat_h(softmax(scale q k^T) V) W_O (+ b_o on the first shard), from
-  // the cached K and V (checked above) and q in float64. Rows appended through
-  // hw_kv_cache_append may hold NaN, inf or huge values, for which headway.h
-  // states no result: such a sequence's y is not checked.
+  // the cached K and V (checked above) and q in float64, with the layer's
+  // variants (window, softcap, ALiBi, sinks of the global head h). Rows
+  // appended through hw_kv_cache_append may hold NaN, inf or huge values, for
+  // which headway.h states no result: such a sequence's y is not checked.
   t = 0;
   for (int64_t i = 0; i < n_seq; ++i) {
     const int64_t seq = seqs[i].seq, len0 = length_before[seq];
@@ -918,8 +1111,13 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
       continue;
     }
     for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
-      const int64_t seen =
-          c.mask == HW_MASK_CAUSAL ? len0 + j + 1 : s.length[seq];
+      const Variants& var = s.variants;
+      const int64_t pos = len0 + j;
+      // Keys [first, seen): the window's first, up to the token itself or to
+      // every cached one; never empty (a token sees itself).
+      const int64_t seen = c.mask == HW_MASK_CAUSAL ? pos + 1 : s.length[seq];
+      const int64_t first =
+          var.window > 0 ? std::max<int64_t>(0, pos - var.window + 1) : 0;
       std::vector<double> o(hq, 0.0), o_abs(hq, 0.0);
       for (int64_t h = h0; h < c.head_end; ++h) {
         const int64_t g = h / group - g0;
@@ -927,16 +1125,17 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
         double bound;
         for (int64_t p = 0; p < hd; ++p)
           q[p] = project(s.w_q, s.b_q, hq, t, h * hd + p, &bound);
-        double m = -INFINITY, sum = 0.0;
-        for (int64_t r = 0; r < seen; ++r) {
+        double m = var.sinks.empty() ? -INFINITY : var.sinks[h], sum = 0.0;
+        for (int64_t r = first; r < seen; ++r) {
           double dot = 0.0;
           for (int64_t p = 0; p < hd; ++p)
             dot += q[p] * s.k[seq][r * width + g * hd + p];
-          sc[r] = c.scale * dot;
+          sc[r] = var.Score(c.scale * dot, h, r, pos);
           m = std::max(m, sc[r]);
         }
-        for (int64_t r = 0; r < seen; ++r) sum += std::exp(sc[r] - m);
-        for (int64_t r = 0; r < seen; ++r) {
+        for (int64_t r = first; r < seen; ++r) sum += std::exp(sc[r] - m);
+        if (!var.sinks.empty()) sum += std::exp(var.sinks[h] - m);
+        for (int64_t r = first; r < seen; ++r) {
           const double pr = std::exp(sc[r] - m) / sum;
           for (int64_t p = 0; p < hd; ++p) {
             const double vv = s.v[seq][r * width + g * hd + p];
@@ -1064,8 +1263,9 @@ struct AttnQuery {
   bool invalid = false, out_of_range = false;
 };
 
-// What both attention ops consume first: n_heads for s.cache and the options,
-// with what follows from them. Not copyable: `options` points at `opts`.
+// What both attention ops consume first: n_heads for s.cache, the options
+// and the variants, with what follows from them. Not copyable: `options` and
+// `variants` point into the object.
 struct AttnCall {
   AttnCall(FuzzedDataProvider& in, const Shadow& s) {
     n_heads = ConsumeNHeads(in, s);
@@ -1075,6 +1275,15 @@ struct AttnCall {
     width = std::max<int64_t>(n_heads, 1) * std::max<int64_t>(s.head_dim, 1);
     scale = ResolvedScale(options, s.head_dim);
     causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
+    // 0: the plain call; 1: the _variants call with NULL; 2, 3: with random
+    // variants.
+    kind = in.ConsumeIntegralInRange(0, 3);
+    if (kind >= 2) {
+      var = ConsumeVariants(in, n_heads, &invalid);
+      SetVariantFields(var, &growing.v);
+      ConsumeStructSize(in, HW_ATTENTION_VARIANTS_V1_SIZE, &growing, &invalid);
+    }
+    variants = kind >= 2 ? &growing.v : nullptr;
   }
   AttnCall(const AttnCall&) = delete;
   AttnCall& operator=(const AttnCall&) = delete;
@@ -1082,10 +1291,14 @@ struct AttnCall {
   int64_t n_heads;
   hw_attention_options opts{};
   const hw_attention_options* options;  // &opts or NULL
-  bool invalid;                         // n_heads or the options are bad
-  int64_t width;                        // of q and out: n_heads * head_dim
-  float scale;                          // as the call resolves it
+  bool invalid;   // n_heads, the options or the variants are bad
+  int64_t width;  // of q and out: n_heads * head_dim
+  float scale;    // as the call resolves it
   bool causal;
+  int kind;
+  Variants var;  // none unless kind >= 2
+  Growing<hw_attention_variants> growing;
+  const hw_attention_variants* variants;  // &growing.v or NULL
 };
 
 // A query on s.cache for `width` = n_heads * head_dim columns: mostly valid
@@ -1188,6 +1401,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
   const int64_t n_heads = call.n_heads;
   const float scale = call.scale;
   const bool causal = call.causal;
+  const Variants& var = call.var;
   const hw_attention_query& qy = a.query;
   const int64_t n = qy.q.rows, hd = s.head_dim, len = a.length;
   const int64_t group = n_heads / s.n_kv_heads, width = s.Width();
@@ -1219,7 +1433,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
       std::vector<int64_t> seen, hidden;
       for (int64_t r = 0; r < len; ++r) {
         const float m = qy.mask.data ? a.mask[t * ms + r] : 0.0f;
-        if ((causal && r > pos) || m == -kInf) {
+        if ((causal && r > pos) || var.OutsideWindow(r, pos) || m == -kInf) {
           hidden.push_back(r);
           continue;
         }
@@ -1246,10 +1460,13 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
       // NaN, inf or huge scores: the contract says what only for NaN V below.
       if (!tame) continue;
       // Scores in float64. |scale q.k| < 1e8 here (|q|, |K| <= 1e3, head_dim
-      // <= 20, scale <= 2), far below half an ulp of FLT_MAX in float or
-      // double, so a -FLT_MAX mask entry gives a score of exactly -FLT_MAX,
-      // in the kernel and here: its |mask| adds no rounding, and S counts 0.
-      double m = -INFINITY, S = 0.0, sum = 0.0;
+      // <= 20, scale <= 2) and the ALiBi bias |slope (k - p)| <= 4 * 9, far
+      // below half an ulp of FLT_MAX in float or double, so a -FLT_MAX mask
+      // entry gives a score of exactly -FLT_MAX, in the kernel and here: its
+      // |mask| adds no rounding, and S counts 0. With sinks, exp(sink) joins
+      // the denominator.
+      const double sink = var.sinks.empty() ? -INFINITY : var.sinks[h];
+      double m = sink, S = 0.0, sum = 0.0;
       for (int64_t r : seen) {
         double dot = 0.0, abs = 0.0;
         for (int64_t p = 0; p < hd; ++p) {
@@ -1259,12 +1476,16 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
           abs += std::fabs(x);
         }
         const float mk = qy.mask.data ? a.mask[t * ms + r] : 0.0f;
-        w[r] = scale * dot + mk;
+        w[r] = var.Score(scale * dot, h, r, pos) + mk;
         const bool flt_max = mk == -std::numeric_limits<float>::max();
-        S = std::max(S, scale * abs + (flt_max ? 0.0 : std::fabs(mk)));
+        // attention.h's S_t: the softcap and |alibi bias| count as well.
+        S = std::max(S, scale * abs + var.softcap +
+                            std::fabs(var.Bias(h, r, pos)) +
+                            (flt_max ? 0.0 : std::fabs(mk)));
         m = std::max(m, w[r]);
       }
       for (int64_t r : seen) sum += std::exp(w[r] - m);
+      if (!var.sinks.empty()) sum += std::exp(sink - m);
       for (int64_t r : seen) w[r] = std::exp(w[r] - m) / sum;
       // attention.h's bound, 4 u |V|max (sqrt(d) S + sqrt(L) + 8), is a
       // random-walk estimate; it says worst-case inputs reach sqrt(d) or
@@ -1276,14 +1497,17 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
                           (std::sqrt(static_cast<double>(hd)) * S +
                            std::sqrt(static_cast<double>(seen.size())) + 8.0);
       if (got_w) {
-        double w_sum = 0.0;
+        // 1 without a sink; 1 minus the sink's share with one.
+        double w_sum = 0.0, want_sum = 0.0;
         for (int64_t r : seen) {
           Check(std::fabs(got_w[r] - w[r]) <= unit + 0x1p-126,
                 "attention: weight differs from float64", got_w[r], w[r]);
           w_sum += got_w[r];
+          want_sum += w[r];
         }
-        Check(std::fabs(w_sum - 1.0) <= seen.size() * (unit + 0x1p-126),
-              "attention: weights do not sum to 1", w_sum);
+        Check(std::fabs(w_sum - want_sum) <= seen.size() * (unit + 0x1p-126),
+              "attention: weights do not sum to 1 - the sink's share", w_sum,
+              want_sum);
       }
       double v_max = 0.0;
       bool v_tame = true;
@@ -1342,10 +1566,14 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
     q_before.push_back(a.q);
     out_before.push_back(a.out);
   }
-  ExpectStatus(
-      hw_attention(s.cache, call.n_heads, null_queries ? nullptr : raw.data(),
-                   n_queries, call.options),
-      want, "hw_attention", invalid && out_of_range ? HW_OUT_OF_RANGE : -1);
+  const hw_attention_query* queries = null_queries ? nullptr : raw.data();
+  ExpectStatus(call.kind == 0 ? hw_attention(s.cache, call.n_heads, queries,
+                                             n_queries, call.options)
+                              : hw_attention_with_variants(
+                                    s.cache, call.n_heads, queries, n_queries,
+                                    call.options, call.variants),
+               want, "hw_attention(_with_variants)",
+               invalid && out_of_range ? HW_OUT_OF_RANGE : -1);
   for (size_t i = 0; i < qs.size(); ++i)
     Check(SameBits(qs[i].q, q_before[i]), "hw_attention changed q");
   if (want != HW_OK) {
@@ -1380,11 +1608,15 @@ void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
                                     : HW_OK;
   const std::vector<float> q_before = a.q, out_before = a.out,
                            w_before = weights;
-  ExpectStatus(hw_attention_with_weights(s.cache, call.n_heads,
-                                         null_query ? nullptr : &a.query, wm,
-                                         call.options),
-               want, "hw_attention_with_weights",
-               invalid && a.out_of_range ? HW_OUT_OF_RANGE : -1);
+  const hw_attention_query* query = null_query ? nullptr : &a.query;
+  ExpectStatus(
+      call.kind == 0
+          ? hw_attention_with_weights(s.cache, call.n_heads, query, wm,
+                                      call.options)
+          : hw_attention_with_weights_and_variants(
+                s.cache, call.n_heads, query, wm, call.options, call.variants),
+      want, "hw_attention_with_weights(_and_variants)",
+      invalid && a.out_of_range ? HW_OUT_OF_RANGE : -1);
   Check(SameBits(a.q, q_before), "hw_attention_with_weights changed q");
   if (want != HW_OK) {
     Check(SameBits(a.out, out_before) && SameBits(weights, w_before),
@@ -1493,6 +1725,11 @@ void OpNullHandles(FuzzedDataProvider&, Shadow&) {
                HW_INVALID_ARGUMENT, "hw_kv_cache_stored_keys");
   ExpectStatus(hw_attention_layer_create_cache_typed(nullptr, 1, 1, 0, nullptr),
                HW_INVALID_ARGUMENT, "hw_attention_layer_create_cache_typed");
+  ExpectStatus(
+      hw_attention_with_variants(nullptr, 1, nullptr, 1, nullptr, nullptr),
+      HW_INVALID_ARGUMENT, "hw_attention_with_variants");
+  ExpectStatus(hw_alibi_slopes(1, nullptr), HW_INVALID_ARGUMENT,
+               "hw_alibi_slopes");
 }
 
 // The ops, chosen by one byte each.

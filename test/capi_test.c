@@ -1134,10 +1134,29 @@ static hw_attention_layer_weights Weights(const Model* m) {
   return w;
 }
 
+/* Whether the query at position pos sees the key at position s before the
+ * additive mask (headway.h's hw_attention_variants): s <= pos if causal, and
+ * s > pos - window with a window. */
+static int Visible(int64_t s, int64_t pos, int causal, int64_t window) {
+  return (!causal || s <= pos) && (window == 0 || s > pos - window);
+}
+
+/* The score of query head h at position pos for the key at position s, from
+ * scale * q . k = scaled: soft-capped, then plus the ALiBi bias (headway.h's
+ * order; the additive mask comes after). */
+static double VariantScore(double scaled, int64_t h, int64_t s, int64_t pos,
+                           double softcap, const float* slopes) {
+  double z = scaled;
+  if (softcap != 0.0) z = softcap * tanh(z / softcap);
+  if (slopes != NULL) z += slopes[h] * (double)(s - pos);
+  return z;
+}
+
 /* y = layer(x) in float64 for one sequence of n tokens from an empty cache:
  * x [n, d] dense, y [n, d] dense. variants (resolved: ResolvedVariants, or
  * NULL for none): after the bias, RMSNorm of every Q and K head, then RoPE at
- * the token's position t. */
+ * the token's position t; the attention variants as ReferenceAttention
+ * applies them (alibi_slopes and sink_logits of the whole model's heads). */
 static void ReferenceLayer(const Model* m, int64_t n, const float* x,
                            const hw_attention_layer_variants* variants,
                            double* y) {
@@ -1183,26 +1202,34 @@ static void ReferenceLayer(const Model* m, int64_t n, const float* x,
     }
   }
   const double scale = 1.0 / sqrt((double)hd);
+  const int causal = m->mask == HW_MASK_CAUSAL;
+  const int64_t window = variants != NULL ? variants->window : 0;
+  const double softcap = variants != NULL ? variants->softcap : 0.0;
+  const float* slopes = variants != NULL ? variants->alibi_slopes : NULL;
+  const float* sinks = variants != NULL ? variants->sink_logits : NULL;
   for (int64_t h = 0; h < m->n_heads; ++h) {
     const int64_t g = h / group;
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t visible = m->mask == HW_MASK_CAUSAL ? t + 1 : n;
-      double max = -INFINITY, sum = 0.0;
-      for (int64_t s = 0; s < visible; ++s) {
+      /* Every row sees at least its own token: max is finite. */
+      double max = sinks != NULL ? sinks[h] : -INFINITY, sum = 0.0;
+      for (int64_t s = 0; s < n; ++s) {
+        p[s] = -INFINITY;
+        if (!Visible(s, t, causal, window)) continue;
         double dot = 0.0;
         for (int64_t c = 0; c < hd; ++c) {
           dot += q[t * q_cols + h * hd + c] * k[s * kv_cols + g * hd + c];
         }
-        p[s] = scale * dot;
+        p[s] = VariantScore(scale * dot, h, s, t, softcap, slopes);
         if (p[s] > max) max = p[s];
       }
-      for (int64_t s = 0; s < visible; ++s) {
+      for (int64_t s = 0; s < n; ++s) {
         p[s] = exp(p[s] - max);
         sum += p[s];
       }
+      if (sinks != NULL) sum += exp(sinks[h] - max);
       for (int64_t c = 0; c < hd; ++c) {
         double acc = 0.0;
-        for (int64_t s = 0; s < visible; ++s) {
+        for (int64_t s = 0; s < n; ++s) {
           acc += p[s] * v[s * kv_cols + g * hd + c];
         }
         o[t * q_cols + h * hd + c] = acc / sum;
@@ -1832,6 +1859,20 @@ static void TestLayerVariantsCase(const Model* m,
   } else {
     CHECK(got.q_norm == NULL && got.k_norm == NULL);
   }
+  CHECK(got.window == want.window && got.softcap == want.softcap);
+  /* The per-head arrays: the layer's copies of the whole model's [n_heads]. */
+  CHECK((got.alibi_slopes != NULL) == (want.alibi_slopes != NULL) &&
+        (got.sink_logits != NULL) == (want.sink_logits != NULL));
+  if (got.alibi_slopes != NULL && want.alibi_slopes != NULL) {
+    CHECK(got.alibi_slopes != want.alibi_slopes &&
+          memcmp(got.alibi_slopes, want.alibi_slopes,
+                 (size_t)m->n_heads * sizeof(float)) == 0);
+  }
+  if (got.sink_logits != NULL && want.sink_logits != NULL) {
+    CHECK(got.sink_logits != want.sink_logits &&
+          memcmp(got.sink_logits, want.sink_logits,
+                 (size_t)m->n_heads * sizeof(float)) == 0);
+  }
 
   enum { kN = 7, kPrefix = 3, kCap = 8 };
   hw_kv_cache* cache = NULL;
@@ -1871,8 +1912,65 @@ static void TestLayerVariantsCase(const Model* m,
   hw_attention_layer_destroy(layer);
 }
 
-/* Four variant sets on a GQA layer and one on an MQA layer with head_dim 6,
- * on every instruction set. */
+/* Tensor parallelism with the attention variants: two shards of a layer
+ * (query heads [0, 2) and [2, 4) of 4, each reading its heads of the whole
+ * model's slopes and sinks) sum to the whole layer, over a prefill and two
+ * decode steps; a shard reports the whole model's arrays. */
+static void TestLayerVariantShards(
+    const Model* m, const hw_attention_layer_variants* variants) {
+  enum { kN = 5, kSteps = 2, kT = kN + kSteps };
+  const int64_t d = m->d_model, H = m->n_heads;
+  const hw_attention_layer_weights weights = Weights(m);
+  float* x = RandomArray(kT * d, 2.0f);
+  float* y[3];
+  hw_attention_layer* layers[3] = {NULL, NULL, NULL};
+  hw_kv_cache* caches[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < 3; ++i) {
+    /* 0: the whole layer; 1, 2: the shards. */
+    hw_attention_layer_config config = Config(m);
+    if (i > 0) {
+      config.head_begin = (i - 1) * H / 2;
+      config.head_end = i * H / 2;
+    }
+    y[i] = FilledArray(kT * d, NAN);
+    CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights,
+                                                     variants, &layers[i]));
+    if (layers[i] == NULL) continue;
+    CHECK_OK(hw_attention_layer_create_cache(layers[i], 1, kT, &caches[i]));
+    if (caches[i] == NULL) continue;
+    hw_layer_sequence s = Seq(0, kN);
+    CHECK_OK(
+        hw_attention_layer_forward(layers[i], caches[i], &s, 1, x, 0, y[i], 0));
+    for (int64_t t = kN; t < kT; ++t) {
+      s = Seq(0, 1);
+      CHECK_OK(hw_attention_layer_forward(layers[i], caches[i], &s, 1,
+                                          x + t * d, 0, y[i] + t * d, 0));
+    }
+    hw_attention_layer_variants got = NoVariants();
+    CHECK_OK(hw_attention_layer_get_variants(layers[i], &got));
+    CHECK(got.alibi_slopes != NULL && got.sink_logits != NULL);
+    if (got.alibi_slopes != NULL && got.sink_logits != NULL) {
+      CHECK(memcmp(got.alibi_slopes, variants->alibi_slopes,
+                   (size_t)H * sizeof(float)) == 0 &&
+            memcmp(got.sink_logits, variants->sink_logits,
+                   (size_t)H * sizeof(float)) == 0);
+    }
+  }
+  for (int64_t e = 0; e < kT * d; ++e) y[1][e] += y[2][e];
+  CHECK(NormwiseDiff(y[1], d, y[0], d, kT, d) <= kTolerance);
+  for (int i = 0; i < 3; ++i) {
+    hw_kv_cache_destroy(caches[i]);
+    hw_attention_layer_destroy(layers[i]);
+    free(y[i]);
+  }
+  free(x);
+}
+
+/* Four variant sets on a GQA layer and one on an MQA layer with head_dim 6
+ * (QK-norm and RoPE), then the attention variants (sliding window,
+ * soft-capping, ALiBi, sink logits) alone and with QK-norm and RoPE on the
+ * GQA layer and with RoPE on the MQA one, on every instruction set; shards
+ * with every variant. */
 static void TestLayerVariants(void) {
   Model models[2];
   models[0] = MakeModel(32, 4, 2, 16, HW_MASK_CAUSAL, 1);
@@ -1884,13 +1982,15 @@ static void TestLayerVariants(void) {
       for (int64_t c = 0; c < models[i].head_dim; ++c) norms[i][j][c] += 1.0f;
     }
   }
-  enum { kSets = 5 };
+  /* Both models have 4 heads: 2^-2, 2^-4, 2^-6, 2^-8, and sinks from a
+   * share of a few percent to most of a row. */
+  float slopes[4];
+  const float sinks[4] = {0.5f, -1.0f, 2.5f, 1.0f};
+  CHECK_OK(hw_alibi_slopes(4, slopes));
+  enum { kSets = 8 };
   hw_attention_layer_variants sets[kSets];
-  int model_of[kSets];
-  for (int i = 0; i < kSets; ++i) {
-    sets[i] = NoVariants();
-    model_of[i] = i == kSets - 1 ? 1 : 0;
-  }
+  const int model_of[kSets] = {0, 0, 0, 0, 1, 0, 0, 1};
+  for (int i = 0; i < kSets; ++i) sets[i] = NoVariants();
   /* QK-norm with the default eps (0), RoPE on half of each head (halves). */
   sets[0].qk_norm = 1;
   sets[0].rope.rotary_dim = 8;
@@ -1911,6 +2011,22 @@ static void TestLayerVariants(void) {
   /* MQA, head_dim 6: QK-norm, RoPE on 4 of 6 (interleaved). */
   sets[4].qk_norm = 1;
   sets[4].rope = RopeConfig(4, HW_ROPE_INTERLEAVED, HW_ROPE_SCALING_NONE);
+  /* The attention variants: a window of 3 of the 7 tokens, soft-capping at
+   * 2 (the scores reach about 5), ALiBi and sinks. */
+  sets[5].window = 3;
+  sets[5].softcap = 2.0f;
+  sets[5].alibi_slopes = slopes;
+  sets[5].sink_logits = sinks;
+  /* Everything at once: QK-norm, RoPE, window 4, softcap 5, ALiBi, sinks. */
+  sets[6] = sets[5];
+  sets[6].qk_norm = 1;
+  sets[6].rope = RopeConfig(8, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
+  sets[6].window = 4;
+  sets[6].softcap = 5.0f;
+  /* MQA: RoPE, window 2 (a token and the one before), sinks. */
+  sets[7].rope = RopeConfig(4, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
+  sets[7].window = 2;
+  sets[7].sink_logits = sinks;
   for (int i = 0; i < kSets; ++i) {
     sets[i].q_norm = norms[model_of[i]][0];
     sets[i].k_norm = norms[model_of[i]][1];
@@ -1929,6 +2045,7 @@ static void TestLayerVariants(void) {
         fprintf(stderr, "  (the failures above are of variant set %d)\n", i);
       }
     }
+    TestLayerVariantShards(&models[0], &sets[6]);
     if (g_failures != before) {
       fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
     }
@@ -1989,6 +2106,8 @@ static void TestLayerVariantsOff(void) {
           v.rope.factor == 1.0 && v.rope.low_freq_factor == 1.0 &&
           v.rope.high_freq_factor == 4.0 &&
           v.rope.original_max_position == 8192 && v.qk_norm_eps == 1e-6f);
+    CHECK(v.window == 0 && v.softcap == 0.0f && v.alibi_slopes == NULL &&
+          v.sink_logits == NULL);
   }
   for (int i = 0; i < 3; ++i) {
     hw_attention_layer* layer = NULL;
@@ -2144,7 +2263,66 @@ static void TestLayerVariantErrors(void) {
   CHECK_ERR(
       hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
       HW_INVALID_ARGUMENT, "variants.q_norm[1]");
-  CHECK(layer == NULL);
+
+  /* The attention variants, checked by the C++ layer as config.attention's
+   * fields, named as the C caller's. */
+  {
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    float sinks[4] = {0.0f, 1.0f, -1.0f, 2.0f};
+    v = NoVariants();
+    v.window = -1;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT,
+        "hw_attention_layer_create_with_variants: variants.window must be >= "
+        "0 (got -1)");
+    v.window = 2;
+    v.softcap = NAN;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT,
+        "hw_attention_layer_create_with_variants: variants.softcap must be "
+        "finite and >= 0");
+    v.softcap = -1.0f;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT, "variants.softcap must be finite and >= 0");
+    v.softcap = 30.0f;
+    v.alibi_slopes = slopes;
+    v.sink_logits = sinks;
+    slopes[2] = NAN;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT,
+        "hw_attention_layer_create_with_variants: variants.alibi_slopes[2] is "
+        "not finite");
+    slopes[2] = 0.125f;
+    sinks[3] = INFINITY;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT,
+        "hw_attention_layer_create_with_variants: variants.sink_logits[3] is "
+        "not finite");
+    CHECK(layer == NULL);
+    /* All four valid: created, and reported back. */
+    sinks[3] = 2.0f;
+    CHECK_OK(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer));
+    hw_attention_layer_variants got = NoVariants();
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.window == 2 && got.softcap == 30.0f && got.qk_norm == 0 &&
+          got.rope.rotary_dim == 0);
+    CHECK(got.alibi_slopes != NULL && got.alibi_slopes != slopes &&
+          got.sink_logits != NULL && got.sink_logits != sinks);
+    /* Copies: the caller's arrays may change or go. */
+    slopes[0] = sinks[0] = 99.0f;
+    if (got.alibi_slopes != NULL && got.sink_logits != NULL) {
+      CHECK(got.alibi_slopes[0] == 0.5f && got.alibi_slopes[3] == 0.0625f &&
+            got.sink_logits[0] == 0.0f && got.sink_logits[3] == 2.0f);
+    }
+    hw_attention_layer_destroy(layer);
+    layer = NULL;
+  }
   FreeModel(&m);
 }
 
@@ -2169,36 +2347,51 @@ static hw_matrix StridedMatrix(const float* data, int64_t rows, int64_t cols,
 
 /* float64 attention of one query (headway.h's formula) over the rows
  * appended to its sequence: k and v [length, G * hd] dense; q [n, H * hd]
- * row stride qs; mask [n, length] row stride ms, or NULL. Writes out
- * [n, H * hd] dense and, if not NULL, weights [H * n, length] dense. */
+ * row stride qs; mask [n, length] row stride ms, or NULL; the variants (or
+ * NULL: none): a key at position <= p - window hidden, the score soft-capped
+ * then plus slope_h * (k - p) before the mask, exp(sink_h) in each row's
+ * softmax denominator. Writes out [n, H * hd] dense and, if not NULL,
+ * weights [H * n, length] dense. */
 static void ReferenceAttention(int64_t H, int64_t G, int64_t hd, int64_t length,
                                const float* k, const float* v, int64_t n,
                                int64_t q_pos0, const float* q, int64_t qs,
                                const float* mask, int64_t ms, int causal,
-                               double scale, double* out, double* weights) {
+                               double scale,
+                               const hw_attention_variants* variants,
+                               double* out, double* weights) {
   const int64_t group = H / G;
+  const int64_t window = variants != NULL ? variants->window : 0;
+  const double softcap = variants != NULL ? variants->softcap : 0.0;
+  const float* slopes = variants != NULL ? variants->alibi_slopes : NULL;
+  const float* sinks = variants != NULL ? variants->sink_logits : NULL;
   double* p = (double*)calloc((size_t)length, sizeof(double));
   if (p == NULL) exit(2);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = h / group;
     for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = q_pos0 + t;
       double max = -INFINITY, sum = 0.0;
       for (int64_t s = 0; s < length; ++s) {
         double z = -INFINITY;
-        if (!causal || s <= q_pos0 + t) {
+        if (Visible(s, pos, causal, window)) {
           double dot = 0.0;
           for (int64_t c = 0; c < hd; ++c) {
             dot += (double)q[t * qs + h * hd + c] * k[s * G * hd + g * hd + c];
           }
-          z = scale * dot + (mask != NULL ? mask[t * ms + s] : 0.0);
+          z = VariantScore(scale * dot, h, s, pos, softcap, slopes) +
+              (mask != NULL ? mask[t * ms + s] : 0.0);
         }
         p[s] = z;
         if (z > max) max = z;
       }
+      /* A sink is a key of score sinks[h] and value 0; a row that sees no
+       * key is zeros, sink or not. */
+      if (sinks != NULL && max != -INFINITY && sinks[h] > max) max = sinks[h];
       for (int64_t s = 0; s < length; ++s) {
         p[s] = max == -INFINITY ? 0.0 : exp(p[s] - max);
         sum += p[s];
       }
+      if (sinks != NULL && max != -INFINITY) sum += exp(sinks[h] - max);
       for (int64_t s = 0; s < length; ++s) {
         if (sum > 0.0) p[s] /= sum;
         if (weights != NULL) weights[(h * n + t) * length + s] = p[s];
@@ -2310,7 +2503,7 @@ static void TestAttentionOnTarget(int dtype) {
       if (ref == NULL) exit(2);
       ReferenceAttention(H, G, D, lengths[i], k[i], v[i], n_tokens[i],
                          q_pos0[i], q[i], qs[i], has_mask[i] ? mask[i] : NULL,
-                         ms[i], causal, scale, ref, NULL);
+                         ms[i], causal, scale, NULL, ref, NULL);
       const double diff = DiffToReference(out[i], os[i], ref, n_tokens[i], W);
       if (!(diff <= kTolerance)) {
         fprintf(stderr, "  %s, query %d, variant %d: diff %g\n",
@@ -2336,7 +2529,8 @@ static void TestAttentionOnTarget(int dtype) {
         (double*)calloc((size_t)(rows * lengths[0]), sizeof(double));
     if (ref == NULL || ref_w == NULL) exit(2);
     ReferenceAttention(H, G, D, lengths[0], k[0], v[0], n_tokens[0], q_pos0[0],
-                       q[0], qs[0], mask[0], ms[0], causal, scale, ref, ref_w);
+                       q[0], qs[0], mask[0], ms[0], causal, scale, NULL, ref,
+                       ref_w);
     CHECK(DiffToReference(out2, os[0], ref, n_tokens[0], W) <= kTolerance);
     CHECK(DiffToReference(weights, ws, ref_w, rows, lengths[0]) <= kTolerance);
     CHECK(isnan(weights[lengths[0]]) && isnan(weights[ws - 1]));
@@ -2369,6 +2563,475 @@ static void TestAttention(void) {
     }
   }
   hw_reset_max_target();
+}
+
+/* ------------------------------------------------- Attention variants */
+
+/* Options and variants for one run of the core calls, named for reports. */
+typedef struct AttnVariantSet {
+  const char* name;
+  int32_t mask;
+  float scale; /* 0: 1 / sqrt(head_dim) */
+  hw_attention_variants v;
+} AttnVariantSet;
+
+/* A zeroed hw_attention_variants of this header's size: every variant off. */
+static hw_attention_variants NoAttnVariants(void) {
+  hw_attention_variants v;
+  memset(&v, 0, sizeof(v));
+  v.struct_size = sizeof(v);
+  return v;
+}
+
+/* The attention variants on GQA (8 query heads on 2 KV heads, head_dim 5)
+ * over a cache of three sequences stored as dtype, in one call with three
+ * queries: a prefill chunk of 20 tokens at positions 280 .. 299 of 300 with
+ * a mask that has -inf entries and a fully masked row (a window of 100 leaves
+ * the first 128-key block unseen), a decode step at position 1299 of 1300
+ * (three 512-key chunks merged; a window of 700 spans two) and a prefill of 9
+ * tokens from position 0 with a mask. Against the float64 reference over the
+ * dequantized rows, on the target active now, with float32's tolerance; then
+ * the materialised path: its output, its weights (exactly 0 where a key is
+ * hidden, rows summing to 1 minus the sink's share); normwise differences
+ * observed up to 1.2e-6 on every target and type (kTolerance: 1e-4). First,
+ * no variants however asked (NULL, zeroed, version 1's size, a newer
+ * header's longer struct with zero tail) give the plain calls' results bit
+ * for bit. */
+static void TestAttentionVariantsOnTarget(int dtype, const AttnVariantSet* sets,
+                                          int n_sets) {
+  enum { H = 8, G = 2, D = 5, W = H * D, KW = G * D, kCap = 1300, kQ = 3 };
+  const int64_t lengths[kQ] = {300, 1300, 9};
+  const int64_t n_tokens[kQ] = {20, 1, 9};
+  const int64_t q_pos0[kQ] = {280, 1299, 0};
+  const int has_mask[kQ] = {1, 0, 1};
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create_typed(kQ, G, D, kCap, dtype, &cache));
+  if (cache == NULL) return;
+  float *k[kQ], *v[kQ], *q[kQ], *out[kQ], *mask[kQ];
+  int64_t qs[kQ], ms[kQ];
+  hw_attention_query queries[kQ];
+  for (int i = 0; i < kQ; ++i) {
+    float* k0 = RandomArray(lengths[i] * KW, 4.0f);
+    float* v0 = RandomArray(lengths[i] * KW, 2.0f);
+    CHECK_OK(hw_kv_cache_append(cache, i, lengths[i], k0, 0, v0, 0));
+    free(k0);
+    free(v0);
+    /* The reference reads the stored rows. */
+    k[i] = DequantizedRows(cache, 1, i, G, D, lengths[i]);
+    v[i] = DequantizedRows(cache, 0, i, G, D, lengths[i]);
+    /* Padded strides for the first query, dense (0) for the others. */
+    qs[i] = i == 0 ? W + 3 : W;
+    ms[i] = i == 0 ? lengths[i] + 1 : lengths[i];
+    q[i] = RandomArray(n_tokens[i] * qs[i], 4.0f);
+    out[i] = FilledArray(n_tokens[i] * W, NAN);
+    mask[i] = RandomArray(n_tokens[i] * ms[i], 2.0f);
+    for (int64_t t = 0; t < n_tokens[i]; ++t) {
+      for (int64_t s = 0; s < lengths[i]; ++s) {
+        if ((t + 2 * s) % 7 == 1) mask[i][t * ms[i] + s] = -INFINITY;
+      }
+    }
+    queries[i].seq = i;
+    queries[i].q_pos0 = q_pos0[i];
+    queries[i].q = StridedMatrix(q[i], n_tokens[i], W, i == 0 ? qs[i] : 0);
+    queries[i].out = OutMatrix(out[i], n_tokens[i], W, 0);
+    queries[i].mask = StridedMatrix(has_mask[i] ? mask[i] : NULL, n_tokens[i],
+                                    lengths[i], i == 0 ? ms[i] : 0);
+  }
+  /* Query 0's row 2 sees nothing: zeros, with a sink too. */
+  for (int64_t s = 0; s < lengths[0]; ++s) mask[0][2 * ms[0] + s] = -INFINITY;
+
+  /* No variants: the plain calls' bits. */
+  {
+    typedef struct Longer {
+      hw_attention_variants v;
+      unsigned char tail[24]; /* a later version's fields, zero: off */
+    } Longer;
+    Longer longer;
+    memset(&longer, 0, sizeof(longer));
+    longer.v.struct_size = sizeof(longer);
+    hw_attention_variants zeroed = NoAttnVariants();
+    hw_attention_variants v1 = NoAttnVariants();
+    v1.struct_size = HW_ATTENTION_VARIANTS_V1_SIZE;
+    const hw_attention_variants* asks[4] = {NULL, &zeroed, &v1, &longer.v};
+    const int64_t rows = H * n_tokens[0], length = lengths[0];
+    float* want[kQ];
+    float* want_w = FilledArray(rows * length, NAN);
+    float* want_o = FilledArray(n_tokens[0] * W, NAN);
+    float* got_w = FilledArray(rows * length, NAN);
+    hw_attention_query one = queries[0];
+    CHECK_OK(hw_attention(cache, H, queries, kQ, NULL));
+    for (int i = 0; i < kQ; ++i) {
+      want[i] = FilledArray(n_tokens[i] * W, NAN);
+      memcpy(want[i], out[i], (size_t)(n_tokens[i] * W) * sizeof(float));
+    }
+    one.out.data = want_o;
+    CHECK_OK(hw_attention_with_weights(
+        cache, H, &one, OutMatrix(want_w, rows, length, 0), NULL));
+    one.out.data = out[0];
+    for (int a = 0; a < 4; ++a) {
+      for (int i = 0; i < kQ; ++i) {
+        for (int64_t e = 0; e < n_tokens[i] * W; ++e) out[i][e] = NAN;
+      }
+      CHECK_OK(
+          hw_attention_with_variants(cache, H, queries, kQ, NULL, asks[a]));
+      for (int i = 0; i < kQ; ++i) {
+        CHECK(memcmp(out[i], want[i],
+                     (size_t)(n_tokens[i] * W) * sizeof(float)) == 0);
+      }
+      for (int64_t e = 0; e < rows * length; ++e) got_w[e] = NAN;
+      CHECK_OK(hw_attention_with_weights_and_variants(
+          cache, H, &one, OutMatrix(got_w, rows, length, 0), NULL, asks[a]));
+      CHECK(memcmp(got_w, want_w, (size_t)(rows * length) * sizeof(float)) ==
+                0 &&
+            memcmp(out[0], want_o, (size_t)(n_tokens[0] * W) * sizeof(float)) ==
+                0);
+    }
+    for (int i = 0; i < kQ; ++i) free(want[i]);
+    free(want_w);
+    free(want_o);
+    free(got_w);
+  }
+
+  for (int si = 0; si < n_sets; ++si) {
+    const AttnVariantSet* set = &sets[si];
+    const hw_attention_variants* var = &set->v;
+    hw_attention_options options;
+    memset(&options, 0, sizeof(options));
+    options.mask = set->mask;
+    options.scale = set->scale;
+    const int causal = set->mask == HW_MASK_CAUSAL;
+    const double scale =
+        set->scale != 0.0f ? (double)set->scale : 1.0 / sqrt((double)D);
+    const int before = g_failures;
+    double min_row_sum = 1.0; /* over the rows that see a key */
+    for (int i = 0; i < kQ; ++i) {
+      for (int64_t e = 0; e < n_tokens[i] * W; ++e) out[i][e] = NAN;
+    }
+    CHECK_OK(hw_attention_with_variants(cache, H, queries, kQ, &options, var));
+    for (int i = 0; i < kQ; ++i) {
+      const int64_t n = n_tokens[i], length = lengths[i];
+      const int64_t rows = H * n, ws = length + 2;
+      const float* qmask = has_mask[i] ? mask[i] : NULL;
+      double* ref = (double*)calloc((size_t)(n * W), sizeof(double));
+      double* ref_w = (double*)calloc((size_t)(rows * length), sizeof(double));
+      if (ref == NULL || ref_w == NULL) exit(2);
+      ReferenceAttention(H, G, D, length, k[i], v[i], n, q_pos0[i], q[i], qs[i],
+                         qmask, ms[i], causal, scale, var, ref, ref_w);
+      const double diff = DiffToReference(out[i], W, ref, n, W);
+      if (!(diff <= kTolerance)) {
+        fprintf(stderr, "  query %d: diff %g\n", i, diff);
+      }
+      CHECK(diff <= kTolerance);
+
+      /* The materialised path. */
+      float* weights = FilledArray(rows * ws, NAN);
+      float* out2 = FilledArray(n * W, NAN);
+      hw_attention_query one = queries[i];
+      one.out = OutMatrix(out2, n, W, 0);
+      CHECK_OK(hw_attention_with_weights_and_variants(
+          cache, H, &one, OutMatrix(weights, rows, length, ws), &options, var));
+      CHECK(DiffToReference(out2, W, ref, n, W) <= kTolerance);
+      CHECK(DiffToReference(weights, ws, ref_w, rows, length) <= kTolerance);
+      int hidden_zero = 1;
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < n; ++t) {
+          const float* w = weights + (h * n + t) * ws;
+          const double* rw = ref_w + (h * n + t) * length;
+          double got_sum = 0.0, want_sum = 0.0;
+          for (int64_t s = 0; s < length; ++s) {
+            if (!Visible(s, q_pos0[i] + t, causal, var->window)) {
+              hidden_zero &= w[s] == 0.0f;
+            }
+            got_sum += w[s];
+            want_sum += rw[s];
+          }
+          /* want_sum: 1 minus the sink's share (0 for a row that sees no
+           * key). */
+          CHECK(fabs(got_sum - want_sum) <= kTolerance);
+          if (want_sum > 0.0 && want_sum < min_row_sum) min_row_sum = want_sum;
+        }
+      }
+      CHECK(hidden_zero);
+      if (i == 0) { /* the row that sees nothing */
+        for (int64_t c = 0; c < W; ++c) {
+          CHECK(out[0][2 * W + c] == 0.0f && out2[2 * W + c] == 0.0f);
+        }
+      }
+      free(weights);
+      free(out2);
+      free(ref);
+      free(ref_w);
+    }
+    /* Without sinks the rows sum to 1; with them (one head's sink of 8
+     * takes a large share), some row visibly less. */
+    if (var->sink_logits == NULL) {
+      CHECK(min_row_sum > 1.0 - 1e-9);
+    } else {
+      CHECK(min_row_sum < 0.9);
+    }
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are of %s, %s)\n", set->name,
+              hw_kv_dtype_name(dtype));
+    }
+  }
+  for (int i = 0; i < kQ; ++i) CHECK(Length(cache, i) == lengths[i]);
+  for (int i = 0; i < kQ; ++i) {
+    free(k[i]);
+    free(v[i]);
+    free(q[i]);
+    free(out[i]);
+    free(mask[i]);
+  }
+  hw_kv_cache_destroy(cache);
+}
+
+/* Each variant alone and all together, causal and not, on every target and
+ * stored type. */
+static void TestAttentionVariants(void) {
+  float slopes[8];
+  const float sinks[8] = {0.5f, -1.0f, 2.0f, 8.0f, 0.0f, 3.0f, -4.0f, 1.0f};
+  CHECK_OK(hw_alibi_slopes(8, slopes)); /* 2^-1 .. 2^-8 */
+  enum { kSets = 9 };
+  AttnVariantSet sets[kSets];
+  for (int i = 0; i < kSets; ++i) {
+    memset(&sets[i], 0, sizeof(sets[i]));
+    sets[i].v = NoAttnVariants();
+  }
+  sets[0].name = "window 100";
+  sets[0].v.window = 100;
+  sets[1].name = "window 1"; /* a query sees itself alone */
+  sets[1].v.window = 1;
+  sets[2].name = "window 5, HW_MASK_NONE"; /* keys after p, none <= p - 5 */
+  sets[2].mask = HW_MASK_NONE;
+  sets[2].v.window = 5;
+  sets[3].name = "softcap 1.5"; /* the scores reach about 9 */
+  sets[3].v.softcap = 1.5f;
+  sets[4].name = "ALiBi";
+  sets[4].v.alibi_slopes = slopes;
+  sets[5].name = "sinks";
+  sets[5].v.sink_logits = sinks;
+  sets[6].name = "all, window 700, scale 0.3";
+  sets[6].scale = 0.3f;
+  sets[6].v.window = 700;
+  sets[6].v.softcap = 3.0f;
+  sets[6].v.alibi_slopes = slopes;
+  sets[6].v.sink_logits = sinks;
+  sets[7].name = "all, window 50, HW_MASK_NONE";
+  sets[7].mask = HW_MASK_NONE;
+  sets[7].v = sets[6].v;
+  sets[7].v.window = 50;
+  sets[8].name = "window past the cache, softcap, sinks"; /* sees all */
+  sets[8].v.window = 5000;
+  sets[8].v.softcap = 20.0f;
+  sets[8].v.sink_logits = sinks;
+
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    for (int i = 0; i < 4; ++i) {
+      TestAttentionVariantsOnTarget(kDtypes[i], sets, kSets);
+    }
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+}
+
+/* hw_alibi_slopes: the paper's slopes, and its errors. */
+static void TestAlibiSlopes(void) {
+  float s[16];
+  CHECK_OK(hw_alibi_slopes(8, s));
+  for (int h = 0; h < 8; ++h) CHECK(s[h] == ldexpf(1.0f, -(h + 1)));
+  CHECK_OK(hw_alibi_slopes(1, s));
+  CHECK(s[0] == 1.0f / 256.0f);
+  CHECK_OK(hw_alibi_slopes(4, s));
+  CHECK(s[0] == 0.25f && s[1] == 1.0f / 16 && s[2] == 1.0f / 64 &&
+        s[3] == 1.0f / 256);
+  /* Not a power of two: 4's slopes, then every other one of 8's. */
+  CHECK_OK(hw_alibi_slopes(6, s));
+  CHECK(s[0] == 0.25f && s[3] == 1.0f / 256 && s[4] == 0.5f && s[5] == 0.125f);
+  /* 12: 8's, then 16's odd ones, 2^-0.5 .. 2^-3.5 (to float's rounding). */
+  CHECK_OK(hw_alibi_slopes(12, s));
+  for (int h = 0; h < 8; ++h) CHECK(s[h] == ldexpf(1.0f, -(h + 1)));
+  for (int h = 8; h < 12; ++h) {
+    const double want = exp2(-0.5 - (h - 8));
+    CHECK(fabs(s[h] - want) <= want * 6e-8);
+  }
+
+  for (int h = 0; h < 16; ++h) s[h] = 7.0f;
+  CHECK_ERR(hw_alibi_slopes(0, s), HW_INVALID_ARGUMENT,
+            "hw_alibi_slopes: n_heads must be >= 1 (got 0)");
+  CHECK_ERR(hw_alibi_slopes(-3, s), HW_INVALID_ARGUMENT,
+            "hw_alibi_slopes: n_heads must be >= 1 (got -3)");
+  CHECK_ERR(hw_alibi_slopes(4, NULL), HW_INVALID_ARGUMENT,
+            "hw_alibi_slopes: slopes is null");
+  CHECK(s[0] == 7.0f && s[15] == 7.0f);
+}
+
+/* The variants' errors on the core calls: named as the C caller's fields,
+ * nothing written. */
+static void TestAttentionVariantErrors(void) {
+  enum { H = 4, G = 2, D = 4, W = H * D, N = 3, L = 5 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create(1, G, D, 8, &cache));
+  if (cache == NULL) return;
+  float* kv = RandomArray(L * G * D, 1.0f);
+  CHECK_OK(hw_kv_cache_append(cache, 0, L, kv, 0, kv, 0));
+  float* q = RandomArray(N * W, 1.0f);
+  float* out = FilledArray(N * W, 7.0f);
+  float* weights = FilledArray(H * N * L, 7.0f);
+  float slopes[H] = {0.5f, 0.25f, -0.125f, 0.0f};
+  float sinks[H] = {0.0f, 1.0f, -1.0f, 2.0f};
+  hw_attention_query good;
+  good.seq = 0;
+  good.q_pos0 = 2;
+  good.q = Matrix(q, N, W);
+  good.out = OutMatrix(out, N, W, 0);
+  good.mask = Matrix(NULL, 0, 0);
+  const hw_out_matrix w = OutMatrix(weights, H * N, L, 0);
+  hw_attention_options options;
+  memset(&options, 0, sizeof(options));
+  hw_attention_variants v = NoAttnVariants();
+  char needle[200];
+
+  CHECK_ERR(hw_attention_with_variants(NULL, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT, "hw_attention_with_variants: cache is null");
+  CHECK_ERR(hw_attention_with_weights_and_variants(cache, H, NULL, w, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_weights_and_variants: query is null");
+
+  /* struct_size. */
+  v.struct_size = 0;
+  snprintf(needle, sizeof(needle),
+           "hw_attention_with_variants: variants.struct_size (0) is smaller "
+           "than version 1's (%u): set it to sizeof(hw_attention_variants)",
+           (unsigned)HW_ATTENTION_VARIANTS_V1_SIZE);
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT, needle);
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, NULL, &v),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_with_weights_and_variants: variants.struct_size (0)");
+  v.struct_size = HW_ATTENTION_VARIANTS_V1_SIZE - 1;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT, "variants.struct_size");
+  v.struct_size = 4097;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "variants.struct_size (4097) is larger than 4096");
+  {
+    struct {
+      hw_attention_variants v;
+      unsigned char tail[16];
+    } longer;
+    memset(&longer, 0, sizeof(longer));
+    longer.v.struct_size = sizeof(longer);
+    longer.tail[5] = 1; /* a variant this library does not know, on */
+    snprintf(needle, sizeof(needle),
+             "hw_attention_with_variants: variants.struct_size (%u) is larger "
+             "than this library's (%u) and byte %u is not zero",
+             (unsigned)sizeof(longer), (unsigned)sizeof(hw_attention_variants),
+             (unsigned)sizeof(hw_attention_variants) + 5);
+    CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &longer.v),
+              HW_INVALID_ARGUMENT, needle);
+    CHECK_ERR(hw_attention_with_weights_and_variants(cache, H, &good, w, NULL,
+                                                     &longer.v),
+              HW_INVALID_ARGUMENT, "is not zero");
+  }
+
+  /* The fields, checked by the C++ call, named as the C caller's. */
+  v = NoAttnVariants();
+  v.window = -1;
+  CHECK_ERR(
+      hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_with_variants: variants.window must be >= 0 (got -1)");
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, NULL, &v),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_with_weights_and_variants: variants.window must be "
+      ">= 0 (got -1)");
+  v.window = 0;
+  v.softcap = NAN;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.softcap must be finite and "
+            ">= 0");
+  v.softcap = -2.0f;
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, NULL, &v),
+      HW_INVALID_ARGUMENT, "variants.softcap must be finite and >= 0");
+  v.softcap = INFINITY;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT, "variants.softcap must be finite");
+  v.softcap = 0.0f;
+  v.alibi_slopes = slopes;
+  v.sink_logits = sinks;
+  slopes[2] = NAN;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.alibi_slopes[2] is not "
+            "finite");
+  slopes[2] = -0.125f;
+  slopes[1] = -INFINITY;
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, NULL, &v),
+      HW_INVALID_ARGUMENT, "variants.alibi_slopes[1] is not finite");
+  slopes[1] = 0.25f;
+  sinks[3] = INFINITY;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.sink_logits[3] is not "
+            "finite");
+  sinks[3] = 2.0f;
+  sinks[0] = NAN;
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, NULL, &v),
+      HW_INVALID_ARGUMENT, "variants.sink_logits[0] is not finite");
+  sinks[0] = 0.0f;
+  /* hw_attention's own errors, in this function's name. */
+  CHECK_ERR(hw_attention_with_variants(cache, 3, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: n_heads (3) is not a multiple");
+  options.mask = 7;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, &options, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: options.mask is not an "
+            "hw_attention_mask (got 7)");
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, &options, &v),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_with_weights_and_variants: options.mask is not an "
+      "hw_attention_mask");
+  options.mask = HW_MASK_CAUSAL;
+
+  /* Nothing was written. */
+  int untouched = 1;
+  for (int64_t i = 0; i < N * W; ++i) untouched &= out[i] == 7.0f;
+  for (int64_t i = 0; i < H * N * L; ++i) untouched &= weights[i] == 7.0f;
+  CHECK(untouched);
+
+  /* The good calls work: negative slopes and sinks are fine. */
+  v.window = 2;
+  v.softcap = 10.0f;
+  CHECK_OK(hw_attention_with_variants(cache, H, &good, 1, &options, &v));
+  CHECK_OK(
+      hw_attention_with_weights_and_variants(cache, H, &good, w, &options, &v));
+  CHECK(out[0] != 7.0f && weights[0] != 7.0f);
+  /* Row 0 (position 2) sees keys 1 and 2 of 5: weights of keys 0, 3 and 4
+   * are 0. */
+  CHECK(weights[0] == 0.0f && weights[3] == 0.0f && weights[4] == 0.0f &&
+        weights[1] > 0.0f && weights[2] > 0.0f);
+
+  free(kv);
+  free(q);
+  free(out);
+  free(weights);
+  hw_kv_cache_destroy(cache);
 }
 
 /* Bad calls: an error naming the C argument, nothing written. */
@@ -2726,6 +3389,9 @@ int main(void) {
   TestLayerVariants();
   TestAttention();
   TestAttentionErrors();
+  TestAlibiSlopes();
+  TestAttentionVariants();
+  TestAttentionVariantErrors();
   TestMatmul();
   TestSoftmax();
   TestReleaseThreadScratch();

@@ -34,11 +34,13 @@
  * and match the C++ enums'; 0 is the default, so a zeroed struct is the
  * default configuration. Handles are opaque, so what they hold can grow.
  * A released struct keeps its size and layout; a struct made to grow
- * (hw_attention_layer_variants) begins with `size_t struct_size`, which the
- * caller sets to sizeof as it compiled it: fields appended later are read
- * only when struct_size covers them, and a library older than the caller's
- * header accepts the larger struct when the bytes it does not know are zero
- * (the new features left off).
+ * (hw_attention_variants, hw_attention_layer_variants) begins with
+ * `size_t struct_size`, which the caller sets to sizeof as it compiled it:
+ * fields appended later are read only when struct_size covers them, and a
+ * library older than the caller's header accepts the larger struct when the
+ * bytes it does not know are zero (the new features left off). struct_size
+ * must be at least the struct's version 1 size (its _V1_SIZE macro) and at
+ * most 4096.
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
@@ -407,6 +409,8 @@ HEADWAY_C_API int hw_rms_norm_heads(float* x, int64_t rows, int64_t cols,
  *   Q_h, K_g = RoPE(RMSNorm(Q_h)), RoPE(RMSNorm(K_g))  (each optional: see
  *                                            hw_attention_layer_variants)
  *   o_h = softmax(scale * Q_h K_g^T + mask) V_g, g = h / (n_heads / n_kv_heads)
+ *         (with the attention variants, if any: sliding window, soft-capping,
+ *         ALiBi, sink logits, as hw_attention_with_variants applies them)
  *   y = concat_h(o_h) W_O + b_o
  * See headway/layer.h. */
 typedef struct hw_attention_layer hw_attention_layer;
@@ -463,11 +467,15 @@ typedef struct hw_attention_layer_weights {
 } hw_attention_layer_weights;
 
 /* What a layer does beyond hw_attention_layer_config's plain attention (Qwen3,
- * Gemma 3, Llama 3 and OLMo 2 layers): a struct that grows, one field group
- * per variant, each off when zeroed. Set struct_size to
- * sizeof(hw_attention_layer_variants) and zero the rest (memset) before
- * setting fields, so that a field this header adds later reads as off.
- * Version 1 ends after `rope` (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes). */
+ * Gemma 2 and 3, Llama 3, Mistral, OLMo 2, gpt-oss, BLOOM layers): a struct
+ * that grows, one field group per variant, each off when zeroed. Set
+ * struct_size to sizeof(hw_attention_layer_variants) and zero the rest
+ * (memset) before setting fields, so that a field this header adds later
+ * reads as off. Version 1 ends after `sink_logits`
+ * (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes). Its last four fields are
+ * hw_attention_variants' (the same names, meanings and checks), flat here
+ * rather than a nested struct so that the layer's struct has one struct_size
+ * and an error names the field the same way in both ("variants.window"). */
 typedef struct hw_attention_layer_variants {
   size_t struct_size; /* sizeof(hw_attention_layer_variants) */
   /* QK-norm: 1 applies, after the bias, RMSNorm (hw_rms_norm_heads) to every
@@ -483,12 +491,22 @@ typedef struct hw_attention_layer_variants {
    * plus its index among the call's tokens of that sequence. K is cached
    * rotated. rope.rotary_dim == 0: none (the other rope fields ignored). */
   hw_rope_config rope;
+  /* The layer's attention variants, as hw_attention_variants' fields (see
+   * there): a sliding window of `window` tokens (>= 0; 0: none), logit
+   * soft-capping (finite, >= 0; 0: none), and per-head ALiBi slopes and sink
+   * logits (finite; NULL: none). alibi_slopes and sink_logits are the whole
+   * model's [config.n_heads], also for a shard (which reads its own heads'
+   * [head_begin, head_end)); create copies them. */
+  int64_t window;
+  float softcap;
+  const float* alibi_slopes;
+  const float* sink_logits;
 } hw_attention_layer_variants;
 
 /* The size of version 1 of hw_attention_layer_variants, the smallest
  * struct_size accepted. */
 #define HW_ATTENTION_LAYER_VARIANTS_V1_SIZE \
-  (offsetof(hw_attention_layer_variants, rope) + sizeof(hw_rope_config))
+  (offsetof(hw_attention_layer_variants, sink_logits) + sizeof(const float*))
 
 /* The new tokens of one sequence in a forward call: n_tokens consecutive rows
  * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
@@ -511,8 +529,8 @@ HEADWAY_C_API int hw_attention_layer_create(
     const hw_attention_layer_weights* weights, hw_attention_layer** out);
 
 /* hw_attention_layer_create plus the variants (NULL: none, the same layer as
- * hw_attention_layer_create's). The norm weights are copied: the host may
- * free them afterwards.
+ * hw_attention_layer_create's). The norm weights, ALiBi slopes and sink
+ * logits are copied: the host may free them afterwards.
  * Errors: those of hw_attention_layer_create, and HW_INVALID_ARGUMENT for
  * variants->struct_size smaller than HW_ATTENTION_LAYER_VARIANTS_V1_SIZE,
  * larger than 4096, or larger than this library's
@@ -520,8 +538,10 @@ HEADWAY_C_API int hw_attention_layer_create(
  * this library does not know; the message gives the byte's offset), qk_norm
  * not 0 or 1, with qk_norm a qk_norm_eps < 0 or not finite, a NULL q_norm or
  * k_norm or one with an element that is not finite, a bad rope field (as
- * hw_apply_rope; rotary_dim must be <= head_dim). Messages name the field,
- * e.g. "variants.rope.rotary_dim (5) must be even ...". */
+ * hw_apply_rope; rotary_dim must be <= head_dim), a window < 0, a softcap < 0
+ * or not finite, an alibi_slopes or sink_logits element that is not finite.
+ * Messages name the field, e.g. "variants.rope.rotary_dim (5) must be even
+ * ...", "variants.sink_logits[3] is not finite (got nan)". */
 HEADWAY_C_API int hw_attention_layer_create_with_variants(
     const hw_attention_layer_config* config,
     const hw_attention_layer_weights* weights,
@@ -541,8 +561,10 @@ HEADWAY_C_API int hw_attention_layer_get_config(
  * those this library does not know as zero (off). Zeros that mean a default
  * read as the default (qk_norm_eps, the rope fields), and a variant that is
  * off as its defaults (qk_norm 0 with qk_norm_eps 1e-6, q_norm and k_norm
- * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...). q_norm and k_norm
- * point at the layer's copies, valid until it is destroyed. A layer from
+ * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...; window 0, softcap
+ * 0, alibi_slopes and sink_logits NULL). q_norm, k_norm ([head_dim]),
+ * alibi_slopes and sink_logits ([n_heads], the whole model's) point at the
+ * layer's copies, valid until it is destroyed. A layer from
  * hw_attention_layer_create has every variant off.
  * Errors (nothing written): HW_INVALID_ARGUMENT for a NULL layer or variants,
  * a struct_size smaller than HW_ATTENTION_LAYER_VARIANTS_V1_SIZE or larger
@@ -641,6 +663,55 @@ typedef struct hw_attention_options {
   float scale;  /* multiplies q . k; 0 means 1 / sqrt(head_dim) */
 } hw_attention_options;
 
+/* The attention variants models use (headway::AttentionOptions' window,
+ * softcap, alibi_slopes and sink_logits), for hw_attention_with_variants and
+ * hw_attention_with_weights_and_variants: a struct that grows (see
+ * Compatibility at the top), each variant off when zeroed. Set struct_size
+ * to sizeof(hw_attention_variants) and zero the rest (memset) before setting
+ * fields. Version 1 ends after `sink_logits` (HW_ATTENTION_VARIANTS_V1_SIZE
+ * bytes).
+ *
+ * The score of query head h at position p for the key at position k is, in
+ * this order (each step only where its field is set):
+ *   s = scale * q . k
+ *   s = softcap * tanh(s / softcap)          (Gemma 2's logit soft-capping)
+ *   s = s + alibi_slopes[h] * (k - p)        (ALiBi)
+ *   s = s + mask[t, k]                       (the query's additive mask)
+ * and the key takes part only if k <= p (HW_MASK_CAUSAL) and k > p - window.
+ * With sink_logits the softmax's denominator also holds exp(sink_logits[h])
+ * (gpt-oss's attention sinks: a virtual key of that score whose value is
+ * zero), so that a row's weights sum to less than 1. */
+typedef struct hw_attention_variants {
+  size_t struct_size; /* sizeof(hw_attention_variants) */
+  /* Sliding window (Mistral, Gemma 2 and 3, gpt-oss): a query at position p
+   * sees no key at position <= p - window; >= 0, 0: none. Work follows the
+   * keys a query sees (decode reads `window` keys). */
+  int64_t window;
+  /* Logit soft-capping (Gemma 2: 50); finite, >= 0; 0: none. A score of
+   * +inf becomes softcap. */
+  float softcap;
+  /* [n_heads] per-head ALiBi slopes (hw_alibi_slopes gives the paper's), all
+   * finite; NULL: none. Distances k - p are exact below 2^24. */
+  const float* alibi_slopes;
+  /* [n_heads] per-head sink logits in natural units (gpt-oss), all finite;
+   * NULL: none. */
+  const float* sink_logits;
+} hw_attention_variants;
+
+/* The size of version 1 of hw_attention_variants, the smallest struct_size
+ * accepted. */
+#define HW_ATTENTION_VARIANTS_V1_SIZE \
+  (offsetof(hw_attention_variants, sink_logits) + sizeof(const float*))
+
+/* The ALiBi paper's slopes for n_heads heads into slopes[0, n_heads)
+ * (headway::AlibiSlopes): for n_heads a power of two, 2^(-8 (h + 1) /
+ * n_heads) (2^-1 .. 2^-8 for 8 heads); otherwise those of the largest power
+ * of two n < n_heads, then every other slope of 2 n (BLOOM's and the paper's
+ * code).
+ * Errors (nothing written): HW_INVALID_ARGUMENT for n_heads < 1, a NULL
+ * slopes. */
+HEADWAY_C_API int hw_alibi_slopes(int64_t n_heads, float* slopes);
+
 /* The n_tokens new queries of one sequence. */
 typedef struct hw_attention_query {
   int64_t seq;    /* slot in the cache */
@@ -685,6 +756,34 @@ HEADWAY_C_API int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
 HEADWAY_C_API int hw_attention_with_weights(
     const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
     hw_out_matrix weights, const hw_attention_options* options);
+
+/* hw_attention with the variants (NULL: none, the same as hw_attention):
+ * sliding window, soft-capping, ALiBi and sink logits, as
+ * hw_attention_variants describes; a key that a row does not see (causal,
+ * window or a -inf mask entry) contributes nothing to it. A row whose every
+ * key is hidden gives zeros (with or without a sink).
+ * Errors: those of hw_attention, and HW_INVALID_ARGUMENT for
+ * variants->struct_size smaller than HW_ATTENTION_VARIANTS_V1_SIZE, larger
+ * than 4096, or larger than this library's sizeof(hw_attention_variants)
+ * with a nonzero byte past it (the message gives the byte's offset), a
+ * window < 0, a softcap < 0 or not finite, an alibi_slopes or sink_logits
+ * element that is not finite (the message names its index, e.g.
+ * "hw_attention_with_variants: variants.alibi_slopes[2] is not finite"). */
+HEADWAY_C_API int hw_attention_with_variants(
+    const hw_kv_cache* cache, int64_t n_heads,
+    const hw_attention_query* queries, int64_t n_queries,
+    const hw_attention_options* options, const hw_attention_variants* variants);
+
+/* hw_attention_with_weights with the variants (NULL: none, the same as
+ * hw_attention_with_weights): the weights are the softmax with the variants
+ * applied: 0 for a key outside the window, and with sink_logits a row sums
+ * to 1 - exp(sink_logits[h]) / (exp(sink_logits[h]) + sum_s exp(score_s)).
+ * Errors: those of hw_attention_with_weights and of
+ * hw_attention_with_variants' variants. */
+HEADWAY_C_API int hw_attention_with_weights_and_variants(
+    const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
+    hw_out_matrix weights, const hw_attention_options* options,
+    const hw_attention_variants* variants);
 
 /* ---------------------------------------------------------------- Kernels */
 

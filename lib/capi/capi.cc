@@ -244,17 +244,6 @@ headway::MatrixView<float> View(const hw_out_matrix& m) {
   return headway::MatrixView<float>(m.data, m.rows, m.cols, m.stride);
 }
 
-// NULL options: the defaults. A mask value is passed on as it is (the values
-// agree, see the static_assert above) and checked by the C++ call.
-headway::AttentionOptions Options(const hw_attention_options* options) {
-  headway::AttentionOptions result;
-  if (options != nullptr) {
-    result.mask = static_cast<headway::AttentionMask>(options->mask);
-    result.scale = options->scale;
-  }
-  return result;
-}
-
 headway::AttentionQuery Query(const hw_attention_query& q) {
   headway::AttentionQuery result;
   result.seq = q.seq;
@@ -434,43 +423,82 @@ hw_rope_config CRope(const headway::RopeConfig& rope) {
 // the library read or write past the caller's struct.
 constexpr size_t kMaxStructSize = 4096;
 
+// The structs that grow (headway.h's Compatibility): their C name and the
+// size of version 1, the smallest struct_size accepted. Every function takes
+// one as its argument `variants`, which the messages name.
+template <typename T>
+struct Growing;
+template <>
+struct Growing<hw_attention_variants> {
+  static constexpr const char* kName = "hw_attention_variants";
+  static constexpr size_t kV1Size = HW_ATTENTION_VARIANTS_V1_SIZE;
+};
+template <>
+struct Growing<hw_attention_layer_variants> {
+  static constexpr const char* kName = "hw_attention_layer_variants";
+  static constexpr size_t kV1Size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
+};
+
+// A struct_size within [version 1's, kMaxStructSize]; HW_OK or the error
+// recorded.
+template <typename T>
 int CheckStructSize(const char* fn, size_t size) {
-  if (size < HW_ATTENTION_LAYER_VARIANTS_V1_SIZE) {
+  if (size < Growing<T>::kV1Size) {
     return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
-                ") is smaller than version 1's (",
-                HW_ATTENTION_LAYER_VARIANTS_V1_SIZE,
-                "): set it to sizeof(hw_attention_layer_variants)");
+                ") is smaller than version 1's (", Growing<T>::kV1Size,
+                "): set it to sizeof(", Growing<T>::kName, ")");
   }
   if (size > kMaxStructSize) {
     return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
-                ") is larger than ", kMaxStructSize,
-                ": set it to sizeof(hw_attention_layer_variants)");
+                ") is larger than ", kMaxStructSize, ": set it to sizeof(",
+                Growing<T>::kName, ")");
   }
   return HW_OK;
 }
 
-// The caller's variants into *v: an older caller's shorter struct with the
+// The caller's struct into *v: an older caller's shorter struct with the
 // fields it lacks zero (off), a newer caller's longer one if the bytes past
 // this library's struct are zero (the variants it does not know are off).
 // HW_OK or the error recorded.
-int ReadVariants(const char* fn, const hw_attention_layer_variants& variants,
-                 hw_attention_layer_variants* v) {
+template <typename T>
+int ReadGrowing(const char* fn, const T& variants, T* v) {
   const size_t size = variants.struct_size;
-  if (CheckStructSize(fn, size) != HW_OK) return HW_INVALID_ARGUMENT;
+  if (CheckStructSize<T>(fn, size) != HW_OK) return HW_INVALID_ARGUMENT;
   const unsigned char* bytes =
       reinterpret_cast<const unsigned char*>(&variants);
-  for (size_t i = sizeof(hw_attention_layer_variants); i < size; ++i) {
+  for (size_t i = sizeof(T); i < size; ++i) {
     if (bytes[i] != 0) {
       return Fail(HW_INVALID_ARGUMENT, fn, "variants.struct_size (", size,
-                  ") is larger than this library's (",
-                  sizeof(hw_attention_layer_variants), ") and byte ", i,
-                  " is not zero: a variant that Headway ",
+                  ") is larger than this library's (", sizeof(T), ") and byte ",
+                  i, " is not zero: a variant that Headway ",
                   HEADWAY_VERSION_STRING, " does not know");
     }
   }
   std::memset(v, 0, sizeof(*v));
   std::memcpy(v, &variants, std::min(size, sizeof(*v)));
   return HW_OK;
+}
+
+// `from` (struct_size already checked, and set to the caller's) into the
+// caller's *to: the first struct_size bytes, those past this library's struct
+// zero (the variants it does not know: off).
+template <typename T>
+void WriteGrowing(const T& from, T* to) {
+  const size_t size = from.struct_size;
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(to);
+  std::memcpy(bytes, &from, std::min(size, sizeof(T)));
+  if (size > sizeof(T)) std::memset(bytes + sizeof(T), 0, size - sizeof(T));
+}
+
+// The attention variants of a C struct (hw_attention_variants, or the same
+// fields of hw_attention_layer_variants) into C++ options; checked by the C++
+// call.
+template <typename T>
+void SetAttentionVariants(const T& v, headway::AttentionOptions* options) {
+  options->window = v.window;
+  options->softcap = v.softcap;
+  options->alibi_slopes = v.alibi_slopes;
+  options->sink_logits = v.sink_logits;
 }
 
 // The variants (NULL: none) into the C++ config and weights. A variant that
@@ -481,7 +509,7 @@ int SetVariants(const char* fn, const hw_attention_layer_variants* variants,
                 headway::AttentionLayerWeights* weights) {
   if (variants == nullptr) return HW_OK;
   hw_attention_layer_variants v;
-  if (ReadVariants(fn, *variants, &v) != HW_OK) return HW_INVALID_ARGUMENT;
+  if (ReadGrowing(fn, *variants, &v) != HW_OK) return HW_INVALID_ARGUMENT;
   if (v.qk_norm != 0 && v.qk_norm != 1) {
     return Fail(HW_INVALID_ARGUMENT, fn, "variants.qk_norm (", v.qk_norm,
                 ") must be 0 or 1");
@@ -493,6 +521,7 @@ int SetVariants(const char* fn, const hw_attention_layer_variants* variants,
     weights->k_norm = v.k_norm;
   }
   if (v.rope.rotary_dim != 0) config->rope = Rope(v.rope);
+  SetAttentionVariants(v, &config->attention);
   return HW_OK;
 }
 
@@ -504,6 +533,10 @@ constexpr Renames kLayerCreate = {
     {"config.qk_norm", "variants.qk_norm"},
     {"config.qk_norm_eps", "variants.qk_norm_eps"},
     {"config.rope", "variants.rope"},
+    {"config.attention.window", "variants.window"},
+    {"config.attention.softcap", "variants.softcap"},
+    {"config.attention.alibi_slopes", "variants.alibi_slopes"},
+    {"config.attention.sink_logits", "variants.sink_logits"},
     {"weights.q_norm", "variants.q_norm"},
     {"weights.k_norm", "variants.k_norm"},
     {"q_norm", "variants.q_norm"},
@@ -552,6 +585,81 @@ int CreateLayer(const char* fn, const hw_attention_layer_config* config,
   }
   *out = handle.release();
   return HW_OK;
+}
+
+// The options and variants (each NULL: the defaults, none) as C++ options.
+// A mask value is passed on as it is (the values agree, see the static_assert
+// above), like the variants' fields, and checked by the C++ call. HW_OK or
+// the error recorded (a bad struct_size).
+int AttentionOptionsOf(const char* fn, const hw_attention_options* options,
+                       const hw_attention_variants* variants,
+                       headway::AttentionOptions* result) {
+  *result = headway::AttentionOptions();
+  if (options != nullptr) {
+    result->mask = static_cast<headway::AttentionMask>(options->mask);
+    result->scale = options->scale;
+  }
+  if (variants != nullptr) {
+    hw_attention_variants v;
+    if (ReadGrowing(fn, *variants, &v) != HW_OK) return HW_INVALID_ARGUMENT;
+    SetAttentionVariants(v, result);
+  }
+  return HW_OK;
+}
+
+// C++ names in Attention's and AttentionWithWeights' messages and what the C
+// caller calls them: the variants are hw_attention_variants' fields.
+constexpr Renames kAttention = {
+    kMaskEnum,
+    {"options.window", "variants.window"},
+    {"options.softcap", "variants.softcap"},
+    {"options.alibi_slopes", "variants.alibi_slopes"},
+    {"options.sink_logits", "variants.sink_logits"}};
+
+// hw_attention and hw_attention_with_variants (variants NULL: none), as fn.
+int RunAttention(const char* fn, const hw_kv_cache* cache, int64_t n_heads,
+                 const hw_attention_query* queries, int64_t n_queries,
+                 const hw_attention_options* options,
+                 const hw_attention_variants* variants) {
+  if (cache == nullptr) return Null(fn, "cache");
+  headway::AttentionOptions opts;
+  if (AttentionOptionsOf(fn, options, variants, &opts) != HW_OK) {
+    return HW_INVALID_ARGUMENT;
+  }
+  // queries == NULL and n_queries < 1 reach Attention, which reports them.
+  std::vector<headway::AttentionQuery> converted;
+  if (queries != nullptr && n_queries >= 1) {
+    converted.resize(static_cast<size_t>(n_queries));
+    for (int64_t i = 0; i < n_queries; ++i) {
+      converted[static_cast<size_t>(i)] = Query(queries[i]);
+    }
+  }
+  headway::AttentionQuery none;
+  const headway::AttentionQuery* p =
+      queries == nullptr ? nullptr
+                         : (converted.empty() ? &none : converted.data());
+  return FromStatus(
+      fn, headway::Attention(cache->cache, n_heads, p, n_queries, opts),
+      kAttention);
+}
+
+// hw_attention_with_weights and _with_weights_and_variants, as fn.
+int RunAttentionWithWeights(const char* fn, const hw_kv_cache* cache,
+                            int64_t n_heads, const hw_attention_query* query,
+                            hw_out_matrix weights,
+                            const hw_attention_options* options,
+                            const hw_attention_variants* variants) {
+  if (cache == nullptr) return Null(fn, "cache");
+  if (query == nullptr) return Null(fn, "query");
+  headway::AttentionOptions opts;
+  if (AttentionOptionsOf(fn, options, variants, &opts) != HW_OK) {
+    return HW_INVALID_ARGUMENT;
+  }
+  return FromStatus(
+      fn,
+      headway::AttentionWithWeights(cache->cache, n_heads, Query(*query),
+                                    View(weights), opts),
+      kAttention);
 }
 
 }  // namespace
@@ -938,7 +1046,9 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     if (layer == nullptr) return Null(kFn, "layer");
     if (variants == nullptr) return Null(kFn, "variants");
     const size_t size = variants->struct_size;
-    if (CheckStructSize(kFn, size) != HW_OK) return HW_INVALID_ARGUMENT;
+    if (CheckStructSize<hw_attention_layer_variants>(kFn, size) != HW_OK) {
+      return HW_INVALID_ARGUMENT;
+    }
     const headway::AttentionLayerConfig& c = layer->layer.config();
     hw_attention_layer_variants result;
     std::memset(&result, 0, sizeof(result));
@@ -948,12 +1058,13 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     result.q_norm = layer->q_norm.empty() ? nullptr : layer->q_norm.data();
     result.k_norm = layer->k_norm.empty() ? nullptr : layer->k_norm.data();
     result.rope = CRope(c.rope);
-    // The caller's fields that this library does not know: zero, off.
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(variants);
-    std::memcpy(bytes, &result, std::min(size, sizeof(result)));
-    if (size > sizeof(result)) {
-      std::memset(bytes + sizeof(result), 0, size - sizeof(result));
-    }
+    // The attention variants; the per-head arrays are the C++ layer's copies
+    // of the whole model's [n_heads].
+    result.window = c.attention.window;
+    result.softcap = c.attention.softcap;
+    result.alibi_slopes = c.attention.alibi_slopes;
+    result.sink_logits = c.attention.sink_logits;
+    WriteGrowing(result, variants);
     return Succeed();
   });
 }
@@ -1062,28 +1173,32 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
 
 // ----------------------------------------------------------- Attention core
 
+int hw_alibi_slopes(int64_t n_heads, float* slopes) {
+  constexpr const char* kFn = "hw_alibi_slopes";
+  return Guard(kFn, [&]() -> int {
+    return FromStatus(kFn, headway::AlibiSlopes(n_heads, slopes));
+  });
+}
+
 int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
                  const hw_attention_query* queries, int64_t n_queries,
                  const hw_attention_options* options) {
   constexpr const char* kFn = "hw_attention";
   return Guard(kFn, [&]() -> int {
-    if (cache == nullptr) return Null(kFn, "cache");
-    // queries == NULL and n_queries < 1 reach Attention, which reports them.
-    std::vector<headway::AttentionQuery> converted;
-    if (queries != nullptr && n_queries >= 1) {
-      converted.resize(static_cast<size_t>(n_queries));
-      for (int64_t i = 0; i < n_queries; ++i) {
-        converted[static_cast<size_t>(i)] = Query(queries[i]);
-      }
-    }
-    headway::AttentionQuery none;
-    const headway::AttentionQuery* p =
-        queries == nullptr ? nullptr
-                           : (converted.empty() ? &none : converted.data());
-    return FromStatus(kFn,
-                      headway::Attention(cache->cache, n_heads, p, n_queries,
-                                         Options(options)),
-                      {kMaskEnum});
+    return RunAttention(kFn, cache, n_heads, queries, n_queries, options,
+                        nullptr);
+  });
+}
+
+int hw_attention_with_variants(const hw_kv_cache* cache, int64_t n_heads,
+                               const hw_attention_query* queries,
+                               int64_t n_queries,
+                               const hw_attention_options* options,
+                               const hw_attention_variants* variants) {
+  constexpr const char* kFn = "hw_attention_with_variants";
+  return Guard(kFn, [&]() -> int {
+    return RunAttention(kFn, cache, n_heads, queries, n_queries, options,
+                        variants);
   });
 }
 
@@ -1093,13 +1208,19 @@ int hw_attention_with_weights(const hw_kv_cache* cache, int64_t n_heads,
                               const hw_attention_options* options) {
   constexpr const char* kFn = "hw_attention_with_weights";
   return Guard(kFn, [&]() -> int {
-    if (cache == nullptr) return Null(kFn, "cache");
-    if (query == nullptr) return Null(kFn, "query");
-    return FromStatus(
-        kFn,
-        headway::AttentionWithWeights(cache->cache, n_heads, Query(*query),
-                                      View(weights), Options(options)),
-        {kMaskEnum});
+    return RunAttentionWithWeights(kFn, cache, n_heads, query, weights, options,
+                                   nullptr);
+  });
+}
+
+int hw_attention_with_weights_and_variants(
+    const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
+    hw_out_matrix weights, const hw_attention_options* options,
+    const hw_attention_variants* variants) {
+  constexpr const char* kFn = "hw_attention_with_weights_and_variants";
+  return Guard(kFn, [&]() -> int {
+    return RunAttentionWithWeights(kFn, cache, n_heads, query, weights, options,
+                                   variants);
   });
 }
 
