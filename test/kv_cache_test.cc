@@ -13,6 +13,7 @@
 // cache rows or their padding, which must stay exactly zero.
 #include "headway/kv_cache.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -1574,6 +1575,496 @@ TEST_P(KvCacheTest, SaveAndRestoreStoredBits) {
   ASSERT_TRUE(cache.CommitAppend(1, rows).ok());
   model.Copy(0, 1);
   ASSERT_NO_FATAL_FAILURE(ExpectMatchesModel(cache, model));
+}
+
+// ---------------------------------------------------------------- Ring mode
+//
+// A ring cache is checked against a reference: a non-ring cache, large enough
+// for every position, that was given the same rows. Each held position p of
+// the ring (the sinks and [ring_begin, length)) must hold in row Slot(p)
+// exactly the bytes, zero padding and int8 scale of the reference's row p.
+
+KvCacheConfig RingConfigOf(KvDtype dtype, int64_t n_sequences,
+                           int64_t n_kv_heads, int64_t head_dim,
+                           int64_t capacity, int64_t n_sink_tokens) {
+  KvCacheConfig config =
+      ConfigOf(dtype, n_sequences, n_kv_heads, head_dim, capacity);
+  config.ring = true;
+  config.n_sink_tokens = n_sink_tokens;
+  return config;
+}
+
+// The documented Slot rule, written out again for the tests.
+int64_t ExpectedSlot(int64_t p, int64_t capacity, int64_t sinks) {
+  return p < sinks ? p : sinks + (p - sinks) % (capacity - sinks);
+}
+
+// One stored row of a view (Keys or Values) as a one-row view.
+KvView RowOf(const KvView& view, int64_t row) {
+  KvView one = view;
+  one.data = static_cast<const char*>(view.data) +
+             row * view.stride * static_cast<int64_t>(KvDtypeSize(view.dtype));
+  one.rows = 1;
+  if (view.scales != nullptr) one.scales = view.scales + row;
+  return one;
+}
+
+// Row `row` of (seq, head g) of `ring` holds exactly what row `ref_row` of
+// (ref_seq, g) of `ref` holds: bytes, padding, int8 scale and the floats
+// LoadKvRows reads back; K and V.
+void ExpectSameRow(const KvCache& ring, int64_t seq, int64_t row,
+                   const KvCache& ref, int64_t ref_seq, int64_t ref_row,
+                   int64_t g) {
+  const int64_t size = Size(ring.config().dtype);
+  for (const bool is_key : {true, false}) {
+    const KvView got_view = is_key ? ring.Keys(seq, g) : ring.Values(seq, g);
+    const KvView want_view =
+        is_key ? ref.Keys(ref_seq, g) : ref.Values(ref_seq, g);
+    ASSERT_LT(row, got_view.rows);
+    ASSERT_LT(ref_row, want_view.rows);
+    const KvView got = RowOf(got_view, row), want = RowOf(want_view, ref_row);
+    ASSERT_EQ(std::memcmp(got.data, want.data, got.stride * size), 0)
+        << (is_key ? "K" : "V") << " head " << g << " row " << row
+        << " != reference row " << ref_row;
+    if (got.scales != nullptr) {
+      ASSERT_TRUE(SameScale(*got.scales, *want.scales))
+          << "scale of row " << row << ": " << *got.scales
+          << " != " << *want.scales;
+    }
+    const std::vector<float> got_floats = Load(got);
+    const std::vector<float> want_floats = Load(want);
+    for (size_t c = 0; c < got_floats.size(); ++c) {
+      ASSERT_TRUE(SameBits(got_floats[c], want_floats[c])) << "col " << c;
+    }
+  }
+}
+
+// Sequence seq of `ring` holds the positions kv_cache.h says, each as row p of
+// ref_seq of `ref`, with the length, ring_begin and view rows documented.
+void ExpectRingHolds(const KvCache& ring, int64_t seq, const KvCache& ref,
+                     int64_t ref_seq, int64_t ring_begin) {
+  const int64_t length = ring.length(seq);
+  const int64_t capacity = ring.capacity();
+  const int64_t sinks = ring.config().n_sink_tokens;
+  ASSERT_EQ(length, ref.length(ref_seq));
+  ASSERT_EQ(ring.ring_begin(seq), ring_begin);
+  ASSERT_GE(ring_begin, sinks);
+  ASSERT_LE(length - ring_begin, capacity - sinks);
+  for (int64_t g = 0; g < ring.n_kv_heads(); ++g) {
+    ASSERT_EQ(ring.Keys(seq, g).rows, std::min(length, capacity));
+    ASSERT_EQ(ring.Values(seq, g).rows, std::min(length, capacity));
+    for (int64_t p = 0; p < length; ++p) {
+      if (p >= sinks && p < ring_begin) continue;  // dropped
+      ASSERT_EQ(ring.Slot(p), ExpectedSlot(p, capacity, sinks)) << p;
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectSameRow(ring, seq, ring.Slot(p), ref, ref_seq, p, g))
+          << "position " << p;
+    }
+  }
+}
+
+// The ring_begin of a ring that only grew to `length`.
+int64_t GrownRingBegin(int64_t length, int64_t capacity, int64_t sinks) {
+  return std::max(sinks, length - (capacity - sinks));
+}
+
+TEST_P(KvCacheTest, RingSlotsRingBeginAndContiguousRows) {
+  // Hand-computed slots of capacity 5 with 2 sinks (a ring of 3 rows).
+  {
+    const KvCache cache = MakeCache(RingConfigOf(dtype(), 1, 1, 4, 5, 2));
+    const std::pair<int64_t, int64_t> slot_of[] = {{0, 0}, {1, 1}, {2, 2},
+                                                   {3, 3}, {4, 4}, {5, 2},
+                                                   {7, 4}, {8, 2}, {100, 4}};
+    for (const auto& [position, slot] : slot_of) {
+      EXPECT_EQ(cache.Slot(position), slot) << position;
+    }
+  }
+  uint64_t seed = 500;
+  for (const auto& [capacity, sinks] : std::vector<std::pair<int64_t, int64_t>>{
+           {5, 0}, {5, 2}, {5, 4}, {1, 0}, {8, 3}, {2, 1}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "capacity " << capacity << ", sinks " << sinks);
+    const KvCacheConfig config =
+        RingConfigOf(dtype(), 2, 2, 3, capacity, sinks);
+    KvCache cache = MakeCache(config);
+    EXPECT_TRUE(cache.config().ring);
+    EXPECT_EQ(cache.config().n_sink_tokens, sinks);
+    for (int64_t p = 0; p < 5 * capacity; ++p) {
+      ASSERT_EQ(cache.Slot(p), ExpectedSlot(p, capacity, sinks)) << p;
+    }
+    EXPECT_EQ(cache.ring_begin(0), sinks);
+    EXPECT_EQ(cache.ContiguousRows(0), capacity);
+    EXPECT_EQ(cache.ring_begin(-1), 0);
+    EXPECT_EQ(cache.ring_begin(2), 0);
+    EXPECT_EQ(cache.ContiguousRows(-1), 0);
+    EXPECT_EQ(cache.ContiguousRows(2), 0);
+    EXPECT_EQ(cache.ContiguousRows(kInt64Min), 0);
+    const Source src(1, 6, 0, seed++);
+    for (int64_t length = 1; length <= 3 * capacity + 1; ++length) {
+      ASSERT_TRUE(cache.Append(1, src.k_view, src.v_view).ok());
+      ASSERT_EQ(cache.length(1), length);
+      EXPECT_EQ(cache.ring_begin(1), GrownRingBegin(length, capacity, sinks));
+      // The rows from Slot(length) to the end of the buffer: the next
+      // positions, until the ring wraps.
+      const int64_t contiguous = cache.ContiguousRows(1);
+      EXPECT_EQ(contiguous, length < sinks
+                                ? capacity - length
+                                : (capacity - sinks) -
+                                      (length - sinks) % (capacity - sinks));
+      EXPECT_EQ(cache.Slot(length) + contiguous, capacity);
+      for (int64_t i = 1; i < contiguous; ++i) {
+        EXPECT_EQ(cache.Slot(length + i), cache.Slot(length) + i);
+      }
+      EXPECT_EQ(cache.Keys(1, 1).rows, std::min(length, capacity));
+      // The other sequence stays empty.
+      EXPECT_EQ(cache.length(0), 0);
+      EXPECT_EQ(cache.ring_begin(0), sinks);
+    }
+  }
+  // Without ring: Slot is the position, ring_begin 0, ContiguousRows the room.
+  KvCache plain = MakeCache(Config(2, 1, 4, 6));
+  Model model(plain.config());
+  ASSERT_NO_FATAL_FAILURE(AppendRandom(&plain, &model, 0, 4, 0, 1));
+  EXPECT_FALSE(plain.config().ring);
+  EXPECT_EQ(plain.Slot(0), 0);
+  EXPECT_EQ(plain.Slot(5), 5);
+  EXPECT_EQ(plain.ring_begin(0), 0);
+  EXPECT_EQ(plain.ring_begin(1), 0);
+  EXPECT_EQ(plain.ContiguousRows(0), 2);
+  EXPECT_EQ(plain.ContiguousRows(1), 6);
+  EXPECT_EQ(plain.ContiguousRows(2), 0);
+}
+
+// Appends of 1, R - 1, R, R + 1 and 3R + 2 rows, around and across several
+// wraps: after each call every held position reads back what a non-ring cache
+// stores for its row; the other sequence's rows stay zero.
+TEST_P(KvCacheTest, RingAppendAcrossWraps) {
+  uint64_t seed = 600;
+  for (const auto& [capacity, sinks] : std::vector<std::pair<int64_t, int64_t>>{
+           {6, 0}, {6, 2}, {7, 6}, {5, 4}, {9, 1}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "capacity " << capacity << ", sinks " << sinks);
+    const int64_t ring_rows = capacity - sinks;
+    const int64_t head_dim = 17;
+    KvCache ring =
+        MakeCache(RingConfigOf(dtype(), 2, 2, head_dim, capacity, sinks));
+    std::vector<int64_t> calls = {
+        1, ring_rows - 1, ring_rows, ring_rows + 1, 3 * ring_rows + 2,
+        1, ring_rows,     1,         ring_rows + 1};
+    int64_t total = 0;
+    for (const int64_t n : calls) total += n;
+    KvCache ref = MakeCache(Config(1, 2, head_dim, total));
+    int64_t length = 0;
+    for (const int64_t n : calls) {
+      if (n < 1) continue;  // R - 1 of a one-row ring
+      const int64_t offset = 1 + static_cast<int64_t>(seed % 3);
+      const Source src(n, 2 * head_dim, 3, seed++, offset);
+      ASSERT_TRUE(ring.Append(1, src.k_view, src.v_view).ok());
+      ASSERT_TRUE(ref.Append(0, src.k_view, src.v_view).ok());
+      length += n;
+      SCOPED_TRACE(::testing::Message() << "length " << length);
+      ASSERT_NO_FATAL_FAILURE(ExpectRingHolds(
+          ring, 1, ref, 0, GrownRingBegin(length, capacity, sinks)));
+      // Sequence 0: no length, all-zero rows.
+      EXPECT_EQ(ring.length(0), 0);
+      const KvView keys0 = ring.KeyBuffer();
+      const auto* bytes = static_cast<const unsigned char*>(keys0.data);
+      for (int64_t b = 0; b < 2 * capacity * keys0.stride * Size(dtype());
+           ++b) {
+        ASSERT_EQ(bytes[b], 0) << "byte " << b << " of seq 0";
+      }
+    }
+  }
+}
+
+// PendingRows, StoreKvRows and CommitAppend, in pieces of at most
+// ContiguousRows, give the same cache as Append; a piece that would wrap is
+// an error that changes nothing.
+TEST_P(KvCacheTest, RingPendingRowsInPiecesEqualsAppend) {
+  const int64_t size = Size(dtype());
+  const int64_t head_dim = 20, capacity = 7, sinks = 2;  // a ring of 5
+  const KvCacheConfig config =
+      RingConfigOf(dtype(), 2, 3, head_dim, capacity, sinks);
+  KvCache appended = MakeCache(config);
+  KvCache direct = MakeCache(config);
+  uint64_t seed = 700;
+  for (const int64_t rows : {3, 11, 1, 5, 4, 17}) {
+    const Source src(rows, 3 * head_dim, 2, seed++, 2);
+    ASSERT_TRUE(appended.Append(0, src.k_view, src.v_view).ok());
+    int64_t done = 0;
+    while (done < rows) {
+      const int64_t length = direct.length(0);
+      const int64_t n = std::min(rows - done, direct.ContiguousRows(0));
+      ASSERT_GE(n, 1);
+      for (int64_t g = 0; g < 3; ++g) {
+        KvMutableView k, v;
+        ASSERT_TRUE(direct.PendingRows(0, g, n, &k, &v).ok());
+        EXPECT_EQ(k.data, static_cast<const char*>(direct.Keys(0, g).data) +
+                              direct.Slot(length) * k.stride * size);
+        EXPECT_EQ(v.data, static_cast<const char*>(direct.Values(0, g).data) +
+                              direct.Slot(length) * v.stride * size);
+        EXPECT_EQ(k.rows, n);
+        if (IsInt8(dtype())) {
+          EXPECT_EQ(k.scales, direct.Keys(0, g).scales + direct.Slot(length));
+        }
+        const MatrixView<const float> k_src(
+            src.k_view.data + done * src.stride + g * head_dim, n, head_dim,
+            src.stride);
+        const MatrixView<const float> v_src(
+            src.v_view.data + done * src.stride + g * head_dim, n, head_dim,
+            src.stride);
+        ASSERT_TRUE(StoreKvRows(k_src, k).ok());
+        ASSERT_TRUE(StoreKvRows(v_src, v).ok());
+      }
+      ASSERT_TRUE(direct.CommitAppend(0, n).ok());
+      done += n;
+    }
+    ASSERT_EQ(direct.length(0), appended.length(0));
+    EXPECT_EQ(direct.ring_begin(0), appended.ring_begin(0));
+    EXPECT_EQ(direct.ring_begin(0),
+              GrownRingBegin(direct.length(0), capacity, sinks));
+    // Every row that holds a position is the same (rows past the length
+    // are zero in both).
+    EXPECT_TRUE(Snapshot(direct) == Snapshot(appended));
+
+    // One row past where the ring wraps: an error, nothing changed.
+    const Snapshot before(direct);
+    const int64_t contiguous = direct.ContiguousRows(0);
+    float sentinel = 0.0f;
+    KvMutableView k{KvDtype::kFloat16, &sentinel, 7, 8, 9, nullptr};
+    KvMutableView v = k;
+    EXPECT_TRUE(test::IsError(
+        direct.PendingRows(0, 1, contiguous + 1, &k, &v),
+        StatusCode::kOutOfRange,
+        {"n_new (" + std::to_string(contiguous + 1) +
+             ") exceeds ContiguousRows(seq) (" + std::to_string(contiguous) +
+             ") of seq 0",
+         "write ContiguousRows(seq) rows, CommitAppend them, then the rest"},
+        "KvCache::PendingRows: "));
+    EXPECT_EQ(k.data, &sentinel);
+    EXPECT_EQ(v.rows, 7);
+    EXPECT_TRUE(Snapshot(direct) == before);
+    EXPECT_EQ(direct.ring_begin(0), appended.ring_begin(0));
+  }
+}
+
+// Lengths near 2^62: CommitAppend has no capacity limit in ring mode, only
+// the bound on positions, which Append and CommitAppend both check.
+TEST_P(KvCacheTest, RingLengthsStopAt2To62) {
+  const int64_t max_length = int64_t{1} << 62;
+  KvCache cache = MakeCache(RingConfigOf(dtype(), 1, 1, 4, 6, 2));
+  ASSERT_TRUE(cache.CommitAppend(0, max_length - 5).ok());
+  EXPECT_EQ(cache.length(0), max_length - 5);
+  EXPECT_EQ(cache.ring_begin(0), max_length - 5 - 4);
+  EXPECT_EQ(cache.Keys(0, 0).rows, 6);
+  EXPECT_EQ(cache.Slot(max_length - 1), 2 + (max_length - 3) % 4);
+  const Snapshot before(cache);
+  const Source six(6, 4, 0, 800);
+  EXPECT_TRUE(test::IsError(
+      cache.Append(0, six.k_view, six.v_view), StatusCode::kOutOfRange,
+      {"length (4611686018427387899) + k.rows (6) exceeds 2^62 "
+       "(4611686018427387904), the most positions of a ring, in seq 0"},
+      "KvCache::Append: "));
+  EXPECT_TRUE(test::IsError(
+      cache.CommitAppend(0, kInt64Max), StatusCode::kOutOfRange,
+      {"n_new (9223372036854775807) exceeds 2^62"}, "KvCache::CommitAppend: "));
+  EXPECT_TRUE(Snapshot(cache) == before);
+  // Exactly 2^62 is fine.
+  const Source five(5, 4, 0, 801);
+  ASSERT_TRUE(cache.Append(0, five.k_view, five.v_view).ok());
+  EXPECT_EQ(cache.length(0), max_length);
+  EXPECT_EQ(cache.ring_begin(0), max_length - 4);
+}
+
+// Truncate after a wrap rolls back to ring_begin and no further; appending
+// afterwards gives the positions a fresh history would have.
+TEST_P(KvCacheTest, RingTruncateAfterWrap) {
+  const int64_t head_dim = 9, capacity = 6, sinks = 2;  // a ring of 4
+  KvCache ring =
+      MakeCache(RingConfigOf(dtype(), 2, 2, head_dim, capacity, sinks));
+  const Source first(11, 2 * head_dim, 1, 900);
+  ASSERT_TRUE(ring.Append(0, first.k_view, first.v_view).ok());
+  ASSERT_EQ(ring.ring_begin(0), 7);
+  const Snapshot before(ring);
+  for (const int64_t bad : {6, 2, 1, 0}) {
+    EXPECT_TRUE(test::IsError(
+        ring.Truncate(0, bad), StatusCode::kOutOfRange,
+        {"new_length (" + std::to_string(bad) +
+         ") is before ring_begin (7) of seq 0: rows before it were "
+         "overwritten"},
+        "KvCache::Truncate: "));
+  }
+  EXPECT_TRUE(test::IsError(
+      ring.Truncate(0, 12), StatusCode::kOutOfRange,
+      {"new_length (12) is out of range [0, 11], the length of seq 0"},
+      "KvCache::Truncate: "));
+  EXPECT_TRUE(Snapshot(ring) == before);
+  EXPECT_EQ(ring.ring_begin(0), 7);
+  ASSERT_TRUE(ring.Truncate(0, 9).ok());
+  EXPECT_EQ(ring.length(0), 9);
+  EXPECT_EQ(ring.ring_begin(0), 7);
+  ASSERT_TRUE(ring.Truncate(0, 7).ok());  // to ring_begin: the ring is empty
+  EXPECT_EQ(ring.length(0), 7);
+  EXPECT_EQ(ring.ring_begin(0), 7);
+  EXPECT_EQ(ring.Keys(0, 0).rows, capacity);
+  EXPECT_EQ(ring.ContiguousRows(0), 3);  // position 7 is row 3
+
+  // The reference: the 7 kept rows, then the new ones.
+  KvCache ref = MakeCache(Config(1, 2, head_dim, 20));
+  ASSERT_TRUE(ref.Append(0,
+                         MatrixView<const float>(first.k_view.data, 7,
+                                                 2 * head_dim, first.stride),
+                         MatrixView<const float>(first.v_view.data, 7,
+                                                 2 * head_dim, first.stride))
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRingHolds(ring, 0, ref, 0, 7));
+  const Source next(5, 2 * head_dim, 0, 901);
+  ASSERT_TRUE(ring.Append(0, next.k_view, next.v_view).ok());
+  ASSERT_TRUE(ref.Append(0, next.k_view, next.v_view).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRingHolds(ring, 0, ref, 0, 8));
+
+  // Before a wrap, any length down to 0 (sinks included) is fine, and
+  // ring_begin stays at the sinks.
+  const Source short_src(5, 2 * head_dim, 2, 902);
+  ASSERT_TRUE(ring.Append(1, short_src.k_view, short_src.v_view).ok());
+  ASSERT_EQ(ring.ring_begin(1), sinks);
+  ASSERT_TRUE(ring.Truncate(1, 1).ok());
+  EXPECT_EQ(ring.ring_begin(1), sinks);
+  EXPECT_EQ(ring.ContiguousRows(1), capacity - 1);
+  KvCache ref1 = MakeCache(Config(1, 2, head_dim, 20));
+  ASSERT_TRUE(
+      ref1.Append(0,
+                  MatrixView<const float>(short_src.k_view.data, 1,
+                                          2 * head_dim, short_src.stride),
+                  MatrixView<const float>(short_src.v_view.data, 1,
+                                          2 * head_dim, short_src.stride))
+          .ok());
+  const Source more(8, 2 * head_dim, 1, 903);
+  ASSERT_TRUE(ring.Append(1, more.k_view, more.v_view).ok());
+  ASSERT_TRUE(ref1.Append(0, more.k_view, more.v_view).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRingHolds(ring, 1, ref1, 0, 5));
+  // A ring filled exactly to its capacity has dropped nothing yet.
+  ASSERT_TRUE(ring.Reset(1).ok());
+  const Source full(capacity, 2 * head_dim, 0, 904);
+  ASSERT_TRUE(ring.Append(1, full.k_view, full.v_view).ok());
+  EXPECT_EQ(ring.ring_begin(1), sinks);
+  ASSERT_TRUE(ring.Truncate(1, 0).ok());
+  EXPECT_EQ(ring.length(1), 0);
+}
+
+// CopySequence copies the held rows, the length and ring_begin; Reset and
+// ResetAll empty the ring (ring_begin back at the sinks).
+TEST_P(KvCacheTest, RingCopySequenceAndReset) {
+  const int64_t head_dim = 16, capacity = 5, sinks = 1;  // a ring of 4
+  KvCache ring =
+      MakeCache(RingConfigOf(dtype(), 3, 2, head_dim, capacity, sinks));
+  KvCache ref = MakeCache(Config(3, 2, head_dim, 40));
+  uint64_t seed = 1000;
+  const auto append = [&](int64_t seq, int64_t rows) {
+    const Source src(rows, 2 * head_dim, 1, seed++, 1);
+    ASSERT_TRUE(ring.Append(seq, src.k_view, src.v_view).ok());
+    ASSERT_TRUE(ref.Append(seq, src.k_view, src.v_view).ok());
+  };
+  const auto expect_all = [&]() {
+    for (int64_t seq = 0; seq < 3; ++seq) {
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectRingHolds(ring, seq, ref, seq,
+                          GrownRingBegin(ring.length(seq), capacity, sinks)))
+          << "seq " << seq;
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(append(0, 11));  // wrapped
+  ASSERT_NO_FATAL_FAILURE(append(2, 13));  // longer
+  ASSERT_NO_FATAL_FAILURE(append(1, 2));
+  ASSERT_TRUE(ring.CopySequence(0, 2).ok());
+  ASSERT_TRUE(ref.CopySequence(0, 2).ok());
+  EXPECT_EQ(ring.length(2), 11);
+  EXPECT_EQ(ring.ring_begin(2), ring.ring_begin(0));
+  ASSERT_NO_FATAL_FAILURE(expect_all());
+  // The copies diverge without touching each other.
+  ASSERT_NO_FATAL_FAILURE(append(0, 3));
+  ASSERT_NO_FATAL_FAILURE(append(2, 6));
+  ASSERT_NO_FATAL_FAILURE(expect_all());
+  // A short sequence copied over a wrapped one: ring_begin back at the sinks.
+  ASSERT_TRUE(ring.CopySequence(1, 0).ok());
+  ASSERT_TRUE(ref.CopySequence(1, 0).ok());
+  EXPECT_EQ(ring.ring_begin(0), sinks);
+  ASSERT_NO_FATAL_FAILURE(append(0, 9));
+  ASSERT_NO_FATAL_FAILURE(expect_all());
+
+  ASSERT_TRUE(ring.Reset(2).ok());
+  ASSERT_TRUE(ref.Reset(2).ok());
+  EXPECT_EQ(ring.length(2), 0);
+  EXPECT_EQ(ring.ring_begin(2), sinks);
+  EXPECT_EQ(ring.ContiguousRows(2), capacity);
+  EXPECT_EQ(ring.Keys(2, 1).rows, 0);
+  ASSERT_NO_FATAL_FAILURE(append(2, 7));
+  ASSERT_NO_FATAL_FAILURE(expect_all());
+
+  ring.ResetAll();
+  for (int64_t seq = 0; seq < 3; ++seq) {
+    ASSERT_TRUE(ref.Reset(seq).ok());
+    EXPECT_EQ(ring.length(seq), 0);
+    EXPECT_EQ(ring.ring_begin(seq), sinks);
+  }
+  ASSERT_NO_FATAL_FAILURE(append(1, 1));
+  ASSERT_NO_FATAL_FAILURE(append(1, 14));
+  ASSERT_NO_FATAL_FAILURE(expect_all());
+}
+
+TEST_P(KvCacheTest, RingCreateErrorsAndBytes) {
+  const KvCacheConfig good = RingConfigOf(dtype(), 2, 2, 8, 6, 2);
+  KvCache out = MakeCache(good);
+  const Source src(9, 16, 0, 1100);
+  ASSERT_TRUE(out.Append(0, src.k_view, src.v_view).ok());
+  const Snapshot before(out);
+  struct Case {
+    bool ring;
+    int64_t capacity, sinks;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {true, 6, 6,
+       "config.n_sink_tokens (6) must be less than config.capacity (6) in "
+       "ring mode"},
+      {true, 6, 7,
+       "config.n_sink_tokens (7) must be less than config.capacity (6)"},
+      {true, 1, 1, "config.n_sink_tokens (1) must be less than"},
+      {true, 6, -1, "config.n_sink_tokens must be >= 0 (got -1)"},
+      {true, 6, kInt64Min,
+       "config.n_sink_tokens must be >= 0 (got -9223372036854775808)"},
+      {false, 6, -1, "config.n_sink_tokens must be >= 0 (got -1)"},
+      {false, 6, 1, "config.n_sink_tokens (1) must be 0 without config.ring"},
+      {false, 6, 5, "config.n_sink_tokens (5) must be 0 without config.ring"},
+  };
+  for (const Case& c : cases) {
+    KvCacheConfig config = good;
+    config.ring = c.ring;
+    config.capacity = c.capacity;
+    config.n_sink_tokens = c.sinks;
+    EXPECT_TRUE(test::IsError(KvCache::Create(config, &out),
+                              StatusCode::kInvalidArgument, {c.expect},
+                              "KvCache::Create: "));
+    EXPECT_EQ(KvCache::BytesPerToken(config), 0u) << c.expect;
+    EXPECT_TRUE(Snapshot(out) == before) << c.expect;
+    EXPECT_EQ(out.ring_begin(0), 5);
+  }
+  // A ring of W + S rows takes what a plain cache of capacity W + S takes.
+  for (const auto& [window, sinks] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 0}, {4, 0}, {4, 3}, {128, 4}}) {
+    const KvCacheConfig ring_config =
+        RingConfigOf(dtype(), 3, 2, 40, window + sinks, sinks);
+    const KvCacheConfig plain_config = Config(3, 2, 40, window + sinks);
+    const KvCache ring = MakeCache(ring_config);
+    const KvCache plain = MakeCache(plain_config);
+    EXPECT_EQ(ring.bytes(), plain.bytes());
+    EXPECT_EQ(ring.bytes_per_token(), plain.bytes_per_token());
+    EXPECT_EQ(KvCache::BytesPerToken(ring_config),
+              KvCache::BytesPerToken(plain_config));
+    EXPECT_EQ(ring.head_stride(), plain.head_stride());
+    EXPECT_EQ(ring.scale_head_stride(), plain.scale_head_stride());
+    EXPECT_TRUE(Snapshot(ring).AllZero());
+  }
 }
 
 // Create rejects an unknown dtype, whatever the sizes.

@@ -60,6 +60,25 @@
 // stay valid until the cache is destroyed, moved from or replaced by Create,
 // whatever is appended or truncated meanwhile.
 //
+// Ring mode (config.ring, for sliding-window attention): the capacity rows of
+// a sequence become a ring, so that a sequence can grow without end while the
+// cache holds its last capacity - n_sink_tokens positions (a window of W keys
+// needs capacity >= W + n_sink_tokens). length(seq) counts positions (it may
+// exceed capacity); position p lives in row Slot(p):
+//   p < n_sink_tokens:  p                      (pinned: StreamingLLM's sinks)
+//   otherwise:          n_sink_tokens + (p - n_sink_tokens) mod
+//                       (capacity - n_sink_tokens)
+// so appending position p overwrites position p - (capacity - n_sink_tokens).
+// The positions held are [0, min(length, n_sink_tokens)) and
+// [ring_begin(seq), length). Append keeps the last rows of a call longer than
+// the ring; Truncate rolls back to any length >= ring_begin (a row that was
+// overwritten cannot come back); CopySequence copies the held rows and
+// ring_begin; Reset empties the ring. Keys and Values give the rows in slot
+// order ([min(length, capacity)] rows; a row that holds no position is stale
+// data); PendingRows gives the rows of positions [length, length + n_new),
+// which must not wrap: at most ContiguousRows(seq) at once. bytes() is the
+// capacity rows: W + n_sink_tokens rows per sequence for a window of W.
+//
 // Threads: const methods may run concurrently. Calls that change one sequence
 // (Append, PendingRows and its writes, CommitAppend, Truncate, Reset,
 // CopySequence's `to`) may run concurrently with calls on other sequences, not
@@ -131,8 +150,14 @@ struct KvCacheConfig {
   int64_t n_sequences = 1;  // sequence slots, 0 .. n_sequences - 1
   int64_t n_kv_heads = 1;   // K/V heads (n_heads for MHA, 1 for MQA)
   int64_t head_dim = 0;     // elements per head
-  int64_t capacity = 0;     // tokens per sequence
+  int64_t capacity = 0;     // rows per sequence (tokens, unless ring)
   KvDtype dtype = KvDtype::kFloat32;
+  // Ring mode (see Ring mode above): the rows are a ring over the positions;
+  // false: position p is row p and length <= capacity.
+  bool ring = false;
+  // Ring mode: positions [0, n_sink_tokens) keep their rows forever; in [0,
+  // capacity). Must be 0 without ring.
+  int64_t n_sink_tokens = 0;
 };
 
 // ABI: KvCache and AttentionLayer keep their state behind a pointer to an
@@ -146,8 +171,9 @@ class HEADWAY_API KvCache {
   // MiB up the buffers are advised as transparent huge pages (Linux), which
   // decode reads 10-20% faster; where the kernel gives none they are 4 KiB.
   // Errors (*out unchanged): kInvalidArgument for a null out, any size < 1, an
-  // unknown dtype; kResourceExhausted for a byte count that overflows
-  // (n_sequences * n_kv_heads * capacity * (row_stride *
+  // unknown dtype, n_sink_tokens < 0, n_sink_tokens >= capacity with ring,
+  // n_sink_tokens != 0 without ring; kResourceExhausted for a byte count that
+  // overflows (n_sequences * n_kv_heads * capacity * (row_stride *
   // KvDtypeSize(dtype) + 4 for an int8 scale), times 2 for K and V), or no
   // memory.
   static Status Create(const KvCacheConfig& config, KvCache* out);
@@ -184,8 +210,20 @@ class HEADWAY_API KvCache {
   // scale_head_stride()), else 0.
   int64_t scale_head_stride() const;
 
-  // Tokens cached for sequence seq (0 for a bad seq).
+  // Tokens cached for sequence seq (0 for a bad seq); in ring mode the
+  // positions appended, held or not.
   int64_t length(int64_t seq) const;
+  // The oldest position held past the sinks: positions [ring_begin(seq),
+  // length(seq)) are held (with [0, min(length, n_sink_tokens)) in ring mode).
+  // 0 without ring; n_sink_tokens for an empty ring; 0 for a bad seq.
+  int64_t ring_begin(int64_t seq) const;
+  // The row of position p (>= 0): p without ring, the ring's Slot rule (Ring
+  // mode above) with it; the one home of that rule.
+  int64_t Slot(int64_t position) const;
+  // Rows PendingRows can give sequence seq at once: capacity - length without
+  // ring, the rows up to the ring's end (where it wraps) with it; 0 for a bad
+  // seq.
+  int64_t ContiguousRows(int64_t seq) const;
 
   // Bytes of the K and V buffers together, padding and int8 scales included.
   size_t bytes() const;
@@ -199,11 +237,14 @@ class HEADWAY_API KvCache {
   // columns [0, head_dim) of the cache rows (and their int8 scales) are
   // written. k and v may point into a float32 cache (Keys/Values of another
   // sequence, say), but not into the rows being written. (A view constructed
-  // with stride 0 is dense: view.h.)
+  // with stride 0 is dense: view.h.) Ring mode: any n_new; only the positions
+  // still held afterwards are written (the sinks among them, and the last
+  // capacity - n_sink_tokens), each in row Slot(p).
   // Errors (cache unchanged): kInvalidArgument for a bad seq, a bad view (null
   // data, rows or cols < 1, stride < cols), k and v of different shapes,
-  // cols != n_kv_heads * head_dim; kOutOfRange if length + n_new > capacity;
-  // kResourceExhausted for a view whose byte span overflows.
+  // cols != n_kv_heads * head_dim; kOutOfRange if length + n_new > capacity
+  // (ring mode: > 2^62); kResourceExhausted for a view whose byte span
+  // overflows.
   Status Append(int64_t seq, MatrixView<const float> k,
                 MatrixView<const float> v);
 
@@ -214,32 +255,40 @@ class HEADWAY_API KvCache {
   // rounding of the table at the top. Writing them does not change the
   // length; CommitAppend does. Write columns [0, head_dim) only: the padding
   // must stay zero. Until written, the rows hold zeros or tokens dropped by an
-  // earlier Truncate or Reset.
+  // earlier Truncate or Reset (ring mode: or overwritten). Ring mode: the rows
+  // of positions [length, length + n_new), from row Slot(length).
   // Errors (*k, *v and the cache unchanged): kInvalidArgument for a null k or
-  // v, a bad seq or kv_head, n_new < 1; kOutOfRange if length + n_new >
-  // capacity.
+  // v, a bad seq or kv_head, n_new < 1; kOutOfRange if n_new >
+  // ContiguousRows(seq) (without ring: length + n_new > capacity; with it:
+  // the rows would wrap, so write ContiguousRows(seq) rows, CommitAppend
+  // them, then the rest).
   Status PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
                      KvMutableView* k, KvMutableView* v);
   // Makes n_new rows written through PendingRows part of the sequence:
-  // length += n_new for every kv_head at once (write all heads' rows first).
+  // length += n_new for every kv_head at once (write all heads' rows first);
+  // ring mode: ring_begin follows, to length - (capacity - n_sink_tokens) if
+  // that is later.
   // Errors (cache unchanged): kInvalidArgument for a bad seq or n_new < 1;
-  // kOutOfRange if length + n_new > capacity.
+  // kOutOfRange if length + n_new > capacity (ring mode: > 2^62).
   Status CommitAppend(int64_t seq, int64_t n_new);
 
   // Keeps the first new_length tokens (rolls back rejected speculative
-  // tokens). O(1): the rows past new_length are not cleared.
+  // tokens). O(1): the rows past new_length are not cleared. Ring mode:
+  // ring_begin stays.
   // Errors (cache unchanged): kInvalidArgument for a bad seq; kOutOfRange if
-  // new_length < 0 or > length.
+  // new_length < 0 or > length, or, once the ring has dropped a position
+  // (ring_begin > n_sink_tokens), new_length < ring_begin.
   Status Truncate(int64_t seq, int64_t new_length);
 
-  // Makes sequence `to` a copy of sequence `from` (its length and rows): forks
-  // a shared prompt for beam search or parallel sampling. from == to is a
-  // no-op. Cost: copies length(from) rows of every head, K and V, and their
-  // int8 scales.
+  // Makes sequence `to` a copy of sequence `from` (its length, ring_begin and
+  // rows): forks a shared prompt for beam search or parallel sampling. from ==
+  // to is a no-op. Cost: copies min(length(from), capacity) rows of every
+  // head, K and V, and their int8 scales.
   // Errors (cache unchanged): kInvalidArgument for a bad from or to.
   Status CopySequence(int64_t from, int64_t to);
 
-  // Empties sequence seq (length 0; O(1), the rows are not cleared).
+  // Empties sequence seq (length 0, ring_begin n_sink_tokens; O(1), the rows
+  // are not cleared).
   // Error (cache unchanged): kInvalidArgument for a bad seq.
   Status Reset(int64_t seq);
   // Empties every sequence.
@@ -249,7 +298,8 @@ class HEADWAY_API KvCache {
   // data aligned to 16 elements (the rows' alignment: see Layout), dtype
   // config().dtype, scales [length] for kInt8; 0
   // rows (data and int8 scales not null) for an empty sequence; empty (null
-  // data and scales, 0 rows, 0 cols) for a bad seq or kv_head.
+  // data and scales, 0 rows, 0 cols) for a bad seq or kv_head. Ring mode:
+  // min(length, capacity) rows in slot order (position p in row Slot(p)).
   KvView Keys(int64_t seq, int64_t kv_head) const;
   KvView Values(int64_t seq, int64_t kv_head) const;
 

@@ -79,6 +79,10 @@ constexpr size_t kAlignment = 64;
 constexpr int64_t kRowAlignElements = 16;
 constexpr int64_t kScaleBytes = sizeof(float);
 
+// The most positions a ring sequence may reach: 2^62, far from overflowing
+// the position arithmetic (length + n_new, Slot).
+constexpr int64_t kMaxRingLength = int64_t{1} << 62;
+
 // n_new (>= 1) more tokens fit after `length` (<= capacity). Written as a
 // subtraction so that a huge n_new cannot overflow.
 Status CheckFits(const char* fn, const char* n_name, int64_t n_new, int64_t seq,
@@ -87,6 +91,16 @@ Status CheckFits(const char* fn, const char* n_name, int64_t n_new, int64_t seq,
   return internal::Fail(StatusCode::kOutOfRange, fn, "length (", length, ") + ",
                         n_name, " (", n_new, ") exceeds capacity (", capacity,
                         ") of seq ", seq);
+}
+
+// Ring mode: n_new (>= 1) more positions after `length` stay within
+// kMaxRingLength.
+Status CheckRingFits(const char* fn, const char* n_name, int64_t n_new,
+                     int64_t seq, int64_t length) {
+  if (n_new <= kMaxRingLength - length) return Status::Ok();
+  return internal::Fail(StatusCode::kOutOfRange, fn, "length (", length, ") + ",
+                        n_name, " (", n_new, ") exceeds 2^62 (", kMaxRingLength,
+                        "), the most positions of a ring, in seq ", seq);
 }
 
 // The sizes of a checked config's buffers.
@@ -165,6 +179,27 @@ struct KvCache::Impl {
         sizes.row_stride, Scale(scales, seq, kv_head, row)};
   }
 
+  // Ring mode: the rows past the sinks, capacity - n_sink_tokens.
+  int64_t RingRows() const { return config.capacity - config.n_sink_tokens; }
+  // The row of position p (>= 0): kv_cache.h's Slot rule.
+  int64_t Slot(int64_t p) const {
+    if (!config.ring || p < config.n_sink_tokens) return p;
+    return config.n_sink_tokens + (p - config.n_sink_tokens) % RingRows();
+  }
+  // Rows of a sequence that hold data: its length, at most capacity.
+  int64_t HeldRows(int64_t seq) const {
+    return std::min(lengths[static_cast<size_t>(seq)], config.capacity);
+  }
+  // Ring mode: length of seq becomes new_length (>= length); ring_begin
+  // follows the positions the ring dropped.
+  void Grow(int64_t seq, int64_t new_length) {
+    const size_t i = static_cast<size_t>(seq);
+    lengths[i] = new_length;
+    if (config.ring) {
+      ring_begins[i] = std::max(ring_begins[i], new_length - RingRows());
+    }
+  }
+
   KvCacheConfig config;
   Sizes sizes;
   int64_t head_stride = 0;  // capacity * row_stride
@@ -174,7 +209,10 @@ struct KvCache::Impl {
   // Each [n_sequences][n_kv_heads][capacity] for int8, else null.
   Buffer key_scales;
   Buffer value_scales;
-  std::vector<int64_t> lengths;  // [n_sequences]
+  std::vector<int64_t> lengths;  // [n_sequences], positions appended
+  // [n_sequences]: the oldest position held past the sinks; n_sink_tokens
+  // while nothing was dropped (always 0 without ring).
+  std::vector<int64_t> ring_begins;
 };
 
 namespace {
@@ -204,6 +242,22 @@ Status CheckConfig(const char* fn, const KvCacheConfig& config) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, "config.dtype (",
                           static_cast<int>(config.dtype),
                           ") is not a known KvDtype");
+  }
+  if (config.n_sink_tokens < 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn,
+                          "config.n_sink_tokens must be >= 0 (got ",
+                          config.n_sink_tokens, ")");
+  }
+  if (config.ring && config.n_sink_tokens >= config.capacity) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn,
+                          "config.n_sink_tokens (", config.n_sink_tokens,
+                          ") must be less than config.capacity (",
+                          config.capacity, ") in ring mode");
+  }
+  if (!config.ring && config.n_sink_tokens != 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn,
+                          "config.n_sink_tokens (", config.n_sink_tokens,
+                          ") must be 0 without config.ring");
   }
   return Status::Ok();
 }
@@ -239,6 +293,8 @@ Status KvCache::Create(const KvCacheConfig& config, KvCache* out) {
     impl->key_scales.reset(AllocateZeroed(scale_bytes));
     impl->value_scales.reset(AllocateZeroed(scale_bytes));
     impl->lengths.assign(static_cast<size_t>(config.n_sequences), 0);
+    impl->ring_begins.assign(static_cast<size_t>(config.n_sequences),
+                             config.n_sink_tokens);
   } catch (const std::bad_alloc&) {
     impl.reset();
   }
@@ -287,6 +343,26 @@ int64_t KvCache::scale_head_stride() const {
 int64_t KvCache::length(int64_t seq) const {
   if (seq < 0 || seq >= n_sequences()) return 0;
   return impl_->lengths[static_cast<size_t>(seq)];
+}
+
+int64_t KvCache::ring_begin(int64_t seq) const {
+  if (seq < 0 || seq >= n_sequences()) return 0;
+  return impl_->ring_begins[static_cast<size_t>(seq)];
+}
+
+int64_t KvCache::Slot(int64_t position) const {
+  return impl_ ? impl_->Slot(position) : position;
+}
+
+int64_t KvCache::ContiguousRows(int64_t seq) const {
+  if (seq < 0 || seq >= n_sequences()) return 0;
+  const KvCacheConfig& config = impl_->config;
+  const int64_t length = impl_->lengths[static_cast<size_t>(seq)];
+  if (!config.ring || length < config.n_sink_tokens) {
+    return config.capacity - length;
+  }
+  const int64_t ring_rows = impl_->RingRows();
+  return ring_rows - (length - config.n_sink_tokens) % ring_rows;
 }
 
 size_t KvCache::bytes() const {
@@ -359,25 +435,53 @@ Status KvCache::Append(int64_t seq, MatrixView<const float> k,
                           ") must be n_kv_heads * head_dim (", n_kv_heads,
                           " * ", head_dim, " = ", width, ")");
   }
-  int64_t& length = impl.lengths[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "k.rows", k.rows, seq, length, impl.config.capacity);
+  const int64_t length = impl.lengths[static_cast<size_t>(seq)];
+  status = impl.config.ring ? CheckRingFits(kFn, "k.rows", k.rows, seq, length)
+                            : CheckFits(kFn, "k.rows", k.rows, seq, length,
+                                        impl.config.capacity);
   if (!status.ok()) return status;
 
-  const KvMutableView key_rows =
-      impl.Rows(impl.keys, impl.key_scales, seq, 0, length, k.rows);
-  const KvMutableView value_rows =
-      impl.Rows(impl.values, impl.value_scales, seq, 0, length, k.rows);
-  internal::VisitKvDtype(impl.config.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    for (int64_t g = 0; g < n_kv_heads; ++g) {
-      const int64_t src_col = g * head_dim;
-      StoreHeadRows<T>(k, src_col, key_rows, g * impl.head_stride,
-                       g * impl.config.capacity);
-      StoreHeadRows<T>(v, src_col, value_rows, g * impl.head_stride,
-                       g * impl.config.capacity);
+  // Source rows [src_row, src_row + n) into rows [row, row + n) of every head.
+  const auto store = [&](int64_t src_row, int64_t n, int64_t row) {
+    const MatrixView<const float> k_rows(k.data + src_row * k.stride, n, k.cols,
+                                         k.stride);
+    const MatrixView<const float> v_rows(v.data + src_row * v.stride, n, v.cols,
+                                         v.stride);
+    const KvMutableView key_rows =
+        impl.Rows(impl.keys, impl.key_scales, seq, 0, row, n);
+    const KvMutableView value_rows =
+        impl.Rows(impl.values, impl.value_scales, seq, 0, row, n);
+    internal::VisitKvDtype(impl.config.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t g = 0; g < n_kv_heads; ++g) {
+        const int64_t src_col = g * head_dim;
+        StoreHeadRows<T>(k_rows, src_col, key_rows, g * impl.head_stride,
+                         g * impl.config.capacity);
+        StoreHeadRows<T>(v_rows, src_col, value_rows, g * impl.head_stride,
+                         g * impl.config.capacity);
+      }
+    });
+  };
+  const int64_t new_length = length + k.rows;
+  if (!impl.config.ring) {
+    store(0, k.rows, length);
+  } else {
+    // The positions still held after the call, in at most three runs of
+    // contiguous rows: new sinks, then the ring up to its end and from its
+    // start. Positions the call itself overwrites are never written.
+    const int64_t sinks = impl.config.n_sink_tokens;
+    const int64_t sink_end = std::min(new_length, sinks);
+    if (length < sink_end) store(0, sink_end - length, length);
+    const int64_t first =
+        std::max({length, sinks, new_length - impl.RingRows()});
+    if (first < new_length) {
+      const int64_t n = new_length - first, slot = impl.Slot(first);
+      const int64_t to_end = std::min(n, impl.config.capacity - slot);
+      store(first - length, to_end, slot);
+      if (to_end < n) store(first - length + to_end, n - to_end, sinks);
     }
-  });
-  length += k.rows;
+  }
+  impl.Grow(seq, new_length);
   return Status::Ok();
 }
 
@@ -403,10 +507,19 @@ Status KvCache::PendingRows(int64_t seq, int64_t kv_head, int64_t n_new,
   if (!status.ok()) return status;
   const Impl& impl = *impl_;
   const int64_t length = impl.lengths[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "n_new", n_new, seq, length, impl.config.capacity);
-  if (!status.ok()) return status;
-  *k = impl.Rows(impl.keys, impl.key_scales, seq, kv_head, length, n_new);
-  *v = impl.Rows(impl.values, impl.value_scales, seq, kv_head, length, n_new);
+  if (!impl.config.ring) {
+    status = CheckFits(kFn, "n_new", n_new, seq, length, impl.config.capacity);
+    if (!status.ok()) return status;
+  } else if (n_new > ContiguousRows(seq)) {
+    return internal::Fail(
+        StatusCode::kOutOfRange, kFn, "n_new (", n_new,
+        ") exceeds ContiguousRows(seq) (", ContiguousRows(seq), ") of seq ",
+        seq, ", where its ring wraps: write ContiguousRows(seq) rows, ",
+        "CommitAppend them, then the rest");
+  }
+  const int64_t row = impl.Slot(length);
+  *k = impl.Rows(impl.keys, impl.key_scales, seq, kv_head, row, n_new);
+  *v = impl.Rows(impl.values, impl.value_scales, seq, kv_head, row, n_new);
   return Status::Ok();
 }
 
@@ -415,10 +528,12 @@ Status KvCache::CommitAppend(int64_t seq, int64_t n_new) {
   Status status = internal::CheckIndex(kFn, "seq", seq, n_sequences());
   if (status.ok()) status = internal::CheckPositive(kFn, "n_new", n_new);
   if (!status.ok()) return status;
-  int64_t& length = impl_->lengths[static_cast<size_t>(seq)];
-  status = CheckFits(kFn, "n_new", n_new, seq, length, capacity());
+  const int64_t length = impl_->lengths[static_cast<size_t>(seq)];
+  status = impl_->config.ring
+               ? CheckRingFits(kFn, "n_new", n_new, seq, length)
+               : CheckFits(kFn, "n_new", n_new, seq, length, capacity());
   if (!status.ok()) return status;
-  length += n_new;
+  impl_->Grow(seq, length + n_new);
   return Status::Ok();
 }
 
@@ -432,6 +547,15 @@ Status KvCache::Truncate(int64_t seq, int64_t new_length) {
                           new_length, ") is out of range [0, ", length,
                           "], the length of seq ", seq);
   }
+  // Once the ring dropped a position (ring_begin past the sinks), the
+  // positions before ring_begin cannot come back.
+  const int64_t ring_begin = impl_->ring_begins[static_cast<size_t>(seq)];
+  if (ring_begin > impl_->config.n_sink_tokens && new_length < ring_begin) {
+    return internal::Fail(StatusCode::kOutOfRange, kFn, "new_length (",
+                          new_length, ") is before ring_begin (", ring_begin,
+                          ") of seq ", seq,
+                          ": rows before it were overwritten");
+  }
   length = new_length;
   return Status::Ok();
 }
@@ -444,10 +568,12 @@ Status KvCache::CopySequence(int64_t from, int64_t to) {
   Impl& impl = *impl_;
   const int64_t length = impl.lengths[static_cast<size_t>(from)];
   // The rows of one head are contiguous: one copy per head and buffer (the
-  // padding copied along is zero on both sides).
-  const size_t head_bytes = static_cast<size_t>(length * impl.sizes.row_bytes);
-  const size_t scale_bytes = static_cast<size_t>(length) * sizeof(float);
-  if (length != 0) {
+  // padding copied along is zero on both sides). A ring's rows in slot order,
+  // stale ones included.
+  const int64_t rows = impl.HeldRows(from);
+  const size_t head_bytes = static_cast<size_t>(rows * impl.sizes.row_bytes);
+  const size_t scale_bytes = static_cast<size_t>(rows) * sizeof(float);
+  if (rows != 0) {
     for (int64_t g = 0; g < impl.config.n_kv_heads; ++g) {
       std::memcpy(impl.Row(impl.keys, to, g, 0),
                   impl.Row(impl.keys, from, g, 0), head_bytes);
@@ -462,6 +588,8 @@ Status KvCache::CopySequence(int64_t from, int64_t to) {
     }
   }
   impl.lengths[static_cast<size_t>(to)] = length;
+  impl.ring_begins[static_cast<size_t>(to)] =
+      impl.ring_begins[static_cast<size_t>(from)];
   return Status::Ok();
 }
 
@@ -470,11 +598,15 @@ Status KvCache::Reset(int64_t seq) {
       internal::CheckIndex("KvCache::Reset", "seq", seq, n_sequences());
   if (!status.ok()) return status;
   impl_->lengths[static_cast<size_t>(seq)] = 0;
+  impl_->ring_begins[static_cast<size_t>(seq)] = impl_->config.n_sink_tokens;
   return Status::Ok();
 }
 
 void KvCache::ResetAll() {
-  if (impl_) std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
+  if (!impl_) return;
+  std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
+  std::fill(impl_->ring_begins.begin(), impl_->ring_begins.end(),
+            impl_->config.n_sink_tokens);
 }
 
 KvView KvCache::Keys(int64_t seq, int64_t kv_head) const {
@@ -483,7 +615,7 @@ KvView KvCache::Keys(int64_t seq, int64_t kv_head) const {
     return KvView();
   }
   return impl_->Rows(impl_->keys, impl_->key_scales, seq, kv_head, 0,
-                     impl_->lengths[static_cast<size_t>(seq)]);
+                     impl_->HeldRows(seq));
 }
 
 KvView KvCache::Values(int64_t seq, int64_t kv_head) const {
@@ -492,7 +624,7 @@ KvView KvCache::Values(int64_t seq, int64_t kv_head) const {
     return KvView();
   }
   return impl_->Rows(impl_->values, impl_->value_scales, seq, kv_head, 0,
-                     impl_->lengths[static_cast<size_t>(seq)]);
+                     impl_->HeldRows(seq));
 }
 
 KvView KvCache::KeyBuffer() const {
