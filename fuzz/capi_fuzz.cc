@@ -21,6 +21,10 @@
 // ModelRow); the cache is compared with it bit for bit, and attention against
 // float64 over these dequantized rows with float32's tolerance.
 //
+// Ring caches (hw_kv_cache_create_ring): the cache ops run on them too, the
+// model keeping rows by slot and each sequence's ring_begin; the attention and
+// layer ops leave a ring cache alone (they do not model one).
+//
 // Attention variants: the core calls and layers run sometimes with random
 // sliding windows, soft-capping, ALiBi slopes and sink logits (Variants),
 // bad ones included, and struct_size values of older, newer and bad callers;
@@ -295,9 +299,12 @@ struct Shadow {
   hw_kv_cache* cache = nullptr;
   int64_t n_sequences = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
   int dtype = HW_KV_FLOAT32;
-  std::vector<int64_t> length;
+  bool ring = false;
+  int64_t sinks = 0;                // n_sink_tokens (0 without ring)
+  std::vector<int64_t> length;      // positions appended
+  std::vector<int64_t> ring_begin;  // oldest held position past the sinks
   // Per sequence: [capacity, n_kv_heads * head_dim] keys and values as the
-  // cache stores them, read back as float32.
+  // cache stores them, read back as float32, row Slot(p) for position p.
   std::vector<std::vector<float>> k, v;
 
   hw_attention_layer* layer = nullptr;
@@ -306,21 +313,33 @@ struct Shadow {
   Variants variants;  // the layer's; arrays of the whole model's n_heads
 
   int64_t Width() const { return n_kv_heads * head_dim; }
+  // headway.h's hw_kv_cache_slot.
+  int64_t Slot(int64_t p) const {
+    return !ring || p < sinks ? p : sinks + (p - sinks) % (capacity - sinks);
+  }
+  // Whether sequence seq holds position p (< its length).
+  bool Held(int64_t seq, int64_t p) const {
+    return p < sinks || p >= ring_begin[seq];
+  }
 
   void DestroyCache() {
     hw_kv_cache_destroy(cache);
     cache = nullptr;
   }
   void AdoptCache(hw_kv_cache* c, int64_t seqs, int64_t heads, int64_t dim,
-                  int64_t cap, int type) {
+                  int64_t cap, int type, bool is_ring = false,
+                  int64_t n_sinks = 0) {
     DestroyCache();
     cache = c;
     dtype = type;
+    ring = is_ring;
+    sinks = n_sinks;
     n_sequences = seqs;
     n_kv_heads = heads;
     head_dim = dim;
     capacity = cap;
     length.assign(seqs, 0);
+    ring_begin.assign(seqs, n_sinks);
     k.assign(seqs, std::vector<float>(cap * Width()));
     v = k;
   }
@@ -460,16 +479,30 @@ void CheckCache(const Shadow& s) {
     ExpectStatus(hw_kv_cache_length(s.cache, seq, &length), HW_OK,
                  "hw_kv_cache_length");
     Check(length == s.length[seq], "cache length", length, s.length[seq]);
+    int64_t ring_begin = -1, sinks = -1;
+    int ring = -1;
+    ExpectStatus(
+        hw_kv_cache_ring_state(s.cache, seq, &ring_begin, &sinks, &ring), HW_OK,
+        "hw_kv_cache_ring_state");
+    Check(ring == (s.ring ? 1 : 0) && sinks == s.sinks &&
+              ring_begin == s.ring_begin[seq],
+          "ring state", ring_begin, s.ring_begin[seq]);
+    const int64_t held_rows = std::min(length, cap);
     for (int64_t g = 0; g < heads; ++g) {
       for (int which = 0; which < 2; ++which) {
         int64_t rows = -1;
         const std::vector<float> got = StoredRows(s, seq, g, which == 0, &rows);
-        Check(rows == length, "cache view", rows, length);
+        Check(rows == held_rows, "cache view", rows, held_rows);
         const std::vector<float>& want = which == 0 ? s.k[seq] : s.v[seq];
-        for (int64_t r = 0; r < rows; ++r) {
-          Check(std::memcmp(&got[r * dim], &want[r * s.Width() + g * dim],
+        for (int64_t p = 0; p < length; ++p) {
+          if (!s.Held(seq, p)) continue;
+          int64_t slot = -1;
+          ExpectStatus(hw_kv_cache_slot(s.cache, p, &slot), HW_OK,
+                       "hw_kv_cache_slot");
+          Check(slot == s.Slot(p) && slot < rows, "slot", slot, s.Slot(p));
+          Check(std::memcmp(&got[slot * dim], &want[slot * s.Width() + g * dim],
                             dim * sizeof(float)) == 0,
-                "cached row differs from the model", r, g);
+                "cached row differs from the model", p, g);
         }
         // The float32 view: the same rows for a float32 cache, an error
         // naming the type for the others.
@@ -486,7 +519,7 @@ void CheckCache(const Shadow& s) {
           continue;
         }
         ExpectStatus(status, HW_OK, "hw_kv_cache_keys/values");
-        Check(f32_rows == length && stride == row_stride, "float32 view");
+        Check(f32_rows == held_rows && stride == row_stride, "float32 view");
         for (int64_t r = 0; r < f32_rows; ++r) {
           Check(std::memcmp(data + r * stride, &got[r * dim],
                             dim * sizeof(float)) == 0,
@@ -537,32 +570,60 @@ void OpCacheCreate(FuzzedDataProvider& in, Shadow& s) {
   s.AdoptCache(cache, seqs, heads, dim, cap, dtype);
 }
 
+// hw_kv_cache_create_ring, n_sink_tokens in [-1, capacity].
+void OpCacheCreateRing(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seqs = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t heads = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t dim = in.ConsumeIntegralInRange<int64_t>(0, 20);
+  const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int64_t sinks = in.ConsumeIntegralInRange<int64_t>(-1, cap);
+  const int dtype = ConsumeDtype(in);
+  hw_kv_cache* cache = nullptr;
+  const int want = seqs < 1 || heads < 1 || dim < 1 || cap < 1 ||
+                           !DtypeOk(dtype) || sinks < 0 || sinks >= cap
+                       ? HW_INVALID_ARGUMENT
+                       : HW_OK;
+  ExpectStatus(
+      hw_kv_cache_create_ring(seqs, heads, dim, cap, sinks, dtype, &cache),
+      want, "hw_kv_cache_create_ring");
+  if (want != HW_OK) {
+    Check(cache == nullptr, "*out written on error");
+    return;
+  }
+  s.AdoptCache(cache, seqs, heads, dim, cap, dtype, true, sinks);
+}
+
 void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
   const int64_t seq = ConsumeSeq(in, s);
   const int64_t width = s.Width();
-  const int64_t room = SeqOk(s, seq) ? s.capacity - s.length[seq] : 0;
+  // A ring takes any n_new: up to three times around it.
+  const int64_t room = !SeqOk(s, seq) ? 0
+                       : s.ring       ? 3 * s.capacity
+                                      : s.capacity - s.length[seq];
   int64_t n_new = in.ConsumeIntegralInRange<int64_t>(-1, room + 2);
   if (in.ConsumeIntegralInRange(0, 15) == 15) n_new = INT64_MAX;
   const int64_t k_stride = ConsumeStride(in, width);
   const int64_t v_stride = ConsumeStride(in, width);
-  // Rows for every valid n_new (capacity <= 9), but not for INT64_MAX: a call
-  // the model rejects must not read them (ASan would see it).
-  const int64_t rows = std::clamp<int64_t>(n_new, 1, 16);
+  // Rows for every valid n_new (capacity <= 9, a ring's n_new <= 29), but not
+  // for INT64_MAX: a call the model rejects must not read them (ASan would see
+  // it).
+  const int64_t rows = std::clamp<int64_t>(n_new, 1, 32);
   const std::vector<float> k = MakeMatrix(in, rows, width, k_stride, true);
   const std::vector<float> v = MakeMatrix(in, rows, width, v_stride, true);
   const bool null_k = in.ConsumeIntegralInRange(0, 31) == 31;
   // headway.h: n_new rows at their stride that overflow the address space
   // (n_new = INT64_MAX) are RESOURCE_EXHAUSTED, checked before the capacity.
   const bool huge = n_new == INT64_MAX;
+  const bool fits = s.ring || n_new <= room;  // a ring has no capacity limit
   int want = HW_OK, also = -1;
   if (s.cache == nullptr || !SeqOk(s, seq) || n_new < 1 || null_k ||
       !StrideOk(k_stride, width) || !StrideOk(v_stride, width)) {
     want = HW_INVALID_ARGUMENT;
-    if (s.cache != nullptr && SeqOk(s, seq) && n_new > room)
+    if (s.cache != nullptr && SeqOk(s, seq) && (huge || !fits))
       also = huge ? HW_RESOURCE_EXHAUSTED : HW_OUT_OF_RANGE;
   } else if (huge) {
     want = HW_RESOURCE_EXHAUSTED;
-  } else if (n_new > room) {
+  } else if (!fits) {
     want = HW_OUT_OF_RANGE;
   }
   ExpectStatus(
@@ -570,8 +631,14 @@ void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
                          k_stride, v.data(), v_stride),
       want, "hw_kv_cache_append", also);
   if (want != HW_OK) return;
+  const int64_t new_length = s.length[seq] + n_new;
   for (int64_t r = 0; r < n_new; ++r) {
-    const int64_t at = (s.length[seq] + r) * width;
+    // A ring keeps the sinks and its last capacity - sinks positions.
+    const int64_t p = s.length[seq] + r;
+    if (s.ring && p >= s.sinks && p < new_length - (s.capacity - s.sinks)) {
+      continue;
+    }
+    const int64_t at = s.Slot(p) * width;
     for (int64_t g = 0; g < s.n_kv_heads; ++g) {
       const int64_t col = g * s.head_dim;
       ModelRow(s.dtype, &k[r * Dense(k_stride, width) + col], s.head_dim,
@@ -580,7 +647,11 @@ void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
                &s.v[seq][at + col]);
     }
   }
-  s.length[seq] += n_new;
+  s.length[seq] = new_length;
+  if (s.ring) {
+    s.ring_begin[seq] =
+        std::max(s.ring_begin[seq], new_length - (s.capacity - s.sinks));
+  }
 }
 
 void OpCacheTruncate(FuzzedDataProvider& in, Shadow& s) {
@@ -592,6 +663,8 @@ void OpCacheTruncate(FuzzedDataProvider& in, Shadow& s) {
     want = HW_INVALID_ARGUMENT;
   } else if (new_length < 0 || new_length > length) {
     want = HW_OUT_OF_RANGE;
+  } else if (s.ring_begin[seq] > s.sinks && new_length < s.ring_begin[seq]) {
+    want = HW_OUT_OF_RANGE;  // the ring has overwritten those positions
   }
   ExpectStatus(hw_kv_cache_truncate(s.cache, seq, new_length), want,
                "hw_kv_cache_truncate");
@@ -606,25 +679,33 @@ void OpCacheCopy(FuzzedDataProvider& in, Shadow& s) {
   ExpectStatus(hw_kv_cache_copy_sequence(s.cache, from, to), want,
                "hw_kv_cache_copy_sequence");
   if (want != HW_OK || from == to) return;
-  // Rows past the length are not part of the contract: copy only the length.
-  const int64_t n = s.length[from] * s.Width();
+  // Rows past the length are not part of the contract: copy only the rows
+  // that hold data.
+  const int64_t n = std::min(s.length[from], s.capacity) * s.Width();
   std::copy(s.k[from].begin(), s.k[from].begin() + n, s.k[to].begin());
   std::copy(s.v[from].begin(), s.v[from].begin() + n, s.v[to].begin());
   s.length[to] = s.length[from];
+  s.ring_begin[to] = s.ring_begin[from];
 }
 
 void OpCacheReset(FuzzedDataProvider& in, Shadow& s) {
   if (in.ConsumeBool()) {
     const int want = s.cache == nullptr ? HW_INVALID_ARGUMENT : HW_OK;
     ExpectStatus(hw_kv_cache_reset_all(s.cache), want, "hw_kv_cache_reset_all");
-    if (want == HW_OK) std::fill(s.length.begin(), s.length.end(), 0);
+    if (want == HW_OK) {
+      std::fill(s.length.begin(), s.length.end(), 0);
+      std::fill(s.ring_begin.begin(), s.ring_begin.end(), s.sinks);
+    }
     return;
   }
   const int64_t seq = ConsumeSeq(in, s);
   const int want =
       s.cache == nullptr || !SeqOk(s, seq) ? HW_INVALID_ARGUMENT : HW_OK;
   ExpectStatus(hw_kv_cache_reset(s.cache, seq), want, "hw_kv_cache_reset");
-  if (want == HW_OK) s.length[seq] = 0;
+  if (want == HW_OK) {
+    s.length[seq] = 0;
+    s.ring_begin[seq] = s.sinks;
+  }
 }
 
 void OpCacheCheck(FuzzedDataProvider&, Shadow& s) { CheckCache(s); }
@@ -990,6 +1071,7 @@ void OpLayerCreateCache(FuzzedDataProvider& in, Shadow& s) {
 // One forward call: predicted status and lengths; on success the appended K
 // and V rows and y against float64.
 void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
+  if (s.ring) return;  // the model has no ring attention
   const hw_attention_layer_config& c = s.config;
   const int64_t n_seq = in.ConsumeIntegralInRange<int64_t>(0, 3);
   std::vector<hw_layer_sequence> seqs(std::max<int64_t>(n_seq, 1));
@@ -1543,6 +1625,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
 
 // hw_attention over 0..3 queries (of distinct or repeated sequences).
 void OpAttention(FuzzedDataProvider& in, Shadow& s) {
+  if (s.ring) return;  // the model has no ring attention
   const AttnCall call(in, s);
   bool invalid = call.invalid;
   const int64_t n_queries = in.ConsumeIntegralInRange<int64_t>(0, 3);
@@ -1587,6 +1670,7 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
 
 // hw_attention_with_weights on one query, with weights valid or not.
 void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
+  if (s.ring) return;  // the model has no ring attention
   const AttnCall call(in, s);
   AttnQuery a;
   ConsumeQuery(in, s, call.width, &a);
@@ -1719,6 +1803,12 @@ void OpNullHandles(FuzzedDataProvider&, Shadow&) {
                "hw_kv_cache_create");
   ExpectStatus(hw_kv_cache_dtype(nullptr, nullptr, nullptr),
                HW_INVALID_ARGUMENT, "hw_kv_cache_dtype");
+  ExpectStatus(hw_kv_cache_ring_state(nullptr, 0, &i64, nullptr, nullptr),
+               HW_INVALID_ARGUMENT, "hw_kv_cache_ring_state");
+  ExpectStatus(hw_kv_cache_slot(nullptr, 0, &i64), HW_INVALID_ARGUMENT,
+               "hw_kv_cache_slot");
+  ExpectStatus(hw_kv_cache_create_ring(1, 1, 1, 2, 1, 0, nullptr),
+               HW_INVALID_ARGUMENT, "hw_kv_cache_create_ring");
   const void* data = nullptr;
   ExpectStatus(hw_kv_cache_stored_keys(nullptr, 0, 0, nullptr, nullptr, &data,
                                        nullptr, nullptr, nullptr),
@@ -1735,14 +1825,14 @@ void OpNullHandles(FuzzedDataProvider&, Shadow&) {
 // The ops, chosen by one byte each.
 using Op = void (*)(FuzzedDataProvider&, Shadow&);
 constexpr Op kOps[] = {
-    OpCacheCreate,      OpCacheAppend,  OpCacheAppend,
-    OpCacheTruncate,    OpCacheCopy,    OpCacheReset,
-    OpCacheCheck,       OpSoftmax,      OpSoftmax,
-    OpMatmul,           OpMatmul,       OpLayerCreate,
-    OpLayerForward,     OpLayerForward, OpLayerDestroy,
-    OpLayerCreateCache, OpThreads,      OpNullHandles,
-    OpAttention,        OpAttention,    OpAttentionWithWeights,
-    OpKvRows,
+    OpCacheCreate,      OpCacheAppend,     OpCacheAppend,
+    OpCacheTruncate,    OpCacheCopy,       OpCacheReset,
+    OpCacheCheck,       OpSoftmax,         OpSoftmax,
+    OpMatmul,           OpMatmul,          OpLayerCreate,
+    OpLayerForward,     OpLayerForward,    OpLayerDestroy,
+    OpLayerCreateCache, OpThreads,         OpNullHandles,
+    OpAttention,        OpAttention,       OpAttentionWithWeights,
+    OpKvRows,           OpCacheCreateRing,
 };
 
 }  // namespace

@@ -708,10 +708,149 @@ static void TestKvDtypeErrors(void) {
   CHECK(scales[0] == -5 && scales[1] == -5);
 }
 
+/* A ring cache of every dtype (capacity 5, 1 sink, a ring of 4) appended
+ * across several wraps: after each append every held position p reads back,
+ * in row hw_kv_cache_slot(p), exactly what a plain cache of the same dtype
+ * holds in row p; ring_begin, truncate, copy, reset and the errors. */
+static void TestKvRingCache(int dtype) {
+  enum { kSeqs = 2, kHeads = 2, kDim = 5, kCap = 5, kSinks = 1 };
+  enum { kRing = kCap - kSinks, kCols = kHeads * kDim, kTotal = 40 };
+  hw_kv_cache *ring = NULL, *plain = NULL, *same_size = NULL;
+  CHECK_OK(
+      hw_kv_cache_create_ring(kSeqs, kHeads, kDim, kCap, kSinks, dtype, &ring));
+  CHECK_OK(hw_kv_cache_create_typed(1, kHeads, kDim, kTotal, dtype, &plain));
+  CHECK_OK(
+      hw_kv_cache_create_typed(kSeqs, kHeads, kDim, kCap, dtype, &same_size));
+  if (ring == NULL || plain == NULL || same_size == NULL) return;
+  size_t ring_bytes = 0, plain_bytes = 0;
+  CHECK_OK(hw_kv_cache_bytes(ring, &ring_bytes));
+  CHECK_OK(hw_kv_cache_bytes(same_size, &plain_bytes));
+  CHECK(ring_bytes == plain_bytes);
+  int is_ring = -1;
+  int64_t ring_begin = -1, sinks = -1;
+  CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, &sinks, &is_ring));
+  CHECK(is_ring == 1 && sinks == kSinks && ring_begin == kSinks);
+  CHECK_OK(hw_kv_cache_ring_state(ring, 0, NULL, NULL, NULL));
+  CHECK_OK(hw_kv_cache_ring_state(same_size, 1, &ring_begin, &sinks, &is_ring));
+  CHECK(is_ring == 0 && sinks == 0 && ring_begin == 0);
+
+  static const int64_t kChunks[4] = {3, 6, 1, 9};
+  int64_t length = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = kChunks[i];
+    float* k = RandomArray(n * kCols, 1.0f);
+    float* v = RandomArray(n * kCols, 1.0f);
+    CHECK_OK(hw_kv_cache_append(ring, 1, n, k, 0, v, 0));
+    CHECK_OK(hw_kv_cache_append(plain, 0, n, k, 0, v, 0));
+    free(k);
+    free(v);
+    length += n;
+    const int64_t want_begin =
+        length - kRing > kSinks ? length - kRing : kSinks;
+    CHECK(Length(ring, 1) == length && Length(ring, 0) == 0);
+    CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, NULL, NULL));
+    CHECK(ring_begin == want_begin);
+    for (int64_t g = 0; g < kHeads; ++g) {
+      for (int keys = 0; keys < 2; ++keys) {
+        int64_t ring_rows = 0, plain_rows = 0;
+        float* got = LoadedRows(ring, keys, 1, g, kDim, &ring_rows);
+        float* want = LoadedRows(plain, keys, 0, g, kDim, &plain_rows);
+        CHECK(ring_rows == (length < kCap ? length : kCap));
+        CHECK(plain_rows == length);
+        for (int64_t p = 0; p < length; ++p) {
+          if (p >= kSinks && p < ring_begin) continue; /* dropped */
+          int64_t slot = -1;
+          CHECK_OK(hw_kv_cache_slot(ring, p, &slot));
+          CHECK(slot == (p < kSinks ? p : kSinks + (p - kSinks) % kRing));
+          if (slot < 0 || slot >= ring_rows) continue;
+          CHECK(memcmp(got + slot * kDim, want + p * kDim,
+                       kDim * sizeof(float)) == 0);
+        }
+        free(got);
+        free(want);
+      }
+    }
+  }
+  /* length 19, ring_begin 15: truncate no earlier than ring_begin. */
+  CHECK_ERR(hw_kv_cache_truncate(ring, 1, 14), HW_OUT_OF_RANGE,
+            "hw_kv_cache_truncate: new_length (14) is before ring_begin (15) "
+            "of seq 1: rows before it were overwritten");
+  CHECK_ERR(hw_kv_cache_truncate(ring, 1, 0), HW_OUT_OF_RANGE, "ring_begin");
+  CHECK(Length(ring, 1) == 19);
+  CHECK_OK(hw_kv_cache_truncate(ring, 1, 15));
+  CHECK(Length(ring, 1) == 15);
+  CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, NULL, NULL));
+  CHECK(ring_begin == 15);
+  /* Any n_new fits a ring; only the positions past 2^62 do not. */
+  {
+    float* k = RandomArray(12 * kCols, 1.0f);
+    CHECK_OK(hw_kv_cache_append(ring, 1, 12, k, 0, k, 0));
+    CHECK(Length(ring, 1) == 27);
+    CHECK_ERR(hw_kv_cache_append(ring, 1, INT64_MAX, k, 0, k, 0),
+              HW_RESOURCE_EXHAUSTED, "hw_kv_cache_append: k: n_new (");
+    free(k);
+  }
+  CHECK_OK(hw_kv_cache_copy_sequence(ring, 1, 0));
+  CHECK(Length(ring, 0) == 27);
+  CHECK_OK(hw_kv_cache_ring_state(ring, 0, &ring_begin, NULL, NULL));
+  CHECK(ring_begin == 23);
+  CHECK_OK(hw_kv_cache_reset(ring, 0));
+  CHECK_OK(hw_kv_cache_ring_state(ring, 0, &ring_begin, NULL, NULL));
+  CHECK(ring_begin == kSinks && Length(ring, 0) == 0);
+  CHECK_OK(hw_kv_cache_reset_all(ring));
+  CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, NULL, NULL));
+  CHECK(ring_begin == kSinks && Length(ring, 1) == 0);
+
+  /* Errors. */
+  int64_t slot = 77;
+  CHECK_ERR(hw_kv_cache_slot(ring, -1, &slot), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_slot: position must be >= 0 (got -1)");
+  CHECK_ERR(hw_kv_cache_slot(NULL, 0, &slot), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_slot: cache is null");
+  CHECK_ERR(hw_kv_cache_slot(ring, 0, NULL), HW_INVALID_ARGUMENT,
+            "hw_kv_cache_slot: slot is null");
+  CHECK(slot == 77);
+  CHECK_OK(hw_kv_cache_slot(same_size, 7, &slot));
+  CHECK(slot == 7);
+  ring_begin = 77;
+  CHECK_ERR(hw_kv_cache_ring_state(ring, 2, &ring_begin, NULL, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_ring_state: seq (2)");
+  CHECK_ERR(hw_kv_cache_ring_state(NULL, 0, &ring_begin, NULL, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_ring_state: cache is null");
+  CHECK(ring_begin == 77);
+  hw_kv_cache* other = NULL;
+  CHECK_ERR(hw_kv_cache_create_ring(1, 1, 4, 5, 5, dtype, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create_ring: n_sink_tokens (5) must be less than "
+            "capacity (5) in ring mode");
+  CHECK_ERR(hw_kv_cache_create_ring(1, 1, 4, 5, -1, dtype, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create_ring: n_sink_tokens must be >= 0 (got -1)");
+  CHECK_ERR(hw_kv_cache_create_ring(1, 1, 4, 0, 0, dtype, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create_ring: capacity must be >= 1 (got 0)");
+  CHECK_ERR(hw_kv_cache_create_ring(1, 1, 4, 5, 0, 9, &other),
+            HW_INVALID_ARGUMENT,
+            "hw_kv_cache_create_ring: dtype (9) is not a known hw_kv_dtype");
+  CHECK_ERR(hw_kv_cache_create_ring(1, 1, 4, 5, 0, dtype, NULL),
+            HW_INVALID_ARGUMENT, "hw_kv_cache_create_ring: out is null");
+  CHECK(other == NULL);
+  /* No sinks: the whole capacity is the ring. */
+  CHECK_OK(hw_kv_cache_create_ring(1, 1, 4, 3, 0, dtype, &other));
+  CHECK_OK(hw_kv_cache_slot(other, 7, &slot));
+  CHECK(slot == 1);
+  hw_kv_cache_destroy(other);
+
+  hw_kv_cache_destroy(ring);
+  hw_kv_cache_destroy(plain);
+  hw_kv_cache_destroy(same_size);
+}
+
 static void TestKvDtypes(void) {
   TestKvRounding();
   for (int i = 0; i < 4; ++i) TestKvDtypeCache(kDtypes[i]);
   TestKvDtypeErrors();
+  for (int i = 0; i < 4; ++i) TestKvRingCache(kDtypes[i]);
 }
 
 /* ---------------------------------------------------------- RoPE, RMSNorm */

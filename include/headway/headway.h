@@ -162,8 +162,8 @@ HEADWAY_C_API size_t hw_kv_dtype_size(int dtype);
 HEADWAY_C_API const char* hw_kv_dtype_name(int dtype);
 
 /* The keys and values of one attention layer for n_sequences sequences (slots
- * 0 .. n_sequences - 1), up to `capacity` tokens each, stored in one
- * hw_kv_dtype. */
+ * 0 .. n_sequences - 1), up to `capacity` tokens each (a ring cache: the last
+ * ones, see hw_kv_cache_create_ring), stored in one hw_kv_dtype. */
 typedef struct hw_kv_cache hw_kv_cache;
 
 /* Creates a cache of element type dtype (a hw_kv_dtype), every sequence
@@ -180,6 +180,24 @@ HEADWAY_C_API int hw_kv_cache_create_typed(int64_t n_sequences,
 HEADWAY_C_API int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t capacity,
                                      hw_kv_cache** out);
+
+/* Creates a ring cache (for sliding-window attention; headway/kv_cache.h's
+ * Ring mode): hw_kv_cache_create_typed, but the `capacity` rows of a sequence
+ * are a ring, so that a sequence grows without end (up to 2^62 positions)
+ * while the cache holds positions [0, n_sink_tokens) (pinned sinks) and the
+ * last capacity - n_sink_tokens positions; a window of W keys needs capacity
+ * >= W + n_sink_tokens, the bytes of a plain cache of that capacity. Position
+ * p lives in row hw_kv_cache_slot(p); appending position p overwrites
+ * position p - (capacity - n_sink_tokens). hw_kv_cache_length counts the
+ * positions appended, held or not; hw_kv_cache_ring_state gives the oldest
+ * held one.
+ * Errors: as hw_kv_cache_create_typed, and HW_INVALID_ARGUMENT for
+ * n_sink_tokens < 0 or >= capacity. */
+HEADWAY_C_API int hw_kv_cache_create_ring(int64_t n_sequences,
+                                          int64_t n_kv_heads, int64_t head_dim,
+                                          int64_t capacity,
+                                          int64_t n_sink_tokens, int dtype,
+                                          hw_kv_cache** out);
 
 /* Frees a cache (NULL: nothing). */
 HEADWAY_C_API void hw_kv_cache_destroy(hw_kv_cache* cache);
@@ -199,11 +217,32 @@ HEADWAY_C_API int hw_kv_cache_shape(const hw_kv_cache* cache,
 HEADWAY_C_API int hw_kv_cache_dtype(const hw_kv_cache* cache, int* dtype,
                                     size_t* element_size);
 
-/* *length = tokens cached for sequence seq.
+/* *length = tokens cached for sequence seq (a ring cache: the positions
+ * appended, held or not).
  * Errors: HW_INVALID_ARGUMENT for a NULL cache or length, seq outside
  * [0, n_sequences). */
 HEADWAY_C_API int hw_kv_cache_length(const hw_kv_cache* cache, int64_t seq,
                                      int64_t* length);
+
+/* The ring state of sequence seq; any output pointer may be NULL (not
+ * written). *ring: 1 for a ring cache (hw_kv_cache_create_ring), else 0.
+ * *n_sink_tokens: the ring's pinned positions (0 without ring).
+ * *ring_begin: the oldest position held past the sinks; a ring holds
+ * positions [0, min(length, n_sink_tokens)) and [ring_begin, length).
+ * n_sink_tokens for an empty ring, 0 without ring.
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache, seq outside
+ * [0, n_sequences). */
+HEADWAY_C_API int hw_kv_cache_ring_state(const hw_kv_cache* cache, int64_t seq,
+                                         int64_t* ring_begin,
+                                         int64_t* n_sink_tokens, int* ring);
+
+/* *slot = the row that holds position `position` (>= 0): the position itself
+ * without ring; in a ring cache the position for a sink (position <
+ * n_sink_tokens), else n_sink_tokens + (position - n_sink_tokens) mod
+ * (capacity - n_sink_tokens).
+ * Errors: HW_INVALID_ARGUMENT for a NULL cache or slot, position < 0. */
+HEADWAY_C_API int hw_kv_cache_slot(const hw_kv_cache* cache, int64_t position,
+                                   int64_t* slot);
 
 /* *bytes = bytes of the K and V buffers together, padding and int8 scales
  * included.
@@ -225,7 +264,8 @@ HEADWAY_C_API int hw_kv_cache_bytes_per_token(const hw_kv_cache* cache,
  * bad seq, n_new < 1, a stride (other than 0) < n_kv_heads * head_dim;
  * HW_RESOURCE_EXHAUSTED if n_new rows of k or v at their stride overflow the
  * address space (checked before the capacity: n_new = INT64_MAX is this
- * error); HW_OUT_OF_RANGE if length + n_new > capacity. */
+ * error); HW_OUT_OF_RANGE if length + n_new > capacity (a ring cache: > 2^62;
+ * it writes only the positions it still holds afterwards). */
 HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
                                      int64_t n_new, const float* k,
                                      int64_t k_stride, const float* v,
@@ -237,7 +277,9 @@ HEADWAY_C_API int hw_kv_cache_append(hw_kv_cache* cache, int64_t seq,
  * the cache, element (r, c) at
  *   (const char*)*data + (r * *stride + c) * *element_size,
  * each row aligned to 16 elements (64 bytes for float32, 16 for int8; *rows
- * == length(seq)). For HW_KV_INT8, *scales
+ * == length(seq); a ring cache: min(length, capacity) rows in slot order,
+ * position p in row hw_kv_cache_slot(p), a row of no held position stale).
+ * For HW_KV_INT8, *scales
  * points at the *rows row scales (element (r, c) stands for
  * (*scales)[r] * q); for the other types *scales is NULL. hw_kv_load_rows
  * turns the rows into float32. The pointers stay valid until the cache is
@@ -300,20 +342,23 @@ HEADWAY_C_API int hw_kv_load_rows(int dtype, int64_t rows, int64_t cols,
                                   int64_t dst_stride);
 
 /* Keeps the first new_length tokens of sequence seq (rolls back rejected
- * speculative tokens). O(1).
+ * speculative tokens). O(1). A ring cache keeps its ring_begin.
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache or a bad seq;
- * HW_OUT_OF_RANGE if new_length < 0 or > length(seq). */
+ * HW_OUT_OF_RANGE if new_length < 0 or > length(seq), or, once a ring has
+ * dropped a position (ring_begin > n_sink_tokens), new_length < ring_begin
+ * (the rows before it were overwritten). */
 HEADWAY_C_API int hw_kv_cache_truncate(hw_kv_cache* cache, int64_t seq,
                                        int64_t new_length);
 
-/* Makes sequence `to` a copy of sequence `from` (length and rows, with their
- * scales), e.g. to fork a shared prompt. from == to: nothing to do.
+/* Makes sequence `to` a copy of sequence `from` (length, ring_begin and rows,
+ * with their scales), e.g. to fork a shared prompt. from == to: nothing to
+ * do.
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache, a bad from
  * or to. */
 HEADWAY_C_API int hw_kv_cache_copy_sequence(hw_kv_cache* cache, int64_t from,
                                             int64_t to);
 
-/* Empties sequence seq (length 0, O(1)).
+/* Empties sequence seq (length 0, a ring's ring_begin n_sink_tokens; O(1)).
  * Errors (cache unchanged): HW_INVALID_ARGUMENT for a NULL cache or a bad
  * seq. */
 HEADWAY_C_API int hw_kv_cache_reset(hw_kv_cache* cache, int64_t seq);

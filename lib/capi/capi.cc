@@ -207,6 +207,7 @@ constexpr Renames kCacheConfig = {{"config.n_sequences", "n_sequences"},
                                   {"config.n_kv_heads", "n_kv_heads"},
                                   {"config.head_dim", "head_dim"},
                                   {"config.capacity", "capacity"},
+                                  {"config.n_sink_tokens", "n_sink_tokens"},
                                   {"config.dtype", "dtype"},
                                   {"KvDtype", "hw_kv_dtype"}};
 
@@ -662,6 +663,33 @@ int RunAttentionWithWeights(const char* fn, const hw_kv_cache* cache,
       kAttention);
 }
 
+// hw_kv_cache_create_typed and hw_kv_cache_create_ring: a cache of config
+// into *out, errors in fn's name.
+int CreateCache(const char* fn, const headway::KvCacheConfig& config,
+                hw_kv_cache** out) {
+  return Guard(fn, [&]() -> int {
+    if (out == nullptr) return Null(fn, "out");
+    auto handle = std::make_unique<hw_kv_cache>();
+    const int code = FromStatus(
+        fn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
+    if (code == HW_OK) *out = handle.release();
+    return code;
+  });
+}
+
+// The config of a plain (non-ring) cache.
+headway::KvCacheConfig CacheConfig(int64_t n_sequences, int64_t n_kv_heads,
+                                   int64_t head_dim, int64_t capacity,
+                                   int dtype) {
+  headway::KvCacheConfig config;
+  config.n_sequences = n_sequences;
+  config.n_kv_heads = n_kv_heads;
+  config.head_dim = head_dim;
+  config.capacity = capacity;
+  config.dtype = static_cast<headway::KvDtype>(dtype);
+  return config;
+}
+
 }  // namespace
 
 extern "C" {
@@ -749,21 +777,20 @@ const char* hw_kv_dtype_name(int dtype) {
 int hw_kv_cache_create_typed(int64_t n_sequences, int64_t n_kv_heads,
                              int64_t head_dim, int64_t capacity, int dtype,
                              hw_kv_cache** out) {
-  constexpr const char* kFn = "hw_kv_cache_create_typed";
-  return Guard(kFn, [&]() -> int {
-    if (out == nullptr) return Null(kFn, "out");
-    headway::KvCacheConfig config;
-    config.n_sequences = n_sequences;
-    config.n_kv_heads = n_kv_heads;
-    config.head_dim = head_dim;
-    config.capacity = capacity;
-    config.dtype = static_cast<headway::KvDtype>(dtype);
-    auto handle = std::make_unique<hw_kv_cache>();
-    const int code = FromStatus(
-        kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
-    if (code == HW_OK) *out = handle.release();
-    return code;
-  });
+  return CreateCache(
+      "hw_kv_cache_create_typed",
+      CacheConfig(n_sequences, n_kv_heads, head_dim, capacity, dtype), out);
+}
+
+int hw_kv_cache_create_ring(int64_t n_sequences, int64_t n_kv_heads,
+                            int64_t head_dim, int64_t capacity,
+                            int64_t n_sink_tokens, int dtype,
+                            hw_kv_cache** out) {
+  headway::KvCacheConfig config =
+      CacheConfig(n_sequences, n_kv_heads, head_dim, capacity, dtype);
+  config.ring = true;
+  config.n_sink_tokens = n_sink_tokens;
+  return CreateCache("hw_kv_cache_create_ring", config, out);
 }
 
 int hw_kv_cache_create(int64_t n_sequences, int64_t n_kv_heads,
@@ -814,6 +841,38 @@ int hw_kv_cache_length(const hw_kv_cache* cache, int64_t seq, int64_t* length) {
       return HW_INVALID_ARGUMENT;
     }
     *length = cache->cache.length(seq);
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_ring_state(const hw_kv_cache* cache, int64_t seq,
+                           int64_t* ring_begin, int64_t* n_sink_tokens,
+                           int* ring) {
+  constexpr const char* kFn = "hw_kv_cache_ring_state";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (CheckSeq(kFn, "seq", seq, cache->cache) != HW_OK) {
+      return HW_INVALID_ARGUMENT;
+    }
+    const headway::KvCacheConfig& config = cache->cache.config();
+    if (ring_begin != nullptr) *ring_begin = cache->cache.ring_begin(seq);
+    if (n_sink_tokens != nullptr) *n_sink_tokens = config.n_sink_tokens;
+    if (ring != nullptr) *ring = config.ring ? 1 : 0;
+    return Succeed();
+  });
+}
+
+int hw_kv_cache_slot(const hw_kv_cache* cache, int64_t position,
+                     int64_t* slot) {
+  constexpr const char* kFn = "hw_kv_cache_slot";
+  return Guard(kFn, [&]() -> int {
+    if (cache == nullptr) return Null(kFn, "cache");
+    if (slot == nullptr) return Null(kFn, "slot");
+    if (position < 0) {
+      return Fail(HW_INVALID_ARGUMENT, kFn, "position must be >= 0 (got ",
+                  position, ")");
+    }
+    *slot = cache->cache.Slot(position);
     return Succeed();
   });
 }
