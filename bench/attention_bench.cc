@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -57,21 +58,29 @@ namespace {
 constexpr int64_t kHeads = 32, kHeadDim = 128;
 constexpr int64_t kDecodeLen = 16384, kPrefillLen = 2048;
 
-// One cache per (n_kv_heads, length, dtype), filled once for the whole run
-// with the same random floats for every dtype; null after skipping the
+// One cache per (n_kv_heads, length, dtype, ring), filled once for the whole
+// run with the same random floats for every dtype; null after skipping the
 // benchmark if it cannot be made. Decode's at L = 16384 take 1.4 GiB in all
 // (float32 MHA 512 MiB, GQA-8 128 MiB; bfloat16 and float16 half of that,
-// int8 a quarter plus the scales).
+// int8 a quarter plus the scales). ring_rows > 0: a ring cache of that many
+// rows with n_sink_tokens pinned, holding the last of `length` positions.
 const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
-                           int64_t length, KvDtype dtype) {
-  static std::map<std::tuple<int64_t, int64_t, KvDtype>,
+                           int64_t length, KvDtype dtype, int64_t ring_rows = 0,
+                           int64_t n_sink_tokens = 0) {
+  static std::map<std::tuple<int64_t, int64_t, KvDtype, int64_t, int64_t>,
                   std::unique_ptr<KvCache>>
       caches;
-  std::unique_ptr<KvCache>& cache = caches[{n_kv_heads, length, dtype}];
+  std::unique_ptr<KvCache>& cache =
+      caches[{n_kv_heads, length, dtype, ring_rows, n_sink_tokens}];
   if (!cache) {
     auto made = std::make_unique<KvCache>();
     KvCacheConfig config{1, n_kv_heads, kHeadDim, length};
     config.dtype = dtype;
+    if (ring_rows > 0) {
+      config.capacity = ring_rows;
+      config.ring = true;
+      config.n_sink_tokens = n_sink_tokens;
+    }
     if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
     cache = std::move(made);
     const int64_t width = n_kv_heads * kHeadDim, step = 256;
@@ -125,28 +134,34 @@ AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
 
 // Visible (query, key) pairs of n_tokens queries ending at the last of
 // kv_len keys: all of them for one decode row, the lower half of the square
-// for a prefill; with a window, each query's min(p + 1, window).
-double VisiblePairs(int64_t n_tokens, int64_t kv_len, int64_t window) {
+// for a prefill; with a window, each query's min(p + 1, window), plus the
+// sink tokens before its window.
+double VisiblePairs(int64_t n_tokens, int64_t kv_len, int64_t window,
+                    int64_t n_sink_tokens) {
   if (window == 0) {
     return n_tokens == 1 ? static_cast<double>(kv_len)
                          : 0.5 * n_tokens * kv_len;
   }
   double pairs = 0.0;
   for (int64_t p = kv_len - n_tokens; p < kv_len; ++p) {
-    pairs += static_cast<double>(std::min(p + 1, window));
+    const int64_t first = std::max<int64_t>(0, p - window + 1);
+    pairs +=
+        static_cast<double>(p + 1 - first + std::min(first, n_sink_tokens));
   }
   return pairs;
 }
 
 // The counters of n_tokens query rows against the kv_len cached rows of
-// `cache` (with a window: only those it sees), with or without the weights
-// written.
+// `cache` (with a window: only those it sees, and the sink tokens), with or
+// without the weights written.
 void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
-            int64_t n_tokens, int64_t kv_len, bool weights,
-            int64_t window = 0) {
-  const double pairs = VisiblePairs(n_tokens, kv_len, window);
+            int64_t n_tokens, int64_t kv_len, bool weights, int64_t window = 0,
+            int64_t n_sink_tokens = 0) {
+  const double pairs = VisiblePairs(n_tokens, kv_len, window, n_sink_tokens);
   // The rows read: those some query sees.
-  kv_len = window == 0 ? kv_len : std::min(kv_len, window + n_tokens - 1);
+  kv_len = window == 0
+               ? kv_len
+               : std::min(kv_len, window + n_tokens - 1 + n_sink_tokens);
   // One conversion per stored K and V element, unless stored as float32.
   const double conversions =
       cache.config().dtype == KvDtype::kFloat32
@@ -266,13 +281,18 @@ void BM_PrefillVariant(benchmark::State& state, const RunConfig& run) {
 }
 
 // n_tokens queries ending at the last of kv_len keys, with a window (0:
-// none).
+// none) and n_sink_tokens, in a plain cache of kv_len rows or (ring 1) a ring
+// cache of window + n_sink_tokens rows.
 void BM_Window(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0), window = state.range(1);
   const int64_t kv_len = state.range(2), n_tokens = state.range(3);
+  const int64_t ring = state.range(4), n_sink_tokens = state.range(5);
   AttentionOptions options;
   options.window = window;
-  const KvCache* cache = SharedCache(state, n_kv, kv_len, KvDtype::kFloat32);
+  options.n_sink_tokens = n_sink_tokens;
+  const KvCache* cache =
+      SharedCache(state, n_kv, kv_len, KvDtype::kFloat32,
+                  ring != 0 ? window + n_sink_tokens : 0, n_sink_tokens);
   if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(n_tokens, false, kv_len);
   const AttentionQuery query = MakeQuery(buffers, n_tokens, kv_len);
@@ -280,7 +300,8 @@ void BM_Window(benchmark::State& state, const RunConfig& run) {
     return Attention(*cache, kHeads, &query, 1, options);
   };
   if (!TimeSteps(state, step)) return;
-  Report(state, run, *cache, n_tokens, kv_len, /*weights=*/false, window);
+  Report(state, run, *cache, n_tokens, kv_len, /*weights=*/false, window,
+         n_sink_tokens);
 }
 
 void RegisterAttention() {
@@ -321,16 +342,22 @@ void RegisterAttention() {
   RegisterPerTarget("attention_prefill_variant", BM_PrefillVariant,
                     {"kv_heads", "variant"}, {{32, 1}, {32, 2}, {32, 3}},
                     /*every_target_sets=*/0);
-  // Decode GQA-8 at position 65535 with a 4096-key window and without one at
-  // 4096 keys (the same keys read); prefill MHA of 16384 tokens with a window
-  // of 4096 (about 2 s per call on AVX-512 with two threads).
-  RegisterPerTarget("attention_decode_window", BM_Window,
-                    {"kv_heads", "window", "kv_len", "n_tokens"},
-                    {{8, 0, 4096, 1}, {8, 4096, 65536, 1}},
+  // Decode GQA-8 at position 65535 with a 4096-key window (in a plain cache
+  // of 65536 rows; in a ring of 4096 rows; in a ring of 4100 with 4 sink
+  // tokens) and without one at 4096 keys (the same keys read); prefill MHA
+  // of 16384 tokens with a window of 4096 (about 2 s per call on AVX-512
+  // with two threads).
+  const std::vector<std::string> window_args = {"kv_heads", "window", "kv_len",
+                                                "n_tokens", "ring",   "sinks"};
+  RegisterPerTarget("attention_decode_window", BM_Window, window_args,
+                    {{8, 0, 4096, 1, 0, 0},
+                     {8, 4096, 65536, 1, 0, 0},
+                     {8, 4096, 65536, 1, 1, 0},
+                     {8, 4096, 65536, 1, 1, 4}},
                     /*every_target_sets=*/0);
-  RegisterPerTarget("attention_prefill_window", BM_Window,
-                    {"kv_heads", "window", "kv_len", "n_tokens"},
-                    {{32, 4096, 16384, 16384}}, /*every_target_sets=*/0);
+  RegisterPerTarget("attention_prefill_window", BM_Window, window_args,
+                    {{32, 4096, 16384, 16384, 0, 0}},
+                    /*every_target_sets=*/0);
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterAttention);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -183,8 +184,9 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
   InputHash key;
   key.Add(shape, 7).Add(&scale, 1).Add(q.data(), q.size());
   const double variant_values[] = {static_cast<double>(variants.window),
+                                   static_cast<double>(variants.n_sink_tokens),
                                    variants.softcap};
-  key.Add(variant_values, 2);
+  key.Add(variant_values, 3);
   for (const float* array : {variants.alibi_slopes, variants.sink_logits}) {
     const float none = -1234.5f;
     if (array != nullptr) {
@@ -216,15 +218,14 @@ const Reference& ReferenceFor(const KvCache& cache, int64_t n_heads,
     for (int64_t t = 0; t < n_tokens; ++t) {
       const int64_t pos = query.q_pos0 + t;
       const int64_t end = causal ? std::min(length, pos + 1) : length;
-      const int64_t first =
-          variants.window > 0
-              ? std::min(end, std::max<int64_t>(0, pos - variants.window + 1))
-              : 0;
-      const int64_t seen = end - first;
+      const test::ref::VisibleSpan visible =
+          test::ref::VisibleKeys(variants, pos, end);
+      const int64_t seen = visible.count();
       for (int64_t h = 0; h < n_heads; ++h) {
         const int64_t g = h / group;
         double s_abs = 0.0;
-        for (int64_t s = first; s < end; ++s) {
+        for (int64_t s = 0; s < end; ++s) {
+          if (!visible.Contains(s)) continue;
           double dot = 0.0;
           for (int64_t p = 0; p < d; ++p) {
             dot += std::fabs(q[t * n_heads * d + h * d + p] *
@@ -1191,6 +1192,7 @@ struct VariantSet {
   bool alibi = false;
   bool sinks = false;
   bool additive_mask = false;
+  int64_t n_sink_tokens = 0;
 };
 
 const std::vector<VariantSet>& VariantSets() {
@@ -1202,7 +1204,9 @@ const std::vector<VariantSet>& VariantSets() {
       {"sinks", 0, 0.0f, false, true},
       {"window 37 + softcap + sinks", 37, 2.0f, false, true},
       {"alibi + mask", 0, 0.0f, true, false, true},
-      {"all", 200, 3.0f, true, true, true},
+      {"window 100 + 4 sink tokens", 100, 0.0f, false, false, false, 4},
+      {"window 1 + 1 sink token", 1, 0.0f, false, false, false, 1},
+      {"all", 200, 3.0f, true, true, true, 5},
   };
   return sets;
 }
@@ -1222,8 +1226,10 @@ VariantCall MakeVariantCall(const VariantSet& set, int64_t n_heads,
   // Scores of a few units, where tanh bends.
   call.options.scale = 0.5f;
   call.options.window = set.window;
+  call.options.n_sink_tokens = set.n_sink_tokens;
   call.options.softcap = set.softcap;
   call.variants.window = set.window;
+  call.variants.n_sink_tokens = set.n_sink_tokens;
   call.variants.softcap = set.softcap;
   if (set.alibi) {
     call.slopes.resize(static_cast<size_t>(n_heads));
@@ -1307,7 +1313,8 @@ TEST_P(AttentionTest, VariantsMatchReference) {
               double sum = 0.0;
               for (int64_t s = 0; s < kv_len; ++s) {
                 const float w = weights[row * kv_len + s];
-                if (set.window > 0 && s <= pos - set.window) {
+                if (set.window > 0 && s <= pos - set.window &&
+                    s >= set.n_sink_tokens) {
                   ASSERT_EQ(w, 0.0f) << what << ": key " << s;
                 }
                 sum += w;
@@ -1323,6 +1330,158 @@ TEST_P(AttentionTest, VariantsMatchReference) {
       }
     }
   }
+}
+
+// A ring cache (kv_cache.h's Ring mode) across several wrap-arounds: after
+// each append, the new tokens' attention on the ring matches the float64
+// reference over a plain cache that holds every position (appended alike, so
+// rounded alike), with the window and the sink tokens: decode (narrow tiles;
+// chunked within a segment for the long window), prefill chunks of up to
+// capacity - n_sink_tokens - window + 1 tokens (wide tiles), a ring of
+// exactly window + n_sink_tokens rows.
+TEST_P(AttentionTest, RingCacheMatchesReference) {
+  struct RingCase {
+    Layout layout;
+    int64_t head_dim, window, n_sink_tokens, slack;
+    KvDtype dtype;
+    bool variants;        // softcap, ALiBi and sink logits too
+    int64_t check_every;  // attend after every check_every-th append
+  };
+  const RingCase cases[] = {
+      {{4, 4}, 64, 64, 0, 0, KvDtype::kFloat32, false, 1},
+      {{8, 2}, 64, 100, 4, 37, KvDtype::kFloat32, true, 1},
+      {{4, 1}, 40, 50, 3, 20, KvDtype::kInt8, false, 1},
+      {{8, 8}, 16, 33, 1, 5, KvDtype::kBFloat16, true, 1},
+      {{8, 2}, 64, 1100, 4, 3, KvDtype::kFloat16, false, 97},
+  };
+  uint64_t seed = 7100;
+  for (const RingCase& c : cases) {
+    const int64_t d = c.head_dim, n_kv = c.layout.n_kv_heads;
+    const int64_t n_heads = c.layout.n_heads;
+    const int64_t capacity = c.window + c.n_sink_tokens + c.slack;
+    const int64_t total = 3 * capacity + 17;
+    KvCacheConfig config{1, n_kv, d, capacity, c.dtype, true, c.n_sink_tokens};
+    KvCache ring = test::MakeCache(config);
+    KvCache plain = test::MakeCache({1, n_kv, d, total, c.dtype});
+    ASSERT_EQ(ring.bytes() * static_cast<size_t>(total),
+              plain.bytes() * static_cast<size_t>(capacity));
+    VariantCall call =
+        MakeVariantCall(c.variants ? VariantSet{"", c.window, 2.0f, true, true}
+                                   : VariantSet{"", c.window},
+                        n_heads, 1, 1, true, seed);
+    call.options.n_sink_tokens = call.variants.n_sink_tokens = c.n_sink_tokens;
+    int64_t length = 0;
+    for (int64_t step = 0; length < total; ++step) {
+      // 1, the most a call can attend, 2, ...
+      const int64_t most = c.slack + 1;
+      const int64_t n = std::min(total - length,
+                                 step % 3 == 0   ? 1
+                                 : step % 3 == 1 ? most
+                                                 : std::min<int64_t>(2, most));
+      std::vector<float> k(n * n_kv * d), v(k.size()), q(n * n_heads * d);
+      test::FillRandom(k.data(), k.size(), seed + 1);
+      test::FillRandom(v.data(), v.size(), seed + 2);
+      test::FillRandom(q.data(), q.size(), seed + 3);
+      seed += 3;
+      const MatrixView<const float> k_view(k.data(), n, n_kv * d);
+      const MatrixView<const float> v_view(v.data(), n, n_kv * d);
+      ASSERT_TRUE(ring.Append(0, k_view, v_view).ok());
+      ASSERT_TRUE(plain.Append(0, k_view, v_view).ok());
+      length += n;
+      ASSERT_EQ(ring.length(0), length);
+      if (step % c.check_every != 0 && length < total) continue;
+      std::vector<float> out(q.size(), -7.0f);
+      AttentionQuery query;
+      query.q_pos0 = length - n;
+      query.q = MatrixView<const float>(q.data(), n, n_heads * d);
+      query.out = MatrixView<float>(out.data(), n, n_heads * d);
+      const Status status = Attention(ring, n_heads, &query, 1, call.options);
+      const std::string what =
+          DtypeName(c.dtype) + ", heads " + std::to_string(n_heads) + "/" +
+          std::to_string(n_kv) + ", window " + std::to_string(c.window) +
+          " + " + std::to_string(c.n_sink_tokens) + " sink tokens, ring of " +
+          std::to_string(capacity) + ", positions " +
+          std::to_string(query.q_pos0) + " .. " + std::to_string(length - 1);
+      ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+      ExpectMatchesReference(plain, n_heads, query, true, call.options.scale,
+                             what, nullptr, call.variants);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// A ring cache's errors: a window it cannot hold, other sink tokens, a mask,
+// a first query whose window the ring has overwritten, the materialised path.
+TEST(AttentionRing, Errors) {
+  const int64_t d = 16, window = 8, sinks = 2, capacity = 12;
+  KvCache ring =
+      test::MakeCache({1, 1, d, capacity, KvDtype::kFloat32, true, sinks});
+  std::vector<float> k(30 * d), q(30 * d), out(30 * d, -7.0f);
+  test::FillRandom(k.data(), k.size(), 1);
+  test::FillRandom(q.data(), q.size(), 2);
+  ASSERT_TRUE(ring.Append(0, MatrixView<const float>(k.data(), 30, d),
+                          MatrixView<const float>(k.data(), 30, d))
+                  .ok());
+  AttentionOptions options;
+  options.window = window;
+  options.n_sink_tokens = sinks;
+  AttentionQuery query;
+  query.q_pos0 = 29;
+  query.q = MatrixView<const float>(q.data(), 1, d);
+  query.out = MatrixView<float>(out.data(), 1, d);
+  ASSERT_TRUE(Attention(ring, 1, &query, 1, options).ok());
+  const std::vector<float> expect = out;
+  struct Bad {
+    std::string message;
+    StatusCode code;
+    std::function<void(AttentionOptions&, AttentionQuery&)> change;
+  };
+  std::vector<float> mask(30, 0.0f);
+  const Bad bads[] = {
+      {"options.window (0) must be in [1, capacity - n_sink_tokens = 10] "
+       "with a ring cache",
+       StatusCode::kInvalidArgument,
+       [](AttentionOptions& o, AttentionQuery&) { o.window = 0; }},
+      {"options.window (11) must be in [1, capacity - n_sink_tokens = 10]",
+       StatusCode::kInvalidArgument,
+       [](AttentionOptions& o, AttentionQuery&) { o.window = 11; }},
+      {"options.n_sink_tokens (1) must equal the ring cache's n_sink_tokens "
+       "(2)",
+       StatusCode::kInvalidArgument,
+       [](AttentionOptions& o, AttentionQuery&) { o.n_sink_tokens = 1; }},
+      {"queries[0].mask must be null with a ring cache",
+       StatusCode::kInvalidArgument,
+       [&](AttentionOptions&, AttentionQuery& q) {
+         q.mask = MatrixView<const float>(mask.data(), 1, 30);
+       }},
+      // Positions 20 .. 29 are held; the query at 26 needs 19 on.
+      {"queries[0]: the query at position 26 sees keys from position 19 on, "
+       "but the ring of sequence 0 holds them from 20 on",
+       StatusCode::kOutOfRange,
+       [](AttentionOptions&, AttentionQuery& q) {
+         q.q_pos0 = 26;
+         q.q.rows = q.out.rows = 4;
+       }},
+  };
+  for (const Bad& bad : bads) {
+    AttentionOptions o = options;
+    AttentionQuery qy = query;
+    bad.change(o, qy);
+    EXPECT_TRUE(test::IsError(Attention(ring, 1, &qy, 1, o), bad.code,
+                              {bad.message}, "Attention: "))
+        << bad.message;
+  }
+  std::vector<float> weights(30, -7.0f);
+  EXPECT_TRUE(test::IsError(
+      AttentionWithWeights(ring, 1, query,
+                           MatrixView<float>(weights.data(), 1, 30), options),
+      StatusCode::kInvalidArgument, {"cache is a ring cache"},
+      "AttentionWithWeights: "));
+  EXPECT_EQ(out, expect);  // nothing written
+  // The query at 27 needs 20 on: fine.
+  query.q_pos0 = 27;
+  query.q.rows = query.out.rows = 3;
+  EXPECT_TRUE(Attention(ring, 1, &query, 1, options).ok());
 }
 
 // With every variant on: 1, 2 and 7 threads give the same bits (decode,
@@ -1468,6 +1627,9 @@ TEST(AttentionErrors, RejectBadArguments) {
       [](Bad& b) { b.options.mask = static_cast<AttentionMask>(7); });
   add("options.window must be >= 0 (got -1)", StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.window = -1; });
+  add("options.n_sink_tokens must be >= 0 (got -2)",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.n_sink_tokens = -2; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.softcap = -1.0f; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,

@@ -180,6 +180,9 @@ std::string Describe(const AttentionLayerConfig& config) {
   if (config.qk_norm) text += ", QK-norm";
   const AttentionOptions& a = config.attention;
   if (a.window != 0) text += ", window " + std::to_string(a.window);
+  if (a.n_sink_tokens != 0) {
+    text += ", " + std::to_string(a.n_sink_tokens) + " sink tokens";
+  }
   if (a.softcap != 0.0f) text += ", softcap " + std::to_string(a.softcap);
   if (a.alibi_slopes != nullptr) text += ", ALiBi";
   if (a.sink_logits != nullptr) text += ", sink logits";
@@ -255,6 +258,7 @@ struct Model {
                                     ? a.sink_logits
                                     : a.sink_logits + shape.n_heads);
     variants.window = a.window;
+    variants.n_sink_tokens = a.n_sink_tokens;
     variants.softcap = a.softcap;
     variants.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     variants.sink_logits = sinks.empty() ? nullptr : sinks.data();
@@ -455,14 +459,13 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   std::vector<double> o_err(n * qc);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t end = causal ? t + 1 : n;
-    const int64_t first = m.variants.window > 0
-                              ? std::max<int64_t>(0, t - m.variants.window + 1)
-                              : 0;
-    const int64_t seen = end - first;
+    const ref::VisibleSpan visible = ref::VisibleKeys(m.variants, t, end);
+    const int64_t seen = visible.count();
     for (int64_t h = 0; h < s.n_heads; ++h) {
       const int64_t g = h / s.group();
       double score_err = 0.0, s_max = 0.0;
-      for (int64_t j = first; j < end; ++j) {
+      for (int64_t j = 0; j < end; ++j) {
+        if (!visible.Contains(j)) continue;
         double carried = 0.0, dot = 0.0;
         for (int64_t p = 0; p < hd; ++p) {
           const size_t qi = static_cast<size_t>(t * qc + h * hd + p);
@@ -819,6 +822,116 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
       }
       seed += 16;
     }
+  }
+}
+
+// A sliding-window layer on a ring cache of window + n_sink_tokens rows
+// (RingCacheConfig): a one-shot prefill 5 times longer than the ring, and
+// prefills of k tokens then decode steps across several wraps, give what the
+// same steps give on a plain cache (to kTight) and, in float32, the
+// reference's outputs; the ring's bytes are those of its rows.
+TEST_P(AttentionLayerTest, RingCacheEqualsPlainCache) {
+  const int64_t total = 45;
+  const std::vector<std::vector<int64_t>> splits = {
+      {total}, {13}, {1}, {5, 9, 3}};  // then one-token steps up to total
+  struct RingConfig {
+    AttentionLayerConfig config;
+    int64_t n_sink_tokens;
+    KvDtype dtype;
+  };
+  const RingConfig configs[] = {
+      {WithAttentionVariants(Config(64, 4), 6, 0.0f, false, false), 2,
+       KvDtype::kFloat32},
+      {WithAttentionVariants(WithVariants(Config(64, 8, 2, 16), true, 16), 9,
+                             0.0f, false, true),
+       0, KvDtype::kFloat32},
+      {WithAttentionVariants(Config(64, 4, 1, 24), 5, 2.0f, true, false), 1,
+       KvDtype::kFloat32},
+      {WithAttentionVariants(Config(64, 8, 2, 16), 7, 0.0f, false, false), 3,
+       KvDtype::kInt8},
+      {WithAttentionVariants(Config(64, 4), 4, 0.0f, false, false), 1,
+       KvDtype::kBFloat16},
+  };
+  uint64_t seed = 8000;
+  for (RingConfig c : configs) {
+    c.config.attention.n_sink_tokens = c.n_sink_tokens;
+    const std::string what = Describe(c.config) + ", " +
+                             internal::KvDtypeName(c.dtype) + " ring cache";
+    Model model(ShapeOf(c.config), "qkvo", seed);
+    AttentionLayer layer;
+    ASSERT_TRUE(model.Create(c.config, &layer).ok()) << what;
+    const KvCacheConfig ring_config = layer.RingCacheConfig(1, c.dtype);
+    ASSERT_TRUE(ring_config.ring) << what;
+    ASSERT_EQ(ring_config.capacity, c.config.attention.window + c.n_sink_tokens)
+        << what;
+    ASSERT_EQ(ring_config.n_sink_tokens, c.n_sink_tokens) << what;
+    const int64_t d = c.config.d_model;
+    const std::vector<float> x = test::RandomVector(total * d, seed + 10);
+    const Expected e = Reference(model, x, true, ScaleOf(c.config));
+    for (std::vector<int64_t> split : splits) {
+      int64_t covered = 0;
+      for (const int64_t n : split) covered += n;
+      while (covered < total) {
+        split.push_back(1);
+        ++covered;
+      }
+      const std::string how =
+          what + ", first chunk " + std::to_string(split[0]);
+      KvCache ring = MakeCache(ring_config);
+      KvCache plain = MakeCache(layer.CacheConfig(1, total, c.dtype));
+      ASSERT_EQ(ring.bytes(), static_cast<size_t>(ring_config.capacity) *
+                                  layer.cache_bytes_per_token(c.dtype))
+          << how;
+      std::vector<float> got(total * d), want(total * d), y;
+      int64_t t0 = 0;
+      for (const int64_t n : split) {
+        const std::vector<float> x_step(x.begin() + t0 * d,
+                                        x.begin() + (t0 + n) * d);
+        Status status = RunLayer(&layer, &ring, {{0, n}}, x_step, &y);
+        ASSERT_TRUE(status.ok()) << how << ": " << status.ToString();
+        std::copy(y.begin(), y.end(), got.begin() + t0 * d);
+        status = RunLayer(&layer, &plain, {{0, n}}, x_step, &y);
+        ASSERT_TRUE(status.ok()) << how << ": " << status.ToString();
+        std::copy(y.begin(), y.end(), want.begin() + t0 * d);
+        t0 += n;
+        ASSERT_EQ(ring.length(0), t0) << how;
+      }
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectAgree(got.data(), d, want.data(), d, total, d, e, 0, how));
+      if (c.dtype == KvDtype::kFloat32) {
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectRowsMatch(got.data(), total, d, d, e, 0, how));
+      }
+      // The ring holds the sink tokens' and the last positions' rows as the
+      // plain cache does, bit for bit.
+      const int64_t row_bytes =
+          ring.row_stride() * static_cast<int64_t>(KvDtypeSize(c.dtype));
+      for (int64_t g = 0; g < ring.n_kv_heads(); ++g) {
+        const KvView rk = ring.Keys(0, g), pk = plain.Keys(0, g);
+        const KvView rv = ring.Values(0, g), pv = plain.Values(0, g);
+        for (int64_t p = 0; p < total; ++p) {
+          if (p >= c.n_sink_tokens && p < ring.ring_begin(0)) continue;
+          const int64_t slot = ring.Slot(p);
+          ASSERT_EQ(
+              std::memcmp(static_cast<const char*>(rk.data) + slot * row_bytes,
+                          static_cast<const char*>(pk.data) + p * row_bytes,
+                          static_cast<size_t>(row_bytes)),
+              0)
+              << how << ": K of position " << p;
+          ASSERT_EQ(
+              std::memcmp(static_cast<const char*>(rv.data) + slot * row_bytes,
+                          static_cast<const char*>(pv.data) + p * row_bytes,
+                          static_cast<size_t>(row_bytes)),
+              0)
+              << how << ": V of position " << p;
+          if (rk.scales != nullptr) {
+            ASSERT_EQ(rk.scales[slot], pk.scales[p]) << how;
+            ASSERT_EQ(rv.scales[slot], pv.scales[p]) << how;
+          }
+        }
+      }
+    }
+    seed += 16;
   }
 }
 
@@ -1869,6 +1982,62 @@ TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {
 // gives a cache config that Create rejects naming it, and 0 bytes per token;
 // a cache of a stored type but another head_dim is rejected by Forward,
 // nothing written.
+// A ring cache needs a layer with a window it holds and its sink tokens:
+// otherwise a clear error and nothing written; with them, a prefill longer
+// than the ring works, and a layer without a window gets a RingCacheConfig
+// that KvCache::Create rejects.
+TEST(AttentionLayerErrors, RingCacheNeedsItsWindow) {
+  AttentionLayerConfig windowed = Config(32, 4, 2);  // head_dim 8
+  windowed.attention.window = 6;
+  windowed.attention.n_sink_tokens = 2;
+  Model model(ShapeOf(windowed), "qkvo", 9100);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(windowed, &layer).ok());
+  KvCache ring = MakeCache(layer.RingCacheConfig(2));
+  ASSERT_EQ(ring.capacity(), 8);
+  const std::vector<float> x = test::RandomVector(20 * 32, 9101);
+  std::vector<float> y;
+  ASSERT_TRUE(RunLayer(&layer, &ring, {{0, 20}}, x, &y).ok());
+
+  struct Bad {
+    std::string expect;
+    AttentionLayerConfig config;
+  };
+  std::vector<Bad> cases;
+  AttentionLayerConfig config = windowed;
+  config.attention.window = 0;
+  cases.push_back(
+      {"config.attention.window (0) must be in [1, capacity - "
+       "n_sink_tokens = 6] with a ring cache",
+       config});
+  config.attention.window = 7;
+  cases.push_back({"config.attention.window (7) must be in [1, ", config});
+  config = windowed;
+  config.attention.n_sink_tokens = 0;
+  cases.push_back(
+      {"config.attention.n_sink_tokens (0) must equal the ring "
+       "cache's n_sink_tokens (2)",
+       config});
+  for (const Bad& bad : cases) {
+    AttentionLayer other;
+    ASSERT_TRUE(model.Create(bad.config, &other).ok()) << bad.expect;
+    const CacheSnapshot before = Snapshot(&ring);
+    const std::vector<float> x1(x.begin(), x.begin() + 32);
+    std::vector<float> out;
+    EXPECT_TRUE(test::IsError(RunLayer(&other, &ring, {{0, 1}}, x1, &out),
+                              StatusCode::kInvalidArgument, {bad.expect},
+                              "AttentionLayer::Forward: "));
+    EXPECT_TRUE(Snapshot(&ring) == before) << bad.expect;
+    EXPECT_EQ(out, std::vector<float>(x1.size(), kSentinel)) << bad.expect;
+  }
+  AttentionLayer global;
+  ASSERT_TRUE(model.Create(Config(32, 4, 2), &global).ok());
+  KvCache none;
+  EXPECT_TRUE(test::IsError(KvCache::Create(global.RingCacheConfig(1), &none),
+                            StatusCode::kInvalidArgument, {"capacity"},
+                            "KvCache::Create: "));
+}
+
 TEST(AttentionLayerErrors, StoredDtypes) {
   const AttentionLayerConfig config = Config(64, 8, 2, 16);  // row_stride 16
   Model model(ShapeOf(config), "qkvo", 9500);

@@ -53,7 +53,8 @@ enum class AttentionMask : int {
 //   s = s + alibi_slopes[h] * (k - p)        (ALiBi)
 //   s = s + mask[t, k]                       (the query's additive mask)
 // and the key takes part only if the rules of VisibleKeys let it: k <= p
-// (kCausal) and k > p - window (a sliding window). With sink_logits, the
+// (kCausal) and k > p - window (a sliding window) or k < n_sink_tokens
+// (StreamingLLM's attention sinks). With sink_logits, the
 // softmax's denominator also holds exp(sink_logits[h]) (gpt-oss's learned
 // attention sinks: a virtual key of that score whose value is zero), so a
 // row's weights sum to less than 1.
@@ -65,6 +66,11 @@ struct AttentionOptions {
   // Gemma 2/3, gpt-oss); 0: no window. Time and work follow the keys a query
   // sees: decode reads window keys, prefill skips the blocks outside.
   int64_t window = 0;
+  // With a window: keys at positions < n_sink_tokens stay visible to every
+  // query that sees them causally (StreamingLLM: Xiao et al., 2024, keep 4);
+  // 0: none. A ring cache (KvCacheConfig::ring) pins the same count and needs
+  // it here, with a window of at most capacity - n_sink_tokens keys.
+  int64_t n_sink_tokens = 0;
   // Logit soft-capping (Gemma 2: 50); 0: none. A +inf score becomes softcap.
   float softcap = 0.0f;
   // [n_heads] per-head ALiBi slopes (Press et al., 2022; AlibiSlopes gives
@@ -102,17 +108,23 @@ struct AttentionQuery {
 // each K/V row loaded serves all of them. A long cache with few queries
 // (decode) is split into fixed-size chunks merged by log-sum-exp. The tiling
 // depends on the shapes only: results are bit-identical for any number of
-// threads. Errors (kInvalidArgument, nothing written): an empty cache, n_heads
+// threads. A ring cache (KvCacheConfig::ring) works alike over the positions
+// it holds: each query must find its window there, so a call can attend at
+// most capacity - n_sink_tokens - window + 1 new tokens of a sequence
+// appended in one go (AttentionLayer handles longer prefills itself).
+// Errors (kInvalidArgument, nothing written): an empty cache, n_heads
 // < 1 or not a multiple of the cache's n_kv_heads, n_heads * head_dim
 // overflowing int64_t, n_queries < 1 or a null queries, a bad seq, bad
 // q/out/mask views, q or out not [n_tokens, n_heads * head_dim], a mask not
 // [n_tokens, length(seq)], out overlapping q, the mask, the cache or another
-// query's out, q_pos0 < 0, a scale that is not finite or < 0, a window < 0, a
-// softcap that is not finite or < 0, a slope or sink logit that is not finite
-// (the message names its index); kOutOfRange:
-// q_pos0 + n_tokens > length(seq) (a query must come after its own key and
-// value are cached); kResourceExhausted: a view whose byte span overflows, or
-// no memory for scratch.
+// query's out, q_pos0 < 0, a scale that is not finite or < 0, a window or
+// n_sink_tokens < 0, a softcap that is not finite or < 0, a slope or sink
+// logit that is not finite (the message names its index); with a ring cache,
+// a window not in [1, capacity - n_sink_tokens], an n_sink_tokens other than
+// the cache's, or a mask; kOutOfRange: q_pos0 + n_tokens > length(seq) (a
+// query must come after its own key and value are cached), a ring that no
+// longer holds the first query's window; kResourceExhausted: a view whose
+// byte span overflows, or no memory for scratch.
 HEADWAY_API Status Attention(const KvCache& cache, int64_t n_heads,
                              const AttentionQuery* queries, int64_t n_queries,
                              const AttentionOptions& options = {});
@@ -125,8 +137,9 @@ HEADWAY_API Status Attention(const KvCache& cache, int64_t n_heads,
 // row's weights sum to less than 1). weights: [n_heads * n_tokens,
 // length(seq)], written (hidden entries are 0; a row that sees a NaN or +inf
 // score is NaN throughout, as softmax gives).
-// Errors: as Attention, plus weights not [n_heads * n_tokens, length(seq)] or
-// overlapping. Memory: the weights are n_heads * n_tokens * length floats.
+// Errors: as Attention, plus a ring cache, weights not [n_heads * n_tokens,
+// length(seq)] or overlapping. Memory: the weights are n_heads * n_tokens *
+// length floats.
 HEADWAY_API Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
                                         const AttentionQuery& query,
                                         MatrixView<float> weights,

@@ -8,12 +8,15 @@
 //   y = concat_h(o_h) W_O + b_o
 // Prefill (many tokens), chunked prefill and decode (one token per sequence,
 // many sequences at once as a server batches them) are the same call:
-// Forward. K and V of the new tokens are written into the cache rows by the
-// projection, then attention runs for the new tokens against everything
-// cached for their sequence. A float32 cache gets them straight from the
-// GEMM; a cache of another KvDtype (bf16, f16, int8) through a float scratch
-// of a few hundred tokens' heads that stays in L2, bias added, then rounded
-// with the cache's own rule (Append's: see kv_cache.h).
+// Forward. A layer with a sliding window may keep a ring cache of window +
+// n_sink_tokens rows (RingCacheConfig): its new tokens' K and V wait in the
+// layer's scratch until they have attended to the ring's old rows, so a
+// prefill of any length fits the ring. K and V of the new tokens are written
+// into the cache rows by the projection, then attention runs for the new tokens
+// against everything cached for their sequence. A float32 cache gets them
+// straight from the GEMM; a cache of another KvDtype (bf16, f16, int8) through
+// a float scratch of a few hundred tokens' heads that stays in L2, bias added,
+// then rounded with the cache's own rule (Append's: see kv_cache.h).
 //
 // Weights: float32 row-major, any strides; copied and packed once by Create
 // (the host may free its copies afterwards): W_Q, W_K and W_V as one fused
@@ -146,6 +149,12 @@ class HEADWAY_API AttentionLayer {
   // stored as dtype.
   KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity,
                             KvDtype dtype = KvDtype::kFloat32) const;
+  // A ring cache config for a layer with a sliding window W (kv_cache.h's
+  // Ring mode): W + n_sink_tokens rows per sequence, whatever its length, with
+  // config.attention's n_sink_tokens pinned. Without a window, capacity 0
+  // (KvCache::Create rejects it).
+  KvCacheConfig RingCacheConfig(int64_t n_sequences,
+                                KvDtype dtype = KvDtype::kFloat32) const;
   // KV cache bytes per token of one sequence, stored as dtype (scales
   // included): KvCache::BytesPerToken of CacheConfig; 0 for an empty layer or
   // an unknown dtype.
@@ -166,8 +175,10 @@ class HEADWAY_API AttentionLayer {
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache
   // whose n_kv_heads or head_dim differ from CacheConfig's, a bad seq, a seq
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
-  // d_model], y overlapping x, x or y overlapping the cache; kOutOfRange when a
-  // sequence's length + n_tokens exceeds the cache capacity;
+  // d_model], y overlapping x, x or y overlapping the cache, a ring cache with
+  // a layer whose window is 0 or more than its capacity - n_sink_tokens, or
+  // whose n_sink_tokens differ; kOutOfRange when a sequence's length +
+  // n_tokens exceeds the capacity of a plain cache;
   // kResourceExhausted: x or y whose byte span overflows, or no memory for
   // scratch.
   Status Forward(KvCache* cache, const LayerSequence* sequences,

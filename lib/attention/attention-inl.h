@@ -90,18 +90,20 @@ struct KeyRange {
   }
 };
 
-// The keys that query token t of `work` (at position p = q_pos0 + t) sees
-// before the additive mask: the one home of the causal rule (keys <= p) and
-// of the sliding window (keys > p - window). Both ends are nondecreasing in t
-// and the ranges of consecutive tokens overlap or touch, which KeysSeenByAny
-// and KeysSeenByAll rely on.
+// The keys of segment `work` that its query token t (at position p = q_pos0 +
+// t) sees before the additive mask: the one home of the causal rule (keys <=
+// p), of the sliding window (keys > p - window) and of the sink tokens (a
+// segment that is not windowed). Within [key_begin, kv_len); both ends are
+// nondecreasing in t and the ranges of consecutive tokens overlap or touch,
+// which KeysSeenByAny and KeysSeenByAll rely on.
 inline KeyRange VisibleKeys(const AttentionDims& dims,
                             const AttentionWork& work, int64_t t) {
   const int64_t p = work.q_pos0 + t;
-  const int64_t end = dims.causal ? std::min(work.kv_len, p + 1) : work.kv_len;
-  const int64_t begin =
-      dims.window > 0 ? std::max<int64_t>(0, p - dims.window + 1) : 0;
-  return {std::min(begin, end), end};
+  const int64_t last = dims.causal ? std::min(work.kv_len, p + 1) : work.kv_len;
+  const int64_t first =
+      dims.window > 0 && work.windowed ? p - dims.window + 1 : 0;
+  const int64_t end = std::max(work.key_begin, last);
+  return {std::clamp(first, work.key_begin, end), end};
 }
 
 // The union of the visible ranges of tokens [t0, t0 + nt), nt >= 1: the keys
@@ -462,22 +464,26 @@ class KvRows {
     return kConverts ? rows * row_stride : 0;
   }
 
-  // scales: one per row for int8, else null. scratch: ScratchFloats(n_max,
+  // head: the row of the key at position `origin`; scales: its scale and
+  // the next rows' for int8, else null. scratch: ScratchFloats(n_max,
   // row_stride) floats, vector-aligned, for Block calls of up to n_max rows.
-  KvRows(const T* head, const float* scales, int64_t row_stride, float* scratch)
+  KvRows(const T* head, const float* scales, int64_t origin, int64_t row_stride,
+         float* scratch)
       : head_(head),
         scales_(scales),
         scratch_(scratch),
+        origin_(origin),
         row_stride_(static_cast<size_t>(row_stride)) {}
 
   size_t row_stride() const { return row_stride_; }
-  // Stored row k (row k + 1 is row_stride elements on).
+  // The stored row of the key at position k >= origin (k + 1's is row_stride
+  // elements on).
   const T* Stored(int64_t k) const {
-    return head_ + static_cast<size_t>(k) * row_stride_;
+    return head_ + static_cast<size_t>(k - origin_) * row_stride_;
   }
-  // The scales of rows k, k + 1, ... (int8), or null.
+  // The scales of keys k, k + 1, ... (int8), or null.
   const float* Scales(int64_t k) const {
-    return internal::kKvScaled<T> ? scales_ + k : nullptr;
+    return internal::kKvScaled<T> ? scales_ + (k - origin_) : nullptr;
   }
   // Rows [k0, k0 + n) as floats: [n][row_stride], the padding zero (NaN for
   // an int8 row with a NaN scale). Converted rows stay valid until the next
@@ -508,11 +514,13 @@ class KvRows {
   const T* head_;
   const float* scales_;
   float* scratch_;
+  int64_t origin_;
   size_t row_stride_;
 };
 
-// The K (kv == kKeys) or V rows of KV head kv_head of `work`, with Block
-// scratch for converting types (KvRows::ScratchFloats; null for float).
+// The K (kv == kKeys) or V rows of KV head kv_head of segment `work`, by
+// key position, with Block scratch for converting types
+// (KvRows::ScratchFloats; null for float).
 enum class KvSide { kKeys, kValues };
 template <class T>
 HWY_INLINE KvRows<T> HeadRows(const AttentionDims& dims,
@@ -521,11 +529,11 @@ HWY_INLINE KvRows<T> HeadRows(const AttentionDims& dims,
   const bool keys = kv == KvSide::kKeys;
   const float* scales = keys ? work.key_scales : work.value_scales;
   return KvRows<T>(static_cast<const T*>(keys ? work.keys : work.values) +
-                       kv_head * dims.head_stride,
+                       kv_head * work.head_stride,
                    internal::kKvScaled<T>
-                       ? scales + kv_head * dims.scale_head_stride
+                       ? scales + kv_head * work.scale_head_stride
                        : nullptr,
-                   dims.row_stride, scratch);
+                   work.key_begin, dims.row_stride, scratch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1053,9 +1061,10 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   split.group_tiles = split.wide ? kAttentionGroupTiles : 1;
   split.n_groups = (split.n_tiles + split.group_tiles - 1) / split.group_tiles;
   // Chunks cut the keys that some token sees (a window's, not the cache's),
-  // from the key block that holds the first.
+  // from the key block that holds the first, on the segment's block grid.
   const KeyRange seen = KeysSeenByAny(dims, work, 0, work.n_tokens);
-  split.key0 = seen.begin / kAttentionKeyBlock * kAttentionKeyBlock;
+  split.key0 = work.key_begin + (seen.begin - work.key_begin) /
+                                    kAttentionKeyBlock * kAttentionKeyBlock;
   const int64_t n_keys = std::max<int64_t>(seen.end - split.key0, 1);
   split.chunk = RoundUp(n_keys, kAttentionKeyBlock);
   if (items_without_chunks < kAttentionMinItems) {
@@ -1067,6 +1076,7 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
     split.chunk = std::min(split.chunk, chunk);
   }
   split.n_chunks = (n_keys + split.chunk - 1) / split.chunk;
+  split.merged = work.n_segments > 1 || split.n_chunks > 1;
   return split;
 }
 
@@ -1093,12 +1103,13 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
   for (size_t i = 0; i < n_works; ++i) {
     const AttentionSplit& sp = splits[i];
     const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
-    const bool chunked = sp.n_chunks > 1;
     plan->first_item[i + 1] =
         plan->first_item[i] + dims.n_kv_heads * sp.n_groups * sp.n_chunks;
     plan->first_partial[i + 1] =
-        plan->first_partial[i] + (chunked ? tiles * sp.n_chunks : 0);
-    plan->merge_first[i + 1] = plan->merge_first[i] + (chunked ? tiles : 0);
+        plan->first_partial[i] + (sp.merged ? tiles * sp.n_chunks : 0);
+    // A sequence's segments have the same tiles (the same queries).
+    plan->merge_first[i + 1] =
+        plan->merge_first[i] + (sp.merged && works[i].segment == 0 ? tiles : 0);
     plan->partial_rows = std::max(plan->partial_rows, sp.tile_tokens * group);
   }
   plan->partial_floats = static_cast<size_t>(plan->partial_rows) *
@@ -1371,8 +1382,8 @@ HWY_INLINE void RunWorkItem(const AttentionWork* works,
     RunNarrowTile<T>(dims, tiles[0], &results[0]);
   }
   for (int64_t i = 0; i < it.n_tiles; ++i) {
-    NormalizeTile(dims, tiles[i], results[i], sp.n_chunks == 1);
-    if (sp.n_chunks == 1) {
+    NormalizeTile(dims, tiles[i], results[i], !sp.merged);
+    if (!sp.merged) {
       WriteTileOutput(dims, tiles[i], results[i]);
     } else {
       const int64_t tile_index = it.kv_head * sp.n_tiles + it.tile_begin + i;
@@ -1385,7 +1396,12 @@ HWY_INLINE void RunWorkItem(const AttentionWork* works,
 // ---------------------------------------------------------------------------------------------
 // Merging chunks.
 
-// Merges a tile's chunks in chunk order by log-sum-exp and writes the output.
+// A tile's partial results: each chunk of each segment of its sequence (at
+// most kAttentionMinItems chunks a segment: SplitSequence never cuts more).
+inline constexpr int64_t kMaxPartials = kMaxKeySegments * kAttentionMinItems;
+
+// Merges a tile's partials in segment and chunk order by log-sum-exp and
+// writes the output.
 HWY_INLINE void MergePartials(const AttentionDims& dims,
                               const AttentionTile& tile,
                               const AttentionPartial* partials,
@@ -1400,8 +1416,7 @@ HWY_INLINE void MergePartials(const AttentionDims& dims,
       if (partials[c].sum[r] > 0.0f)
         m = std::max<double>(m, partials[c].max[r]);
     }
-    // At most kAttentionMinItems chunks (SplitSequence never cuts more).
-    double weights[kAttentionMinItems];
+    double weights[kMaxPartials];
     double total = 0.0;
     for (int64_t c = 0; c < n_chunks; ++c) {
       weights[c] = partials[c].sum[r] > 0.0f
@@ -1430,9 +1445,10 @@ HWY_INLINE void MergeChunks(const AttentionWork* works, size_t n_works,
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, merge_first[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
-        // At most kAttentionMinItems chunks (SplitSequence never cuts more).
-        AttentionPartial partials[kAttentionMinItems];
+        AttentionPartial partials[kMaxPartials];
         for (int64_t m = range.begin(); m < range.end(); ++m) {
+          // The sequence's first segment (the last work whose merge_first is
+          // <= m: later segments add no merged tiles).
           const size_t w = static_cast<size_t>(
               std::upper_bound(merge_first.begin(), merge_first.end(), m) -
               merge_first.begin() - 1);
@@ -1441,10 +1457,14 @@ HWY_INLINE void MergeChunks(const AttentionWork* works, size_t n_works,
           const AttentionTile tile =
               MakeTile(dims, works[w], sp, tile_index / sp.n_tiles,
                        tile_index % sp.n_tiles, /*chunk=*/0);
-          for (int64_t c = 0; c < sp.n_chunks; ++c) {
-            partials[c] = PartialAt(plan, w, tile_index, c);
+          int64_t n = 0;
+          for (int64_t seg = 0; seg < works[w].n_segments; ++seg) {
+            const size_t ws = w + static_cast<size_t>(seg);
+            for (int64_t c = 0; c < plan.splits[ws].n_chunks; ++c) {
+              partials[n++] = PartialAt(plan, ws, tile_index, c);
+            }
           }
-          MergePartials(dims, tile, partials, sp.n_chunks);
+          MergePartials(dims, tile, partials, n);
         }
       });
 }
@@ -1466,6 +1486,45 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   if (plan->merge_first[n_works] > 0) MergeChunks(works, n_works, dims, *plan);
 }
 
+// The segments of one sequence of a plain cache, segs[0, n_segs): positions
+// [0, kv_len) in rows contiguous from segs[0]'s (the sink tokens' segment and
+// the windowed one of AttentionOptions::n_sink_tokens).
+struct SequenceSegments {
+  const AttentionWork* segs;
+  int64_t n_segs;
+  const AttentionWork& first() const { return segs[0]; }
+  int64_t kv_len() const { return segs[n_segs - 1].kv_len; }
+  // Whether query token t does not see key `key` (KeyHidden in its segment).
+  bool KeyHidden(const AttentionDims& dims, int64_t t, int64_t key) const {
+    int64_t i = n_segs - 1;
+    while (i > 0 && segs[i].key_begin > key) --i;
+    return HWY_NAMESPACE::KeyHidden(dims, segs[i], t, key);
+  }
+  // Whether some query token does not see some key (may_hide).
+  bool MayHide(const AttentionDims& dims) const {
+    for (int64_t i = 0; i < n_segs; ++i) {
+      if (BlockMayHide(dims, segs[i], 0, segs[i].n_tokens, segs[i].key_begin,
+                       segs[i].kv_len - segs[i].key_begin)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Sets row[k] to -inf for the keys k in [0, kv_len) that query token t sees
+  // in no segment (VisibleKeys of each: ranges in position order).
+  void HideOutside(const AttentionDims& dims, int64_t t,
+                   float* HWY_RESTRICT row) const {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    int64_t next = 0;  // keys before it are done
+    for (int64_t i = 0; i < n_segs; ++i) {
+      const KeyRange visible = VisibleKeys(dims, segs[i], t);
+      std::fill(row + next, row + visible.begin, neg_inf);
+      next = visible.end;
+    }
+    std::fill(row + next, row + kv_len(), neg_inf);
+  }
+};
+
 // The materialised path for the heads of KV head g of one sequence, as the
 // seed's numpy code does it with a BLAS, head by head: weights_h [n_tokens,
 // kv_len] (row stride w_stride) = scale * Q_h K_g^T (matmul), masks, softmax
@@ -1474,20 +1533,21 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
 // kv_len]: head h's rows start at h * n_tokens. Not inlined: one copy of the
 // GEMMs for every stored type.
 HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
-                                    const AttentionWork& work, int64_t g,
+                                    const SequenceSegments& seq, int64_t g,
                                     const float* keys, const float* values,
                                     float* weights, int64_t w_stride) {
+  const AttentionWork& work = seq.first();
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const size_t n_tokens = static_cast<size_t>(work.n_tokens);
-  const size_t kv_len = static_cast<size_t>(work.kv_len);
+  const int64_t n_keys = seq.kv_len();
+  const size_t kv_len = static_cast<size_t>(n_keys);
   const size_t dim = static_cast<size_t>(dims.head_dim);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
-  const bool may_hide =
-      BlockMayHide(dims, work, 0, work.n_tokens, 0, work.kv_len);
+  const bool may_hide = seq.MayHide(dims);
   // The rows of V_g with a NaN or inf, where some query must not see them.
   std::vector<int64_t> bad_keys;
   if (may_hide) {
-    for (int64_t s = 0; s < work.kv_len; ++s) {
+    for (int64_t s = 0; s < n_keys; ++s) {
       if (!RowsFinite(values + s * dims.row_stride, 1, row_stride)) {
         bad_keys.push_back(s);
       }
@@ -1515,12 +1575,10 @@ HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
               }
               if (work.mask != nullptr) {
                 const float* mask_row = work.mask + t * work.mask_stride;
-                for (int64_t s = 0; s < work.kv_len; ++s)
+                for (int64_t s = 0; s < n_keys; ++s)
                   row[s] = MaskedScore(row[s], mask_row[s]);
               }
-              if (may_hide) {
-                HideOutside(VisibleKeys(dims, work, t), 0, kv_len, row);
-              }
+              if (may_hide) seq.HideOutside(dims, t, row);
               if (sinks) {
                 bool special = false;  // NaN or +inf: the softmax's NaN row
                 row_max[static_cast<size_t>(t)] =
@@ -1560,12 +1618,12 @@ HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
     for (int64_t t = 0; t < work.n_tokens && !bad_keys.empty(); ++t) {
       const bool hides_bad =
           std::any_of(bad_keys.begin(), bad_keys.end(),
-                      [&](int64_t s) { return KeyHidden(dims, work, t, s); });
+                      [&](int64_t s) { return seq.KeyHidden(dims, t, s); });
       if (!hides_bad) continue;
       for (size_t p = 0; p < dim; ++p) {
         double acc = 0.0;
-        for (int64_t s = 0; s < work.kv_len; ++s) {
-          if (KeyHidden(dims, work, t, s)) continue;
+        for (int64_t s = 0; s < n_keys; ++s) {
+          if (seq.KeyHidden(dims, t, s)) continue;
           acc += static_cast<double>(w[t * w_stride + s]) *
                  values[s * dims.row_stride + static_cast<int64_t>(p)];
         }
@@ -1582,9 +1640,10 @@ HWY_NOINLINE void MaterializedGroup(const AttentionDims& dims,
 // floats).
 template <class T>
 HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
-                                      const AttentionWork& work, float* weights,
-                                      int64_t w_stride) {
-  const size_t kv_len = static_cast<size_t>(work.kv_len);
+                                      const SequenceSegments& seq,
+                                      float* weights, int64_t w_stride) {
+  const AttentionWork& work = seq.first();
+  const size_t kv_len = static_cast<size_t>(seq.kv_len());
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
   const size_t kv_floats = KvRows<T>::ScratchFloats(kv_len, row_stride);
   hwy::AlignedFreeUniquePtr<float[]> kv_scratch;
@@ -1599,7 +1658,7 @@ HWY_INLINE void MaterializedAttention(const AttentionDims& dims,
     const float* values = HeadRows<T>(dims, work, KvSide::kValues, g,
                                       kv_scratch.get() + kv_floats)
                               .Block(0, kv_len);
-    MaterializedGroup(dims, work, g, keys, values, weights, w_stride);
+    MaterializedGroup(dims, seq, g, keys, values, weights, w_stride);
   }
 }
 

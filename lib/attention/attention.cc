@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <vector>
@@ -47,11 +48,12 @@ void FusedAttentionT(const AttentionWork* works, size_t n_works,
   });
 }
 
-void MaterializedAttentionT(const AttentionWork& work,
+void MaterializedAttentionT(const AttentionWork* segs, int64_t n_segs,
                             const AttentionDims& dims, float* weights,
                             int64_t w_stride) {
   internal::VisitKvDtype(dims.dtype, [&](auto stored) HWY_ATTR {
-    MaterializedAttention<decltype(stored)>(dims, work, weights, w_stride);
+    MaterializedAttention<decltype(stored)>(dims, {segs, n_segs}, weights,
+                                            w_stride);
   });
 }
 
@@ -97,13 +99,17 @@ Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
     return Fail(StatusCode::kInvalidArgument, fn, "n_heads * head_dim (",
                 n_heads, " * ", cache.head_dim(), ") overflows int64_t");
   }
-  return CheckAttentionOptions(fn, "options", options, n_heads);
+  status = CheckAttentionOptions(fn, "options", options, n_heads);
+  if (status.ok()) status = CheckRingOptions(fn, "options", cache, options);
+  return status;
 }
 
-// Checks one query (width: n_heads * head_dim, checked) and fills its work.
+// Checks one query (width: n_heads * head_dim, checked; options checked) and
+// appends its segments to works.
 Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
-                  int64_t width, const AttentionQuery& query,
-                  const std::string& name, AttentionWork* work) {
+                  int64_t width, const AttentionOptions& options,
+                  const AttentionDims& dims, const AttentionQuery& query,
+                  const std::string& name, std::vector<AttentionWork>* works) {
   Status status =
       internal::CheckIndex(fn, name + ".seq", query.seq, cache.n_sequences());
   if (!status.ok()) return status;
@@ -132,6 +138,25 @@ Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
                 " cached rows of sequence ", query.seq,
                 " (append the new tokens' K and V first)");
   }
+  const KvCacheConfig& config = cache.config();
+  if (config.ring && query.mask.data != nullptr) {
+    return Fail(StatusCode::kInvalidArgument, fn, name,
+                ".mask must be null with a ring cache");
+  }
+  if (config.ring) {
+    // The first query's window, past the sink tokens, must still be held.
+    const int64_t ring_begin = cache.ring_begin(query.seq);
+    const int64_t first =
+        std::max(config.n_sink_tokens, query.q_pos0 - options.window + 1);
+    if (first < ring_begin) {
+      return Fail(StatusCode::kOutOfRange, fn, name, ": the query at position ",
+                  query.q_pos0, " sees keys from position ", first,
+                  " on, but the ring of sequence ", query.seq,
+                  " holds them from ", ring_begin,
+                  " on (append at most capacity - n_sink_tokens - window + 1 "
+                  "tokens before attending)");
+    }
+  }
   if (query.mask.data != nullptr) {
     status = internal::CheckMatrix(fn, (name + ".mask").c_str(), query.mask);
     if (!status.ok()) return status;
@@ -142,8 +167,11 @@ Status CheckQuery(const char* fn, const KvCache& cache, int64_t n_heads,
                   internal::Shape(query.q.rows, length));
     }
   }
-  *work = MakeAttentionWork(cache, query.seq, query.q_pos0, length, query.q,
-                            query.out, query.mask);
+  KeyRun runs[kMaxKeySegments];
+  const int64_t n_runs = CacheKeyRuns(cache, query.seq, runs);
+  AddSequenceWorks(
+      dims, SequenceQueries(query.q_pos0, query.q, query.out, query.mask), runs,
+      n_runs, works);
   return Status::Ok();
 }
 
@@ -212,19 +240,20 @@ Status Attention(const KvCache& cache, int64_t n_heads,
   status = internal::CheckPositive(kFn, "n_queries", n_queries);
   if (!status.ok()) return status;
   try {
-    std::vector<AttentionWork> works(static_cast<size_t>(n_queries));
+    const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
+    std::vector<AttentionWork> works;
+    works.reserve(static_cast<size_t>(n_queries));
     CallSpans spans;
     for (int64_t i = 0; i < n_queries; ++i) {
       const std::string name = internal::Cat("queries[", i, "]");
-      status =
-          CheckQuery(kFn, cache, n_heads, width, queries[i], name, &works[i]);
+      status = CheckQuery(kFn, cache, n_heads, width, options, dims, queries[i],
+                          name, &works);
       if (!status.ok()) return status;
       spans.AddQuery(queries[i], name);
     }
     spans.AddCache(cache);
     status = spans.Check(kFn);
     if (!status.ok()) return status;
-    const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
     internal::InitOnce();
     HWY_DYNAMIC_DISPATCH(FusedAttentionT)
     (works.data(), works.size(), dims,
@@ -244,20 +273,28 @@ Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
   int64_t width = 0;
   Status status = CheckCall(kFn, cache, n_heads, options, &width);
   if (!status.ok()) return status;
-  AttentionWork work;
-  status = CheckQuery(kFn, cache, n_heads, width, query, "query", &work);
-  if (!status.ok()) return status;
-  status = internal::CheckMatrix(kFn, "weights", weights);
-  if (!status.ok()) return status;
-  // Fits: n_heads <= q.cols, and q's span fits.
-  const int64_t rows = n_heads * query.q.rows;
-  if (weights.rows != rows || weights.cols != work.kv_len) {
-    return Fail(StatusCode::kInvalidArgument, kFn, "weights is ",
-                internal::Shape(weights.rows, weights.cols),
-                " but must be [n_heads * n_tokens, length] = ",
-                internal::Shape(rows, work.kv_len));
+  if (cache.config().ring) {
+    return Fail(StatusCode::kInvalidArgument, kFn,
+                "cache is a ring cache, whose weights would span positions it "
+                "no longer holds: use Attention");
   }
+  const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
   try {
+    std::vector<AttentionWork> segs;
+    status = CheckQuery(kFn, cache, n_heads, width, options, dims, query,
+                        "query", &segs);
+    if (!status.ok()) return status;
+    status = internal::CheckMatrix(kFn, "weights", weights);
+    if (!status.ok()) return status;
+    // Fits: n_heads <= q.cols, and q's span fits.
+    const int64_t rows = n_heads * query.q.rows;
+    const int64_t length = cache.length(query.seq);
+    if (weights.rows != rows || weights.cols != length) {
+      return Fail(StatusCode::kInvalidArgument, kFn, "weights is ",
+                  internal::Shape(weights.rows, weights.cols),
+                  " but must be [n_heads * n_tokens, length] = ",
+                  internal::Shape(rows, length));
+    }
     CallSpans spans;
     spans.AddQuery(query, "query");
     spans.written.push_back(SpanOf(weights));
@@ -265,10 +302,10 @@ Status AttentionWithWeights(const KvCache& cache, int64_t n_heads,
     spans.AddCache(cache);
     status = spans.Check(kFn);
     if (!status.ok()) return status;
-    const AttentionDims dims = MakeAttentionDims(cache, n_heads, options);
     internal::InitOnce();
     HWY_DYNAMIC_DISPATCH(MaterializedAttentionT)
-    (work, dims, weights.data, weights.stride);
+    (segs.data(), static_cast<int64_t>(segs.size()), dims, weights.data,
+     weights.stride);
   } catch (const std::bad_alloc&) {
     return Fail(StatusCode::kResourceExhausted, kFn,
                 "out of memory for scratch");

@@ -1,5 +1,6 @@
 #include "lib/attention/attention_build.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -23,6 +24,11 @@ Status CheckAttentionOptions(const char* fn, const char* name,
   if (options.window < 0) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
                           ".window must be >= 0 (got ", options.window, ")");
+  }
+  if (options.n_sink_tokens < 0) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".n_sink_tokens must be >= 0 (got ",
+                          options.n_sink_tokens, ")");
   }
   if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
@@ -77,12 +83,11 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
   dims.n_kv_heads = cache.n_kv_heads();
   dims.head_dim = cache.head_dim();
   dims.row_stride = cache.row_stride();
-  dims.head_stride = cache.head_stride();
   dims.dtype = cache.config().dtype;
-  dims.scale_head_stride = cache.scale_head_stride();
   dims.scale = AttentionScale(options, cache.head_dim());
   dims.causal = options.mask == AttentionMask::kCausal;
   dims.window = options.window;
+  dims.n_sink_tokens = options.n_sink_tokens;
   dims.softcap = options.softcap;
   dims.alibi_slopes =
       options.alibi_slopes != nullptr ? options.alibi_slopes + head0 : nullptr;
@@ -91,12 +96,84 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
   return dims;
 }
 
-AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
-                                int64_t q_pos0, int64_t kv_len,
-                                MatrixView<const float> q,
-                                MatrixView<float> out,
-                                MatrixView<const float> mask) {
-  AttentionWork work;
+Status CheckRingOptions(const char* fn, const char* name, const KvCache& cache,
+                        const AttentionOptions& options) {
+  const KvCacheConfig& config = cache.config();
+  if (!config.ring) return Status::Ok();
+  const int64_t ring_rows = config.capacity - config.n_sink_tokens;
+  if (options.window < 1 || options.window > ring_rows) {
+    return internal::Fail(
+        StatusCode::kInvalidArgument, fn, name, ".window (", options.window,
+        ") must be in [1, capacity - n_sink_tokens = ", ring_rows,
+        "] with a ring cache (it holds the last ", ring_rows, " positions)");
+  }
+  if (options.n_sink_tokens != config.n_sink_tokens) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".n_sink_tokens (", options.n_sink_tokens,
+                          ") must equal the ring cache's n_sink_tokens (",
+                          config.n_sink_tokens, ")");
+  }
+  return Status::Ok();
+}
+
+KeyRun RowsRun(int64_t begin, const KvView& k, const KvView& v,
+               int64_t head_stride, int64_t scale_head_stride) {
+  KeyRun run;
+  run.begin = begin;
+  run.end = begin + k.rows;
+  run.keys = k.data;
+  run.values = v.data;
+  run.head_stride = head_stride;
+  run.key_scales = k.scales;
+  run.value_scales = v.scales;
+  run.scale_head_stride = k.scales != nullptr ? scale_head_stride : 0;
+  return run;
+}
+
+int64_t CacheKeyRuns(const KvCache& cache, int64_t seq,
+                     KeyRun runs[kMaxKeySegments]) {
+  const KvView keys = cache.Keys(seq, 0), values = cache.Values(seq, 0);
+  const size_t row_bytes =
+      static_cast<size_t>(cache.row_stride()) * KvDtypeSize(keys.dtype);
+  // The run of positions [begin, end) from row Slot(begin).
+  const auto run = [&](int64_t begin, int64_t end) {
+    const int64_t row = cache.Slot(begin);
+    KvView k = keys, v = values;
+    k.data = static_cast<const char*>(keys.data) +
+             static_cast<size_t>(row) * row_bytes;
+    v.data = static_cast<const char*>(values.data) +
+             static_cast<size_t>(row) * row_bytes;
+    k.rows = v.rows = end - begin;
+    if (keys.scales != nullptr) {
+      k.scales = keys.scales + row;
+      v.scales = values.scales + row;
+    }
+    return RowsRun(begin, k, v, cache.head_stride(), cache.scale_head_stride());
+  };
+  const int64_t length = cache.length(seq);
+  const KvCacheConfig& config = cache.config();
+  if (!config.ring) {
+    runs[0] = run(0, length);
+    return 1;
+  }
+  int64_t n = 0;
+  const int64_t sinks = std::min(length, config.n_sink_tokens);
+  if (sinks > 0) runs[n++] = run(0, sinks);
+  const int64_t begin = cache.ring_begin(seq);
+  if (begin < length) {
+    // The ring's rows from Slot(begin) to its end, then from its start.
+    const int64_t first =
+        std::min(length, begin + config.capacity - cache.Slot(begin));
+    runs[n++] = run(begin, first);
+    if (first < length) runs[n++] = run(first, length);
+  }
+  return n;
+}
+
+AttentionWork SequenceQueries(int64_t q_pos0, MatrixView<const float> q,
+                              MatrixView<float> out,
+                              MatrixView<const float> mask) {
+  AttentionWork work{};
   work.q = q.data;
   work.q_stride = q.stride;
   work.out = out.data;
@@ -105,15 +182,47 @@ AttentionWork MakeAttentionWork(const KvCache& cache, int64_t seq,
   work.mask_stride = mask.stride;
   work.n_tokens = q.rows;
   work.q_pos0 = q_pos0;
-  work.kv_len = kv_len;
-  // Head 0 of seq; head g is g * dims.head_stride further.
-  const KvView keys = cache.Keys(seq, 0);
-  const KvView values = cache.Values(seq, 0);
-  work.keys = keys.data;
-  work.values = values.data;
-  work.key_scales = keys.scales;  // int8; else null
-  work.value_scales = values.scales;
   return work;
+}
+
+void AddSequenceWorks(const AttentionDims& dims, const AttentionWork& queries,
+                      const KeyRun* runs, int64_t n_runs,
+                      std::vector<AttentionWork>* works) {
+  const size_t first = works->size();
+  // Positions below `sinks` are seen whatever the window.
+  const int64_t sinks = dims.window > 0 ? dims.n_sink_tokens : 0;
+  const int64_t row_bytes =
+      dims.row_stride * static_cast<int64_t>(KvDtypeSize(dims.dtype));
+  const auto add = [&](const KeyRun& run, int64_t begin, int64_t end) {
+    AttentionWork work = queries;
+    work.key_begin = begin;
+    work.kv_len = end;
+    work.windowed = begin >= sinks;
+    const int64_t skip = begin - run.begin;
+    work.keys = static_cast<const char*>(run.keys) + skip * row_bytes;
+    work.values = static_cast<const char*>(run.values) + skip * row_bytes;
+    work.head_stride = run.head_stride;
+    work.key_scales =
+        run.key_scales != nullptr ? run.key_scales + skip : nullptr;
+    work.value_scales =
+        run.value_scales != nullptr ? run.value_scales + skip : nullptr;
+    work.scale_head_stride = run.scale_head_stride;
+    works->push_back(work);
+  };
+  for (int64_t i = 0; i < n_runs; ++i) {
+    const KeyRun& run = runs[i];
+    if (run.begin < sinks && sinks < run.end) {
+      add(run, run.begin, sinks);
+      add(run, sinks, run.end);
+    } else {
+      add(run, run.begin, run.end);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(works->size() - first);
+  for (int64_t i = 0; i < n; ++i) {
+    (*works)[first + static_cast<size_t>(i)].segment = i;
+    (*works)[first + static_cast<size_t>(i)].n_segments = n;
+  }
 }
 
 }  // namespace headway

@@ -13,25 +13,47 @@
 
 namespace headway {
 
-// One sequence's part of an Attention call, after argument checks.
+// Key segments: the keys of one sequence that its queries may see, as runs of
+// consecutive positions each stored contiguously. A plain cache is one
+// segment; a ring cache's held rows are up to three (the pinned sink tokens
+// and the ring's two runs around its wrap), and a layer step attends to the
+// new tokens' rows from its own scratch as further segments. A segment with
+// windowed == false holds sink tokens (AttentionOptions::n_sink_tokens) that
+// every query sees whatever the window.
+inline constexpr int64_t kMaxKeySegments = 4;
+
+// One key segment of one sequence's part of an Attention call, after argument
+// checks: the sequence's queries (shared by its segments) against the keys at
+// positions [key_begin, kv_len). A sequence's segments are consecutive works
+// with the same q, out and mask; each is planned and run alone, and their
+// results are merged by log-sum-exp like the chunks of one segment.
 struct AttentionWork {
   const float* q;  // [n_tokens, n_heads * head_dim], row stride q_stride
   int64_t q_stride;
   float* out;  // [n_tokens, n_heads * head_dim], row stride out_stride
   int64_t out_stride;
-  const float* mask;  // [n_tokens, kv_len], row stride mask_stride; null: none
+  // [n_tokens, sequence length], row stride mask_stride, column k for the key
+  // at position k; null: none.
+  const float* mask;
   int64_t mask_stride;
   int64_t n_tokens;
   int64_t q_pos0;
-  int64_t kv_len;  // cached rows to attend to
-  // This sequence's K, head 0: [n_kv_heads][capacity][row_stride] elements of
-  // the stored type (dims.dtype); head g is g * dims.head_stride elements on.
+  int64_t key_begin;   // the segment's first key position
+  int64_t kv_len;      // one past its last
+  bool windowed;       // false: sink tokens, seen whatever dims.window
+  int64_t segment;     // its index in the sequence, [0, n_segments)
+  int64_t n_segments;  // the sequence's segments, [1, kMaxKeySegments]
+  // The rows of the key at position key_begin, KV head 0, in the stored type
+  // (dims.dtype); the key at k is (k - key_begin) * dims.row_stride elements
+  // on, head g head_stride * g elements on.
   const void* keys;
   const void* values;  // likewise V
-  // int8: K's row scales, head 0: [n_kv_heads][scale_head_stride] floats
-  // (scale of row s of head g at g * dims.scale_head_stride + s); else null.
+  int64_t head_stride;
+  // int8: the scales of K's and V's rows at key_begin, head 0 (the key at k
+  // is k - key_begin on, head g scale_head_stride * g on); else null.
   const float* key_scales;
-  const float* value_scales;  // likewise V's
+  const float* value_scales;
+  int64_t scale_head_stride;
 };
 
 // Shape of the call, shared by all sequences.
@@ -39,17 +61,14 @@ struct AttentionDims {
   int64_t n_heads;
   int64_t n_kv_heads;
   int64_t head_dim;
-  int64_t row_stride;   // cache row stride (multiple of 16, rows zero-padded)
-  int64_t head_stride;  // capacity * row_stride: from one KV head's rows to the
-                        // next
-  KvDtype dtype;        // the cache's stored type of K and V
-  int64_t scale_head_stride;  // int8: from one KV head's scales to the next
-                              // (capacity); else 0
+  int64_t row_stride;  // cache row stride (multiple of 16, rows zero-padded)
+  KvDtype dtype;       // the cache's stored type of K and V
   float scale;
   bool causal;
   // The variants (AttentionOptions): 0 or null where unused. alibi_slopes and
   // sink_logits are indexed by the call's query heads [0, n_heads).
   int64_t window;
+  int64_t n_sink_tokens;
   float softcap;
   const float* alibi_slopes;
   const float* sink_logits;
@@ -65,6 +84,9 @@ struct AttentionSplit {
   int64_t key0;         // the first chunk's first key (on the block grid)
   int64_t chunk;        // keys per chunk (multiple of the key block)
   int64_t n_chunks;
+  // Whether its tiles' results are partials to merge: the sequence has
+  // several segments, or this one several chunks.
+  bool merged;
 };
 
 // What FusedAttention plans per call, kept by the caller between calls so that
@@ -74,7 +96,8 @@ struct AttentionPlan {
   std::vector<AttentionSplit> splits;  // [n_works]
   std::vector<int64_t> first_item;     // [n_works + 1]
   std::vector<int64_t> first_partial;  // [n_works + 1]
-  std::vector<int64_t> merge_first;    // [n_works + 1]
+  // [n_works + 1]: the merged tiles of a sequence count at its first segment.
+  std::vector<int64_t> merge_first;
   // The chunks' partial results: [first_partial[n_works]] blocks of
   // partial_floats = partial_rows * (2 + head_dim) floats (m, l, out).
   ScratchBuffer partials;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
@@ -386,6 +387,11 @@ struct AttentionLayer::Impl {
   Status Plan(KvCache* cache, const LayerSequence* sequences,
               int64_t n_sequences, int64_t tokens, MatrixView<const float> x,
               MatrixView<float> y, LayerStep* step);
+  // A fresh cache for n_sequences of up to max_tokens new tokens like cache.
+  Status PrepareFresh(const KvCache& cache, int64_t n_sequences,
+                      int64_t max_tokens);
+  // Moves fresh's n_new rows of sequence i into the ring cache's seq.
+  void CommitRing(KvCache* cache, int64_t seq, int64_t i, int64_t n_new);
 
   AttentionLayerConfig config;  // resolved
   int64_t local_heads = 0;
@@ -401,15 +407,19 @@ struct AttentionLayer::Impl {
   // model's, as config() reports them); empty: none.
   std::vector<float> alibi_slopes, sink_logits;
   // Reused by Forward.
-  ScratchBuffer q, attn;           // grow-only (lib/core/blocks.h)
-  ScratchBuffer kv_chunk;          // stored K/V: [chunk_rows, scratch_cols]
-  std::vector<float*> rows;        // [3][T]
-  std::vector<char*> kv_rows;      // stored K/V: [2][T]
-  std::vector<float*> kv_scales;   // int8: [2][T]
-  std::vector<int64_t> positions;  // RoPE: [T]
-  ScratchBuffer rope_table;        // RoPE: [T, rotary_dim]
-  std::vector<AttentionWork> works;
-  std::vector<uint8_t> seen;  // [cache sequences]
+  ScratchBuffer q, attn;             // grow-only (lib/core/blocks.h)
+  ScratchBuffer kv_chunk;            // stored K/V: [chunk_rows, scratch_cols]
+  std::vector<float*> rows;          // [3][T]
+  std::vector<char*> kv_rows;        // stored K/V: [2][T]
+  std::vector<float*> kv_scales;     // int8: [2][T]
+  std::vector<int64_t> positions;    // RoPE: [T]
+  ScratchBuffer rope_table;          // RoPE: [T, rotary_dim]
+  std::vector<AttentionWork> works;  // up to kMaxKeySegments per sequence
+  std::vector<uint8_t> seen;         // [cache sequences]
+  // A ring cache: the new tokens' K and V, sequence i of the call in row
+  // i, until attention has read them with the ring's rows (before they
+  // overwrite the oldest) and CommitRing moves them into the ring.
+  KvCache fresh;
   AttentionPlan plan;
 };
 
@@ -542,6 +552,17 @@ KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences, int64_t capacity,
   cache.dtype = dtype;
   return cache;
 }
+KvCacheConfig AttentionLayer::RingCacheConfig(int64_t n_sequences,
+                                              KvDtype dtype) const {
+  const AttentionOptions& attention = config().attention;
+  KvCacheConfig cache = CacheConfig(n_sequences, 0, dtype);
+  cache.ring = true;
+  cache.n_sink_tokens = attention.n_sink_tokens;
+  if (attention.window > 0) {
+    cache.capacity = attention.window + attention.n_sink_tokens;
+  }
+  return cache;
+}
 size_t AttentionLayer::cache_bytes_per_token(KvDtype dtype) const {
   return impl_ ? KvCache::BytesPerToken(CacheConfig(1, 1, dtype)) : 0;
 }
@@ -557,6 +578,8 @@ Status AttentionLayer::Impl::CheckSequences(const char* fn,
                                             int64_t n_sequences,
                                             int64_t* tokens) {
   const int64_t slots = cache.n_sequences(), capacity = cache.capacity();
+  const bool ring = cache.config().ring;
+  constexpr int64_t kMaxPosition = int64_t{1} << 62;
   seen.assign(static_cast<size_t>(slots), 0);
   *tokens = 0;
   for (int64_t i = 0; i < n_sequences; ++i) {
@@ -576,6 +599,16 @@ Status AttentionLayer::Impl::CheckSequences(const char* fn,
                   ".n_tokens must be >= 1 (got ", s.n_tokens, ")");
     }
     const int64_t length = cache.length(s.seq);
+    if (ring) {
+      // Positions and the call's token count stay far from overflowing.
+      if (s.n_tokens > kMaxPosition - length ||
+          s.n_tokens > kMaxPosition - *tokens) {
+        return Fail(StatusCode::kOutOfRange, fn, name(), ": length ", length,
+                    " + ", s.n_tokens, " new tokens exceeds 2^62 positions");
+      }
+      *tokens += s.n_tokens;
+      continue;
+    }
     if (length > capacity - s.n_tokens) {
       return Fail(StatusCode::kOutOfRange, fn, name(), ": length ", length,
                   " + ", s.n_tokens, " new tokens exceeds the cache capacity ",
@@ -658,6 +691,61 @@ size_t LayerChunks(size_t tokens, size_t head_dim, size_t segments,
 
 }  // namespace
 
+Status AttentionLayer::Impl::PrepareFresh(const KvCache& cache,
+                                          int64_t n_sequences,
+                                          int64_t max_tokens) {
+  const KvCacheConfig& have = fresh.config();
+  if (have.n_sequences < n_sequences || have.capacity < max_tokens ||
+      have.dtype != cache.config().dtype) {
+    KvCacheConfig want = cache.config();
+    want.ring = false;
+    want.n_sink_tokens = 0;
+    want.n_sequences = std::max(n_sequences, have.n_sequences);
+    want.capacity = std::max(max_tokens, have.capacity);
+    Status status = KvCache::Create(want, &fresh);
+    if (!status.ok()) return status;
+  }
+  fresh.ResetAll();
+  return Status::Ok();
+}
+
+void AttentionLayer::Impl::CommitRing(KvCache* cache, int64_t seq, int64_t i,
+                                      int64_t n_new) {
+  const KvCacheConfig& config = cache->config();
+  const size_t row_bytes =
+      static_cast<size_t>(cache->row_stride()) * KvDtypeSize(config.dtype);
+  int64_t done = 0;
+  // Past the sink tokens, rows that later rows of this call overwrite are
+  // committed unwritten.
+  if (cache->length(seq) >= config.n_sink_tokens) {
+    done =
+        std::max<int64_t>(0, n_new - (config.capacity - config.n_sink_tokens));
+    if (done > 0) (void)cache->CommitAppend(seq, done);
+  }
+  while (done < n_new) {
+    const int64_t n = std::min(n_new - done, cache->ContiguousRows(seq));
+    for (int64_t g = 0; g < config.n_kv_heads; ++g) {
+      KvMutableView from_k, from_v, to_k, to_v;
+      // Checked sizes: cannot fail.
+      (void)fresh.PendingRows(i, g, n_new, &from_k, &from_v);
+      (void)cache->PendingRows(seq, g, n, &to_k, &to_v);
+      const size_t offset = static_cast<size_t>(done) * row_bytes;
+      std::memcpy(to_k.data, static_cast<const char*>(from_k.data) + offset,
+                  static_cast<size_t>(n) * row_bytes);
+      std::memcpy(to_v.data, static_cast<const char*>(from_v.data) + offset,
+                  static_cast<size_t>(n) * row_bytes);
+      if (to_k.scales != nullptr) {
+        std::memcpy(to_k.scales, from_k.scales + done,
+                    static_cast<size_t>(n) * sizeof(float));
+        std::memcpy(to_v.scales, from_v.scales + done,
+                    static_cast<size_t>(n) * sizeof(float));
+      }
+    }
+    (void)cache->CommitAppend(seq, n);
+    done += n;
+  }
+}
+
 // Fills step for checked arguments: Q and attention buffers [T, local_heads *
 // head_dim], the row pointers of Q and of the new K and V rows in the cache,
 // one AttentionWork per sequence.
@@ -683,7 +771,20 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   kv_rows.resize(2 * t_rows);
   kv_scales.resize(internal::KvDtypeScaled(dtype) ? 2 * t_rows : 0);
   positions.resize(rope_freq.empty() ? 0 : t_rows);
-  works.resize(static_cast<size_t>(n_sequences));
+  works.clear();
+  step->dims =
+      MakeAttentionDims(*cache, local_heads, c.attention, c.head_begin);
+  // The new rows go to the cache, or for a ring to fresh (PrepareFresh).
+  const bool ring = cache->config().ring;
+  if (ring) {
+    int64_t max_tokens = 1;
+    for (int64_t i = 0; i < n_sequences; ++i) {
+      max_tokens = std::max(max_tokens, sequences[i].n_tokens);
+    }
+    Status status = PrepareFresh(*cache, n_sequences, max_tokens);
+    if (!status.ok()) return status;
+  }
+  KvCache& target = ring ? fresh : *cache;
   float** q_rows = rows.data();  // rows: [3][T], Q, then K, then V
   float** k_rows = q_rows + t_rows;
   float** v_rows = k_rows + t_rows;
@@ -691,7 +792,8 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   for (int64_t i = 0; i < n_sequences; ++i) {
     const LayerSequence& s = sequences[i];
     KvMutableView k_new, v_new;  // head 0's new rows
-    Status status = cache->PendingRows(s.seq, 0, s.n_tokens, &k_new, &v_new);
+    Status status =
+        target.PendingRows(ring ? i : s.seq, 0, s.n_tokens, &k_new, &v_new);
     if (!status.ok()) return status;  // checked: cannot happen
     const size_t row_bytes =
         static_cast<size_t>(k_new.stride) * KvDtypeSize(dtype);
@@ -711,14 +813,30 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
     for (int64_t t = 0; t < s.n_tokens && !positions.empty(); ++t) {
       positions[row0 + static_cast<size_t>(t)] = length + t;
     }
-    works[static_cast<size_t>(i)] = MakeAttentionWork(
-        *cache, s.seq, length, length + s.n_tokens,
-        MatrixView<const float>(q_buf + row0 * ld_q, s.n_tokens,
-                                static_cast<int64_t>(lq),
-                                static_cast<int64_t>(ld_q)),
-        MatrixView<float>(attn_buf + row0 * lq, s.n_tokens,
-                          static_cast<int64_t>(lq)),
-        MatrixView<const float>());
+    // The keys: a plain cache's rows [0, length + n_tokens); a ring's held
+    // rows, then fresh's.
+    KeyRun runs[kMaxKeySegments];
+    int64_t n_runs = 0;
+    if (ring) {
+      n_runs = CacheKeyRuns(*cache, s.seq, runs);
+      runs[n_runs++] = RowsRun(length, k_new, v_new, fresh.head_stride(),
+                               fresh.scale_head_stride());
+    } else {
+      KvView k_all = cache->Keys(s.seq, 0), v_all = cache->Values(s.seq, 0);
+      k_all.rows = v_all.rows = length + s.n_tokens;
+      runs[n_runs++] = RowsRun(0, k_all, v_all, cache->head_stride(),
+                               cache->scale_head_stride());
+    }
+    AddSequenceWorks(
+        step->dims,
+        SequenceQueries(length,
+                        MatrixView<const float>(q_buf + row0 * ld_q, s.n_tokens,
+                                                static_cast<int64_t>(lq),
+                                                static_cast<int64_t>(ld_q)),
+                        MatrixView<float>(attn_buf + row0 * lq, s.n_tokens,
+                                          static_cast<int64_t>(lq)),
+                        MatrixView<const float>()),
+        runs, n_runs, &works);
     row0 += static_cast<size_t>(s.n_tokens);
   }
 
@@ -749,8 +867,8 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->kv_rows = kv_rows.data();
   step->kv_scales = kv_scales.empty() ? nullptr : kv_scales.data();
   step->kv_head_bytes =
-      static_cast<size_t>(cache->head_stride()) * KvDtypeSize(dtype);
-  step->scale_head_stride = static_cast<size_t>(cache->scale_head_stride());
+      static_cast<size_t>(target.head_stride()) * KvDtypeSize(dtype);
+  step->scale_head_stride = static_cast<size_t>(target.scale_head_stride());
   const size_t scratch_floats = LayerChunks(
       t_rows, hd, 2 * static_cast<size_t>(local_kv_heads), panel_width,
       &step->chunk_rows, &step->chunk_segments, &step->scratch_cols);
@@ -770,11 +888,9 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   out.kind_first[2] = static_cast<size_t>(local_heads + local_kv_heads);
   out.kind_stride[0] = hd;
   out.kind_stride[1] = out.kind_stride[2] =
-      static_cast<size_t>(cache->head_stride());
+      static_cast<size_t>(target.head_stride());
   step->works = works.data();
   step->n_works = works.size();
-  step->dims =
-      MakeAttentionDims(*cache, local_heads, c.attention, c.head_begin);
   step->plan = &plan;
   step->attn = attn_buf;
   step->ld_attn = lq;
@@ -812,6 +928,8 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
                 " but the layer needs n_kv_heads ", impl.local_kv_heads,
                 " and head_dim ", c.head_dim, " (see CacheConfig)");
   }
+  status = CheckRingOptions(kFn, "config.attention", *cache, c.attention);
+  if (!status.ok()) return status;
   try {
     int64_t tokens = 0;
     status = impl.CheckSequences(kFn, *cache, sequences, n_sequences, &tokens);
@@ -833,6 +951,10 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
 
     // Commit: the new rows become part of their sequences.
     for (int64_t i = 0; i < n_sequences; ++i) {
+      if (cache->config().ring) {
+        impl.CommitRing(cache, sequences[i].seq, i, sequences[i].n_tokens);
+        continue;
+      }
       status = cache->CommitAppend(sequences[i].seq, sequences[i].n_tokens);
       if (!status.ok()) return status;  // checked: cannot happen
     }

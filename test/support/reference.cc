@@ -110,6 +110,14 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
   return y;
 }
 
+VisibleSpan VisibleKeys(const Variants& variants, int64_t p, int64_t end) {
+  end = std::max<int64_t>(0, end);
+  if (variants.window <= 0) return {0, 0, end};
+  const int64_t first =
+      std::min(end, std::max<int64_t>(0, p - variants.window + 1));
+  return {std::min(first, variants.n_sink_tokens), first, end};
+}
+
 std::vector<double> AttentionCore(const double* q, int64_t q_stride,
                                   int64_t n_q, const double* k,
                                   int64_t k_stride, const double* v,
@@ -130,13 +138,14 @@ std::vector<double> AttentionCore(const double* q, int64_t q_stride,
       const int64_t p = q_pos0 + t;
       int64_t n_keys = n_kv;
       if (causal) n_keys = std::max<int64_t>(0, std::min(n_kv, p + 1));
-      // The window hides keys at positions <= p - window.
-      const int64_t first =
-          variants.window > 0
-              ? std::min(n_keys, std::max<int64_t>(0, p - variants.window + 1))
-              : 0;
+      // The window hides keys at positions <= p - window, but for the sinks.
+      const VisibleSpan visible = VisibleKeys(variants, p, n_keys);
       const double* q_row = q + t * q_stride + h * head_dim;
-      for (int64_t s = first; s < n_keys; ++s) {
+      for (int64_t s = 0; s < n_keys; ++s) {
+        if (!visible.Contains(s)) {
+          weights[s] = -kInf;
+          continue;
+        }
         const double* k_row = k + s * k_stride + g * head_dim;
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += q_row[d] * k_row[d];
@@ -159,12 +168,13 @@ std::vector<double> AttentionCore(const double* q, int64_t q_stride,
                               ? static_cast<double>(variants.sink_logits[h])
                               : -kInf;
       // A row with no key left stays zeros.
-      if (!SoftmaxRowInPlace(weights.data() + first, n_keys - first, sink)) {
+      if (!SoftmaxRowInPlace(weights.data(), n_keys, sink)) {
         continue;
       }
       double* out_row = out.data() + t * out_cols + h * head_dim;
-      for (int64_t s = first; s < n_keys; ++s) {
+      for (int64_t s = 0; s < n_keys; ++s) {
         // A hidden key adds nothing, not even 0 * NaN.
+        if (!visible.Contains(s)) continue;
         if (mask != nullptr && mask[t * mask_stride + s] == -INFINITY) continue;
         const double* v_row = v + s * v_stride + g * head_dim;
         for (int64_t d = 0; d < head_dim; ++d)

@@ -66,15 +66,32 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
 // Softmax over s as in Softmax() above, except that a row with no key left
 // (all excluded or all -inf) gives zeros, never NaN.
 // With variants (AttentionOptions, headway/attention.h), in this order: keys
-// at positions <= q_pos0 + t - window are excluded too; the score becomes
+// at positions <= q_pos0 + t - window are excluded too (but for the
+// n_sink_tokens first: VisibleKeys); the score becomes
 // softcap * tanh(score / softcap), then gains alibi_slopes[h] * (s - (q_pos0 +
 // t)), before the mask; exp(sink_logits[h]) joins each row's denominator.
 struct Variants {
   int64_t window = 0;
+  // With a window, keys at positions < n_sink_tokens stay visible.
+  int64_t n_sink_tokens = 0;
   double softcap = 0.0;
   const float* alibi_slopes = nullptr;  // [n_heads] or null
   const float* sink_logits = nullptr;   // [n_heads] or null
 };
+// The keys a query at position p sees among positions [0, end) (end: the
+// causal limit, or all keys): [first, end) past the window, and with a window
+// the sink tokens [0, sinks_end).
+struct VisibleSpan {
+  int64_t sinks_end;
+  int64_t first;
+  int64_t end;
+  bool Contains(int64_t s) const {
+    return s < sinks_end || (s >= first && s < end);
+  }
+  int64_t count() const { return sinks_end + (end - first); }
+};
+VisibleSpan VisibleKeys(const Variants& variants, int64_t p, int64_t end);
+
 std::vector<double> AttentionCore(const double* q, int64_t q_stride,
                                   int64_t n_q, const double* k,
                                   int64_t k_stride, const double* v,
