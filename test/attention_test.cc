@@ -1441,7 +1441,10 @@ TEST(AttentionRing, Errors) {
       {"options.window (0) must be in [1, capacity - n_sink_tokens = 10] "
        "with a ring cache",
        StatusCode::kInvalidArgument,
-       [](AttentionOptions& o, AttentionQuery&) { o.window = 0; }},
+       [](AttentionOptions& o, AttentionQuery&) {
+         o.window = 0;
+         o.n_sink_tokens = 0;
+       }},
       {"options.window (11) must be in [1, capacity - n_sink_tokens = 10]",
        StatusCode::kInvalidArgument,
        [](AttentionOptions& o, AttentionQuery&) { o.window = 11; }},
@@ -1630,6 +1633,15 @@ TEST(AttentionErrors, RejectBadArguments) {
   add("options.n_sink_tokens must be >= 0 (got -2)",
       StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.n_sink_tokens = -2; });
+  add("options.n_sink_tokens (4) must be <= options.window (0): sink tokens "
+      "stay visible beside a window",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.n_sink_tokens = 4; });
+  add("options.n_sink_tokens (4) must be <= options.window (3)",
+      StatusCode::kInvalidArgument, [](Bad& b) {
+        b.options.window = 3;
+        b.options.n_sink_tokens = 4;
+      });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.softcap = -1.0f; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,

@@ -851,6 +851,13 @@ TEST_P(AttentionLayerTest, RingCacheEqualsPlainCache) {
        KvDtype::kInt8},
       {WithAttentionVariants(Config(64, 4), 4, 0.0f, false, false), 1,
        KvDtype::kBFloat16},
+      // Everything at once: QK-norm, RoPE, window, sink tokens, soft-capping,
+      // ALiBi and sink logits.
+      {WithAttentionVariants(
+           WithVariants(Config(64, 8, 2, 16), true, 16,
+                        RopeLayout::kInterleaved, RopeScaling::kLlama3),
+           7, 2.0f, true, true),
+       2, KvDtype::kFloat32},
   };
   uint64_t seed = 8000;
   for (RingConfig c : configs) {
@@ -1823,6 +1830,12 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   static const float kBadSinks[4] = {0.0f, 1.0f, 2.0f, kNaN};
   add({"config.attention.window"}, kInvalid,
       [](Bad& b) { b.config.attention.window = -3; });
+  add({"config.attention.n_sink_tokens (5) must be <= "
+       "config.attention.window (4)"},
+      kInvalid, [](Bad& b) {
+        b.config.attention.window = 4;
+        b.config.attention.n_sink_tokens = 5;
+      });
   add({"config.attention.softcap"}, kInvalid,
       [](Bad& b) { b.config.attention.softcap = kNaN; });
   add({"config.attention.sink_logits[3]"}, kInvalid,
@@ -2006,11 +2019,13 @@ TEST(AttentionLayerErrors, RingCacheNeedsItsWindow) {
   std::vector<Bad> cases;
   AttentionLayerConfig config = windowed;
   config.attention.window = 0;
+  config.attention.n_sink_tokens = 0;
   cases.push_back(
       {"config.attention.window (0) must be in [1, capacity - "
        "n_sink_tokens = 6] with a ring cache",
        config});
   config.attention.window = 7;
+  config.attention.n_sink_tokens = 2;
   cases.push_back({"config.attention.window (7) must be in [1, ", config});
   config = windowed;
   config.attention.n_sink_tokens = 0;

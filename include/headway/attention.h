@@ -68,8 +68,9 @@ struct AttentionOptions {
   int64_t window = 0;
   // With a window: keys at positions < n_sink_tokens stay visible to every
   // query that sees them causally (StreamingLLM: Xiao et al., 2024, keep 4);
-  // 0: none. A ring cache (KvCacheConfig::ring) pins the same count and needs
-  // it here, with a window of at most capacity - n_sink_tokens keys.
+  // 0: none; at most the window. A ring cache (KvCacheConfig::ring) pins the
+  // same count and needs it here, with a window of at most capacity -
+  // n_sink_tokens keys.
   int64_t n_sink_tokens = 0;
   // Logit soft-capping (Gemma 2: 50); 0: none. A +inf score becomes softcap.
   float softcap = 0.0f;
@@ -118,7 +119,8 @@ struct AttentionQuery {
 // q/out/mask views, q or out not [n_tokens, n_heads * head_dim], a mask not
 // [n_tokens, length(seq)], out overlapping q, the mask, the cache or another
 // query's out, q_pos0 < 0, a scale that is not finite or < 0, a window or
-// n_sink_tokens < 0, a softcap that is not finite or < 0, a slope or sink
+// n_sink_tokens < 0, n_sink_tokens > window, a softcap that is not finite or
+// < 0, a slope or sink
 // logit that is not finite (the message names its index); with a ring cache,
 // a window not in [1, capacity - n_sink_tokens], an n_sink_tokens other than
 // the cache's, or a mask; kOutOfRange: q_pos0 + n_tokens > length(seq) (a

@@ -30,6 +30,12 @@ Status CheckAttentionOptions(const char* fn, const char* name,
                           ".n_sink_tokens must be >= 0 (got ",
                           options.n_sink_tokens, ")");
   }
+  if (options.n_sink_tokens > 0 && options.n_sink_tokens > options.window) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".n_sink_tokens (", options.n_sink_tokens,
+                          ") must be <= ", name, ".window (", options.window,
+                          "): sink tokens stay visible beside a window");
+  }
   if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
                           ".softcap must be finite and >= 0 (got ",
