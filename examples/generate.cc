@@ -15,9 +15,13 @@
 //   gemma2   GQA (n_heads / 2), RoPE, logit soft-capping at 50, layers
 //            alternating between a sliding window and global attention;
 //   gpt-oss  GQA, RoPE, learned sink logits per head, layers alternating
-//            between a sliding window and global attention.
+//            between a sliding window and global attention;
+//   streaming  GQA, RoPE and a sliding window with 4 pinned sink tokens on
+//            every layer (StreamingLLM).
 // The window is --window tokens (128 by default, gpt-oss's; Mistral and Gemma
-// 2 use 4096, longer than this demo's default prompt).
+// 2 use 4096, longer than this demo's default prompt). A windowed layer keeps
+// a ring cache of window (+ sink tokens) rows, as engines do: "KV total"
+// shows what that saves.
 //
 // There is no vocabulary: no embedding table, no LM head, no sampling. The
 // hidden state of the next token is the stack's output for the previous one
@@ -29,7 +33,8 @@
 //   generate [--layers=4] [--d_model=512] [--heads=8] [--prompt=256]
 //            [--tokens=128] [--threads=0] [--targets=all]
 //            [--kv_dtype=float32] [--window=128]
-//            [--configs=mha,gqa,mqa,llama3,qwen3,mistral,gemma2,gpt-oss]
+//            [--configs=mha,gqa,mqa,llama3,qwen3,mistral,gemma2,gpt-oss,
+//                       streaming]
 //
 // --threads=0 runs on TBB's default thread count. --targets takes "all" (every
 // instruction set this CPU supports), "best", or a comma-separated list of
@@ -37,6 +42,7 @@
 // argument ("--layers 1").
 #include <strings.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -77,8 +83,9 @@ struct Options {
   std::string targets = "all";
   KvDtype kv_dtype = KvDtype::kFloat32;
   int64_t window = 128;  // of the windowed configurations' local layers
-  std::vector<std::string> configs = {"mha",   "gqa",     "mqa",    "llama3",
-                                      "qwen3", "mistral", "gemma2", "gpt-oss"};
+  std::vector<std::string> configs = {"mha",    "gqa",     "mqa",
+                                      "llama3", "qwen3",   "mistral",
+                                      "gemma2", "gpt-oss", "streaming"};
 };
 
 // Whether `name` is one of the configurations the demo knows.
@@ -160,7 +167,7 @@ Options ParseOptions(int argc, char** argv) {
         if (!KnownConfig(config)) {
           UsageError("--configs: unknown configuration \"" + config +
                      "\" (mha, gqa, mqa, llama3, qwen3, mistral, gemma2, "
-                     "gpt-oss)");
+                     "gpt-oss, streaming)");
         }
         options.configs.push_back(config);
         begin = end + 1;
@@ -347,11 +354,14 @@ Model MakeModel(const Options& options, const std::string& name) {
       config.rope.theta = 1000000.0;
       config.qk_norm = true;
     }
-    // Local (windowed) layers: all of Mistral's, every other one of Gemma 2's
-    // and gpt-oss's, starting with the first.
-    const bool local = name == "mistral" ||
+    // Local (windowed) layers: all of Mistral's and StreamingLLM's, every
+    // other one of Gemma 2's and gpt-oss's, starting with the first.
+    const bool local = name == "mistral" || name == "streaming" ||
                        ((name == "gemma2" || name == "gpt-oss") && l % 2 == 0);
     if (local) config.attention.window = options.window;
+    if (name == "streaming") {
+      config.attention.n_sink_tokens = std::min<int64_t>(4, options.window);
+    }
     if (name == "gemma2") config.attention.softcap = 50.0f;
     model.configs.push_back(config);
     model.weights.push_back(MakeWeights(options.d_model, heads * head_dim,
@@ -421,11 +431,16 @@ RunResult Run(const Options& options, const Model& model,
     Check(AttentionLayer::Create(
               config, Views(model.weights[l], d, q_cols, kv_cols), &layers[l]),
           "AttentionLayer::Create");
-    Check(KvCache::Create(layers[l].CacheConfig(/*n_sequences=*/1,
-                                                options.prompt + options.tokens,
-                                                options.kv_dtype),
-                          &caches[l]),
-          "KvCache::Create");
+    // A windowed layer's cache is a ring of window + sink tokens rows.
+    Check(
+        KvCache::Create(
+            config.attention.window > 0
+                ? layers[l].RingCacheConfig(/*n_sequences=*/1, options.kv_dtype)
+                : layers[l].CacheConfig(/*n_sequences=*/1,
+                                        options.prompt + options.tokens,
+                                        options.kv_dtype),
+            &caches[l]),
+        "KvCache::Create");
     result.cache_bytes_per_token +=
         layers[l].cache_bytes_per_token(options.kv_dtype);
     result.cache_bytes += caches[l].bytes();
