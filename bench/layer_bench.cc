@@ -40,8 +40,9 @@
 // matmul would call it; their attention steps stay Headway's.
 //
 // Memory: one set of MHA-sized host weights (256 MiB) for the whole run, whose
-// first columns of W_K and W_V serve GQA-8 and MQA; one packed layer at a time
-// (up to 256 MiB); the decode caches (164 MiB in all) and prefill caches.
+// first columns of W_K and W_V serve GQA-8 and MQA; the current target's
+// packed layers, one per layout and variant (up to 1.1 GiB); the decode caches
+// (164 MiB in all) and prefill caches.
 #include <stddef.h>
 #include <stdint.h>
 
@@ -113,17 +114,17 @@ const HostWeights& SharedHostWeights() {
   return weights;
 }
 
-// The layer of the last benchmark, kept while the next one runs the same
-// layout on the same target: one packed layer (up to 256 MiB) at a time.
-struct LayerSlot {
-  int64_t n_kv = 0;
-  bool variants = false;
+// The layers of the current target, one per (n_kv, variants), kept while
+// benchmarks run on that target (up to 1.1 GiB: MHA's packed weights are 256
+// MiB), so that interleaved repetitions of the plain and the variant rows
+// find their layers packed and their pages warm; a new target drops them.
+struct LayerSlots {
   int64_t target_bits = 0;
-  std::unique_ptr<AttentionLayer> layer;
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<AttentionLayer>> layers;
 };
-LayerSlot& SharedLayerSlot() {
-  static LayerSlot slot;
-  return slot;
+LayerSlots& SharedLayerSlots() {
+  static LayerSlots slots;
+  return slots;
 }
 
 // QK-norm's weights (Qwen3's are near 1): uniform in [0.5, 1.5].
@@ -142,12 +143,13 @@ const std::vector<float>& NormWeights() {
 // layer runs them. Null after skipping the benchmark if Create fails.
 AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
                             const Target& target, bool variants = false) {
-  LayerSlot& slot = SharedLayerSlot();
-  if (slot.layer && slot.n_kv == n_kv && slot.variants == variants &&
-      slot.target_bits == target.bits) {
-    return slot.layer.get();
+  LayerSlots& slots = SharedLayerSlots();
+  if (slots.target_bits != target.bits) {
+    slots.layers.clear();  // frees them before packing for another target
+    slots.target_bits = target.bits;
   }
-  slot.layer.reset();  // frees the previous one before packing the next
+  std::unique_ptr<AttentionLayer>& slot = slots.layers[{n_kv, variants}];
+  if (slot) return slot.get();
   const HostWeights& host = SharedHostWeights();
   AttentionLayerConfig config;
   config.d_model = kDModel;
@@ -171,15 +173,12 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
   if (!Check(state, AttentionLayer::Create(config, weights, layer.get()))) {
     return nullptr;
   }
-  slot.n_kv = n_kv;
-  slot.variants = variants;
-  slot.target_bits = target.bits;
-  slot.layer = std::move(layer);
-  return slot.layer.get();
+  slot = std::move(layer);
+  return slot.get();
 }
 
-// Frees the shared layer (the seed benchmarks do not use it).
-void DropSharedLayer() { SharedLayerSlot().layer.reset(); }
+// Frees the shared layers (the seed benchmarks do not use them).
+void DropSharedLayer() { SharedLayerSlots().layers.clear(); }
 
 // One cache per (n_kv_heads, capacity, dtype) for the whole run, holding
 // `filled` random tokens when handed out (decode: kContext of kContext + 1;
