@@ -1275,9 +1275,11 @@ static hw_attention_layer_weights Weights(const Model* m) {
 
 /* Whether the query at position pos sees the key at position s before the
  * additive mask (headway.h's hw_attention_variants): s <= pos if causal, and
- * s > pos - window with a window. */
-static int Visible(int64_t s, int64_t pos, int causal, int64_t window) {
-  return (!causal || s <= pos) && (window == 0 || s > pos - window);
+ * with a window s > pos - window or s < n_sinks (sink tokens). */
+static int Visible(int64_t s, int64_t pos, int causal, int64_t window,
+                   int64_t n_sinks) {
+  return (!causal || s <= pos) &&
+         (window == 0 || s > pos - window || s < n_sinks);
 }
 
 /* The score of query head h at position pos for the key at position s, from
@@ -1343,6 +1345,7 @@ static void ReferenceLayer(const Model* m, int64_t n, const float* x,
   const double scale = 1.0 / sqrt((double)hd);
   const int causal = m->mask == HW_MASK_CAUSAL;
   const int64_t window = variants != NULL ? variants->window : 0;
+  const int64_t n_sinks = variants != NULL ? variants->n_sink_tokens : 0;
   const double softcap = variants != NULL ? variants->softcap : 0.0;
   const float* slopes = variants != NULL ? variants->alibi_slopes : NULL;
   const float* sinks = variants != NULL ? variants->sink_logits : NULL;
@@ -1353,7 +1356,7 @@ static void ReferenceLayer(const Model* m, int64_t n, const float* x,
       double max = sinks != NULL ? sinks[h] : -INFINITY, sum = 0.0;
       for (int64_t s = 0; s < n; ++s) {
         p[s] = -INFINITY;
-        if (!Visible(s, t, causal, window)) continue;
+        if (!Visible(s, t, causal, window, n_sinks)) continue;
         double dot = 0.0;
         for (int64_t c = 0; c < hd; ++c) {
           dot += q[t * q_cols + h * hd + c] * k[s * kv_cols + g * hd + c];
@@ -1395,6 +1398,43 @@ static hw_layer_sequence Seq(int64_t seq, int64_t n_tokens) {
   s.seq = seq;
   s.n_tokens = n_tokens;
   return s;
+}
+
+/* The sequence the layer tests repeat: a new cache for layer (capacity > 0:
+ * hw_attention_layer_create_cache_typed of that many rows; 0:
+ * hw_attention_layer_create_ring_cache), of element type dtype; its sequence
+ * 0 fed the rows of x (dense [sum of chunks, d_model]) in forward calls of
+ * chunks[0], chunks[1], ... tokens, the outputs into y (dense); the cache
+ * destroyed. *bytes (if not NULL) gets its hw_kv_cache_bytes. Returns 1 if
+ * every call succeeded (a failure is CHECKed). */
+static int ForwardChunks(hw_attention_layer* layer, int64_t capacity, int dtype,
+                         const int64_t* chunks, int n_chunks, const float* x,
+                         float* y, size_t* bytes) {
+  hw_attention_layer_config config;
+  hw_kv_cache* cache = NULL;
+  int ok = 1;
+  CHECK_OK(hw_attention_layer_get_config(layer, &config));
+  if (capacity > 0) {
+    CHECK_OK(hw_attention_layer_create_cache_typed(layer, 1, capacity, dtype,
+                                                   &cache));
+  } else {
+    CHECK_OK(hw_attention_layer_create_ring_cache(layer, 1, dtype, &cache));
+  }
+  if (cache == NULL) return 0;
+  if (bytes != NULL) CHECK_OK(hw_kv_cache_bytes(cache, bytes));
+  int64_t row = 0;
+  for (int i = 0; i < n_chunks; ++i) {
+    const hw_layer_sequence s = Seq(0, chunks[i]);
+    const int rc = hw_attention_layer_forward(layer, cache, &s, 1,
+                                              x + row * config.d_model, 0,
+                                              y + row * config.d_model, 0);
+    CHECK_OK(rc);
+    ok &= rc == HW_OK;
+    row += chunks[i];
+  }
+  CHECK(Length(cache, 0) == row);
+  hw_kv_cache_destroy(cache);
+  return ok;
 }
 
 /* One layer shape on the target active now: metadata, the float64
@@ -1998,7 +2038,8 @@ static void TestLayerVariantsCase(const Model* m,
   } else {
     CHECK(got.q_norm == NULL && got.k_norm == NULL);
   }
-  CHECK(got.window == want.window && got.softcap == want.softcap);
+  CHECK(got.window == want.window && got.softcap == want.softcap &&
+        got.n_sink_tokens == want.n_sink_tokens);
   /* The per-head arrays: the layer's copies of the whole model's [n_heads]. */
   CHECK((got.alibi_slopes != NULL) == (want.alibi_slopes != NULL) &&
         (got.sink_logits != NULL) == (want.sink_logits != NULL));
@@ -2063,7 +2104,6 @@ static void TestLayerVariantShards(
   float* x = RandomArray(kT * d, 2.0f);
   float* y[3];
   hw_attention_layer* layers[3] = {NULL, NULL, NULL};
-  hw_kv_cache* caches[3] = {NULL, NULL, NULL};
   for (int i = 0; i < 3; ++i) {
     /* 0: the whole layer; 1, 2: the shards. */
     hw_attention_layer_config config = Config(m);
@@ -2075,16 +2115,9 @@ static void TestLayerVariantShards(
     CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights,
                                                      variants, &layers[i]));
     if (layers[i] == NULL) continue;
-    CHECK_OK(hw_attention_layer_create_cache(layers[i], 1, kT, &caches[i]));
-    if (caches[i] == NULL) continue;
-    hw_layer_sequence s = Seq(0, kN);
-    CHECK_OK(
-        hw_attention_layer_forward(layers[i], caches[i], &s, 1, x, 0, y[i], 0));
-    for (int64_t t = kN; t < kT; ++t) {
-      s = Seq(0, 1);
-      CHECK_OK(hw_attention_layer_forward(layers[i], caches[i], &s, 1,
-                                          x + t * d, 0, y[i] + t * d, 0));
-    }
+    const int64_t chunks[1 + kSteps] = {kN, 1, 1};
+    ForwardChunks(layers[i], kT, HW_KV_FLOAT32, chunks, 1 + kSteps, x, y[i],
+                  NULL);
     hw_attention_layer_variants got = NoVariants();
     CHECK_OK(hw_attention_layer_get_variants(layers[i], &got));
     CHECK(got.alibi_slopes != NULL && got.sink_logits != NULL);
@@ -2098,7 +2131,6 @@ static void TestLayerVariantShards(
   for (int64_t e = 0; e < kT * d; ++e) y[1][e] += y[2][e];
   CHECK(NormwiseDiff(y[1], d, y[0], d, kT, d) <= kTolerance);
   for (int i = 0; i < 3; ++i) {
-    hw_kv_cache_destroy(caches[i]);
     hw_attention_layer_destroy(layers[i]);
     free(y[i]);
   }
@@ -2156,11 +2188,13 @@ static void TestLayerVariants(void) {
   sets[5].softcap = 2.0f;
   sets[5].alibi_slopes = slopes;
   sets[5].sink_logits = sinks;
-  /* Everything at once: QK-norm, RoPE, window 4, softcap 5, ALiBi, sinks. */
+  /* Everything at once: QK-norm, RoPE, window 4 with 2 sink tokens, softcap
+   * 5, ALiBi, sinks. */
   sets[6] = sets[5];
   sets[6].qk_norm = 1;
   sets[6].rope = RopeConfig(8, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
   sets[6].window = 4;
+  sets[6].n_sink_tokens = 2;
   sets[6].softcap = 5.0f;
   /* MQA: RoPE, window 2 (a token and the one before), sinks. */
   sets[7].rope = RopeConfig(4, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
@@ -2225,13 +2259,10 @@ static void TestLayerVariantsOff(void) {
   float* want = FilledArray(kN * d, NAN);
   float* got = FilledArray(kN * d, NAN);
   hw_attention_layer* plain = NULL;
-  hw_kv_cache* cache = NULL;
-  hw_layer_sequence s = Seq(0, kN);
+  const int64_t all[1] = {kN};
   CHECK_OK(hw_attention_layer_create(&config, &weights, &plain));
   if (plain == NULL) return;
-  CHECK_OK(hw_attention_layer_create_cache(plain, 1, kN, &cache));
-  CHECK_OK(hw_attention_layer_forward(plain, cache, &s, 1, x, 0, want, 0));
-  hw_kv_cache_destroy(cache);
+  ForwardChunks(plain, kN, HW_KV_FLOAT32, all, 1, x, want, NULL);
   {
     hw_attention_layer_variants v;
     memset(&v, 0xff, sizeof(v));
@@ -2245,18 +2276,16 @@ static void TestLayerVariantsOff(void) {
           v.rope.factor == 1.0 && v.rope.low_freq_factor == 1.0 &&
           v.rope.high_freq_factor == 4.0 &&
           v.rope.original_max_position == 8192 && v.qk_norm_eps == 1e-6f);
-    CHECK(v.window == 0 && v.softcap == 0.0f && v.alibi_slopes == NULL &&
-          v.sink_logits == NULL);
+    CHECK(v.window == 0 && v.n_sink_tokens == 0 && v.softcap == 0.0f &&
+          v.alibi_slopes == NULL && v.sink_logits == NULL);
   }
   for (int i = 0; i < 3; ++i) {
     hw_attention_layer* layer = NULL;
-    cache = NULL;
     CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, asks[i],
                                                      &layer));
     if (layer == NULL) continue;
-    CHECK_OK(hw_attention_layer_create_cache(layer, 1, kN, &cache));
     for (int64_t j = 0; j < kN * d; ++j) got[j] = NAN;
-    CHECK_OK(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, got, 0));
+    ForwardChunks(layer, kN, HW_KV_FLOAT32, all, 1, x, got, NULL);
     CHECK(memcmp(got, want, (size_t)(kN * d) * sizeof(float)) == 0);
     /* A newer caller's longer struct: its tail comes back zero. */
     memset(&longer, 0x5a, sizeof(longer));
@@ -2267,7 +2296,6 @@ static void TestLayerVariantsOff(void) {
           longer.tail[15] == 0);
     memset(&longer, 0, sizeof(longer));
     longer.v.struct_size = sizeof(longer);
-    hw_kv_cache_destroy(cache);
     hw_attention_layer_destroy(layer);
   }
   free(x);
@@ -2467,6 +2495,223 @@ static void TestLayerVariantErrors(void) {
 
 /* ------------------------------------------------------- Attention core */
 
+/* ------------------------------------------------ Attention layer, ring */
+
+/* A layer with a window of 4 and 2 sink tokens (with RoPE and ALiBi, so that
+ * a position taken from a ring row instead of the token shows) on a ring
+ * cache from hw_attention_layer_create_ring_cache (6 rows) and on a plain
+ * cache holding every position, both of dtype: a prefill of 11 tokens, longer
+ * than the ring, then 13 tokens in decode steps and a chunk of 5 (the ring
+ * wraps four times) give the same outputs within kTolerance (they differ in
+ * float32 summation order only), and for float32 the float64 reference's;
+ * the ring cache's bytes are its 6 rows, the plain one's 24. */
+static void TestLayerRingOnTarget(const Model* m, int dtype) {
+  enum { kWindow = 4, kSinks = 2, kCap = kWindow + kSinks, kT = 24 };
+  const int64_t chunks[] = {11, 1, 1, 5, 1, 1, 1, 1, 1, 1};
+  const int n_chunks = (int)(sizeof(chunks) / sizeof(chunks[0]));
+  const int64_t d = m->d_model;
+  float slopes[4];
+  CHECK_OK(hw_alibi_slopes(4, slopes));
+  hw_attention_layer_variants variants = NoVariants();
+  variants.window = kWindow;
+  variants.n_sink_tokens = kSinks;
+  variants.rope = RopeConfig(8, HW_ROPE_HALVES, HW_ROPE_SCALING_NONE);
+  variants.alibi_slopes = slopes;
+  const hw_attention_layer_config config = Config(m);
+  const hw_attention_layer_weights weights = Weights(m);
+  hw_attention_layer* layer = NULL;
+  CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, &variants,
+                                                   &layer));
+  if (layer == NULL) return;
+
+  /* The ring cache's shape and state. */
+  {
+    hw_kv_cache* ring = NULL;
+    int64_t capacity = 0, ring_begin = -1, sinks = -1;
+    int is_ring = 0, got_dtype = -1;
+    CHECK_OK(hw_attention_layer_create_ring_cache(layer, 2, dtype, &ring));
+    if (ring != NULL) {
+      CHECK_OK(hw_kv_cache_shape(ring, NULL, NULL, NULL, &capacity, NULL));
+      CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, &sinks, &is_ring));
+      CHECK_OK(hw_kv_cache_dtype(ring, &got_dtype, NULL));
+      CHECK(capacity == kCap && is_ring == 1 && sinks == kSinks &&
+            ring_begin == kSinks && got_dtype == dtype);
+    }
+    hw_kv_cache_destroy(ring);
+  }
+
+  float* x = RandomArray(kT * d, 2.0f);
+  float* y_ring = FilledArray(kT * d, NAN);
+  float* y_plain = FilledArray(kT * d, NAN);
+  size_t ring_bytes = 0, plain_bytes = 0;
+  ForwardChunks(layer, 0, dtype, chunks, n_chunks, x, y_ring, &ring_bytes);
+  ForwardChunks(layer, kT, dtype, chunks, n_chunks, x, y_plain, &plain_bytes);
+  CHECK(ring_bytes > 0 && ring_bytes * kT == plain_bytes * kCap);
+  const double diff = NormwiseDiff(y_ring, d, y_plain, d, kT, d);
+  if (!(diff <= kTolerance)) {
+    fprintf(stderr, "  layer on a %s ring cache: diff %g\n",
+            hw_kv_dtype_name(dtype), diff);
+  }
+  CHECK(diff <= kTolerance);
+  if (dtype == HW_KV_FLOAT32) {
+    const hw_attention_layer_variants want = ResolvedVariants(&variants);
+    double* ref = (double*)calloc((size_t)(kT * d), sizeof(double));
+    float* ref_f = FilledArray(kT * d, 0.0f);
+    if (ref == NULL) exit(2);
+    ReferenceLayer(m, kT, x, &want, ref);
+    for (int64_t i = 0; i < kT * d; ++i) ref_f[i] = (float)ref[i];
+    CHECK(NormwiseDiff(y_ring, d, ref_f, d, kT, d) <= kTolerance);
+    free(ref);
+    free(ref_f);
+  }
+  free(x);
+  free(y_ring);
+  free(y_plain);
+  hw_attention_layer_destroy(layer);
+}
+
+/* The ring layer's errors: a ring cache too short for the layer's window or
+ * with other sink tokens, a layer without a window on a ring cache (nothing
+ * written, the cache unchanged), hw_attention_layer_create_ring_cache's
+ * arguments; n_sink_tokens in the variants: < 0 rejected, reported by
+ * get_variants, ignored (and not written) with version 1's struct_size. */
+static void TestLayerRingErrors(void) {
+  Model m = MakeModel(16, 4, 2, 4, HW_MASK_CAUSAL, 1);
+  const hw_attention_layer_config config = Config(&m);
+  const hw_attention_layer_weights weights = Weights(&m);
+  hw_attention_layer_variants v = NoVariants();
+  v.window = 4;
+  v.n_sink_tokens = 2;
+  hw_attention_layer *layer = NULL, *plain = NULL;
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer));
+  CHECK_OK(hw_attention_layer_create(&config, &weights, &plain));
+  if (layer == NULL || plain == NULL) {
+    hw_attention_layer_destroy(layer);
+    hw_attention_layer_destroy(plain);
+    FreeModel(&m);
+    return;
+  }
+  enum { kN = 2 };
+  float* x = RandomArray(kN * 16, 1.0f);
+  float* y = FilledArray(kN * 16, 7.0f);
+  const hw_layer_sequence s = Seq(0, kN);
+
+  /* Rings that do not fit the layer. */
+  hw_kv_cache *short_ring = NULL, *other_sinks = NULL, *fits = NULL;
+  CHECK_OK(hw_kv_cache_create_ring(1, 2, 4, 5, 2, HW_KV_FLOAT32, &short_ring));
+  CHECK_OK(
+      hw_kv_cache_create_ring(1, 2, 4, 10, 1, HW_KV_FLOAT32, &other_sinks));
+  CHECK_OK(hw_kv_cache_create_ring(1, 2, 4, 6, 2, HW_KV_FLOAT32, &fits));
+  CHECK_ERR(hw_attention_layer_forward(layer, short_ring, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: the layer's variants.window (4) must "
+            "be in [1, capacity - n_sink_tokens = 3] with a ring cache");
+  CHECK_ERR(hw_attention_layer_forward(layer, other_sinks, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: the layer's variants.n_sink_tokens "
+            "(2) must equal the ring cache's n_sink_tokens (1)");
+  CHECK_ERR(hw_attention_layer_forward(plain, fits, &s, 1, x, 0, y, 0),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_forward: the layer's variants.window (0) must "
+            "be in [1, capacity - n_sink_tokens = 4]");
+  CHECK(Length(short_ring, 0) == 0 && Length(other_sinks, 0) == 0 &&
+        Length(fits, 0) == 0);
+  int untouched = 1;
+  for (int64_t i = 0; i < kN * 16; ++i) untouched &= y[i] == 7.0f;
+  CHECK(untouched);
+  /* A ring longer than the window with the layer's sinks is fine. */
+  CHECK_OK(hw_attention_layer_forward(layer, fits, &s, 1, x, 0, y, 0));
+  hw_kv_cache_destroy(short_ring);
+  hw_kv_cache_destroy(other_sinks);
+  hw_kv_cache_destroy(fits);
+
+  /* hw_attention_layer_create_ring_cache's arguments. */
+  hw_kv_cache* cache = NULL;
+  CHECK_ERR(
+      hw_attention_layer_create_ring_cache(plain, 1, HW_KV_FLOAT32, &cache),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_ring_cache: the layer has no sliding "
+      "window (variants.window is 0)");
+  CHECK_ERR(
+      hw_attention_layer_create_ring_cache(NULL, 1, HW_KV_FLOAT32, &cache),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_ring_cache: layer is null");
+  CHECK_ERR(hw_attention_layer_create_ring_cache(layer, 1, HW_KV_FLOAT32, NULL),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_ring_cache: out is null");
+  CHECK_ERR(
+      hw_attention_layer_create_ring_cache(layer, 0, HW_KV_FLOAT32, &cache),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_ring_cache: n_sequences must be >= 1 (got 0)");
+  CHECK_ERR(hw_attention_layer_create_ring_cache(layer, 1, 9, &cache),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_layer_create_ring_cache: dtype (9) is not a known "
+            "hw_kv_dtype");
+  CHECK(cache == NULL);
+
+  /* n_sink_tokens in the variants. */
+  hw_attention_layer* other = NULL;
+  hw_attention_layer_variants bad = v;
+  bad.n_sink_tokens = -1;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &bad, &other),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_with_variants: variants.n_sink_tokens "
+      "must be >= 0 (got -1)");
+  CHECK(other == NULL);
+  {
+    hw_attention_layer_variants got;
+    memset(&got, 0x5a, sizeof(got));
+    got.struct_size = sizeof(got);
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.window == 4 && got.n_sink_tokens == 2);
+    /* Version 1's size: n_sink_tokens is not written. */
+    memset(&got, 0x5a, sizeof(got));
+    got.struct_size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.struct_size == HW_ATTENTION_LAYER_VARIANTS_V1_SIZE &&
+          got.window == 4);
+    int64_t sentinel;
+    memset(&sentinel, 0x5a, sizeof(sentinel));
+    CHECK(got.n_sink_tokens == sentinel);
+    /* Nor read: a version 1 caller's layer has no sink tokens. */
+    hw_attention_layer_variants v1 = v;
+    v1.struct_size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
+    CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, &v1,
+                                                     &other));
+    got = NoVariants();
+    if (other != NULL) CHECK_OK(hw_attention_layer_get_variants(other, &got));
+    CHECK(got.window == 4 && got.n_sink_tokens == 0);
+    hw_attention_layer_destroy(other);
+  }
+  free(x);
+  free(y);
+  hw_attention_layer_destroy(layer);
+  hw_attention_layer_destroy(plain);
+  FreeModel(&m);
+}
+
+/* The ring layer on every instruction set, float32 and bfloat16 caches. */
+static void TestLayerRing(void) {
+  Model m = MakeModel(32, 4, 2, 8, HW_MASK_CAUSAL, 1); /* GQA */
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    TestLayerRingOnTarget(&m, HW_KV_FLOAT32);
+    TestLayerRingOnTarget(&m, HW_KV_BFLOAT16);
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+  FreeModel(&m);
+  TestLayerRingErrors();
+}
+
 static hw_out_matrix OutMatrix(float* data, int64_t rows, int64_t cols,
                                int64_t stride) {
   hw_out_matrix matrix;
@@ -2484,10 +2729,20 @@ static hw_matrix StridedMatrix(const float* data, int64_t rows, int64_t cols,
   return matrix;
 }
 
+/* The n_sink_tokens of variants as a call reads it: 0 for NULL or a
+ * struct_size of version 1. */
+static int64_t SinkTokens(const hw_attention_variants* variants) {
+  return variants != NULL &&
+                 variants->struct_size >= HW_ATTENTION_VARIANTS_V2_SIZE
+             ? variants->n_sink_tokens
+             : 0;
+}
+
 /* float64 attention of one query (headway.h's formula) over the rows
  * appended to its sequence: k and v [length, G * hd] dense; q [n, H * hd]
  * row stride qs; mask [n, length] row stride ms, or NULL; the variants (or
- * NULL: none): a key at position <= p - window hidden, the score soft-capped
+ * NULL: none): a key at position <= p - window hidden (but for the first
+ * n_sink_tokens), the score soft-capped
  * then plus slope_h * (k - p) before the mask, exp(sink_h) in each row's
  * softmax denominator. Writes out [n, H * hd] dense and, if not NULL,
  * weights [H * n, length] dense. */
@@ -2500,6 +2755,7 @@ static void ReferenceAttention(int64_t H, int64_t G, int64_t hd, int64_t length,
                                double* out, double* weights) {
   const int64_t group = H / G;
   const int64_t window = variants != NULL ? variants->window : 0;
+  const int64_t n_sinks = SinkTokens(variants);
   const double softcap = variants != NULL ? variants->softcap : 0.0;
   const float* slopes = variants != NULL ? variants->alibi_slopes : NULL;
   const float* sinks = variants != NULL ? variants->sink_logits : NULL;
@@ -2512,7 +2768,7 @@ static void ReferenceAttention(int64_t H, int64_t G, int64_t hd, int64_t length,
       double max = -INFINITY, sum = 0.0;
       for (int64_t s = 0; s < length; ++s) {
         double z = -INFINITY;
-        if (Visible(s, pos, causal, window)) {
+        if (Visible(s, pos, causal, window, n_sinks)) {
           double dot = 0.0;
           for (int64_t c = 0; c < hd; ++c) {
             dot += (double)q[t * qs + h * hd + c] * k[s * G * hd + g * hd + c];
@@ -2878,7 +3134,8 @@ static void TestAttentionVariantsOnTarget(int dtype, const AttnVariantSet* sets,
           const double* rw = ref_w + (h * n + t) * length;
           double got_sum = 0.0, want_sum = 0.0;
           for (int64_t s = 0; s < length; ++s) {
-            if (!Visible(s, q_pos0[i] + t, causal, var->window)) {
+            if (!Visible(s, q_pos0[i] + t, causal, var->window,
+                         SinkTokens(var))) {
               hidden_zero &= w[s] == 0.0f;
             }
             got_sum += w[s];
@@ -2930,7 +3187,7 @@ static void TestAttentionVariants(void) {
   float slopes[8];
   const float sinks[8] = {0.5f, -1.0f, 2.0f, 8.0f, 0.0f, 3.0f, -4.0f, 1.0f};
   CHECK_OK(hw_alibi_slopes(8, slopes)); /* 2^-1 .. 2^-8 */
-  enum { kSets = 9 };
+  enum { kSets = 11 };
   AttnVariantSet sets[kSets];
   for (int i = 0; i < kSets; ++i) {
     memset(&sets[i], 0, sizeof(sets[i]));
@@ -2963,6 +3220,15 @@ static void TestAttentionVariants(void) {
   sets[8].v.window = 5000;
   sets[8].v.softcap = 20.0f;
   sets[8].v.sink_logits = sinks;
+  /* StreamingLLM's sink tokens: the first keys stay visible. */
+  sets[9].name = "window 100, 4 sink tokens";
+  sets[9].v.window = 100;
+  sets[9].v.n_sink_tokens = 4;
+  sets[10].name = "all, window 50, 130 sink tokens, HW_MASK_NONE";
+  sets[10].mask = HW_MASK_NONE;
+  sets[10].v = sets[6].v;
+  sets[10].v.window = 50;
+  sets[10].v.n_sink_tokens = 130; /* past the first 128-key block */
 
   const char* targets[16];
   int64_t n_targets = hw_supported_targets(targets, 16);
@@ -3174,6 +3440,247 @@ static void TestAttentionVariantErrors(void) {
 }
 
 /* Bad calls: an error naming the C argument, nothing written. */
+/* ----------------------------------------------------- Attention, ring */
+
+/* hw_attention_with_variants with a window of 5 and 2 sink tokens on a ring
+ * cache of 9 rows (a ring of 7) against the same calls on a plain cache
+ * holding all 48 positions, both of dtype and appended alike: sequence 1 in
+ * chunks of 1 to 3 tokens (at most capacity - n_sink_tokens - window + 1 =
+ * 3, so that each query finds its window), each chunk's queries attended
+ * right after, some steps with soft-capping and ALiBi or HW_MASK_NONE; the
+ * ring wraps six times. The two differ in float32 summation order only
+ * (kTolerance). Sequence 0 appended in one go: its last 3 tokens can attend,
+ * its last 4 cannot (HW_OUT_OF_RANGE). Version 1's struct_size reads no
+ * n_sink_tokens: a ring rejects it, a plain cache attends without sinks. */
+static void TestAttentionRingOnTarget(int dtype) {
+  enum {
+    H = 4,
+    G = 2,
+    D = 6,
+    W = H * D,
+    KW = G * D,
+    kWindow = 5,
+    kSinks = 2,
+    kCap = kWindow + kSinks + 2,
+    kRing = kCap - kSinks,
+    kTotal = 48
+  };
+  hw_kv_cache *ring = NULL, *plain = NULL;
+  CHECK_OK(hw_kv_cache_create_ring(2, G, D, kCap, kSinks, dtype, &ring));
+  CHECK_OK(hw_kv_cache_create_typed(2, G, D, kTotal, dtype, &plain));
+  if (ring == NULL || plain == NULL) {
+    hw_kv_cache_destroy(ring);
+    hw_kv_cache_destroy(plain);
+    return;
+  }
+  float slopes[H];
+  CHECK_OK(hw_alibi_slopes(H, slopes));
+  float* k = RandomArray(kTotal * KW, 4.0f);
+  float* v = RandomArray(kTotal * KW, 2.0f);
+  float* q = RandomArray(kTotal * W, 4.0f);
+  float* got = FilledArray(kTotal * W, NAN);
+  float* want = FilledArray(kTotal * W, NAN);
+  hw_attention_variants var = NoAttnVariants();
+  var.window = kWindow;
+  var.n_sink_tokens = kSinks;
+  hw_attention_options options;
+  memset(&options, 0, sizeof(options));
+  hw_attention_query query;
+  query.seq = 1;
+  query.mask = Matrix(NULL, 0, 0);
+  double worst = 0.0;
+  int64_t length = 0;
+  for (int step = 0; length < kTotal; ++step) {
+    int64_t n = 1 + step % 3;
+    if (n > kTotal - length) n = kTotal - length;
+    CHECK_OK(
+        hw_kv_cache_append(ring, 1, n, k + length * KW, 0, v + length * KW, 0));
+    CHECK_OK(hw_kv_cache_append(plain, 1, n, k + length * KW, 0,
+                                v + length * KW, 0));
+    var.softcap = step % 2 == 1 ? 2.0f : 0.0f;
+    var.alibi_slopes = step % 2 == 1 ? slopes : NULL;
+    options.mask = step % 4 == 3 ? HW_MASK_NONE : HW_MASK_CAUSAL;
+    query.q_pos0 = length;
+    query.q = Matrix(q + length * W, n, W);
+    query.out = OutMatrix(got + length * W, n, W, 0);
+    CHECK_OK(hw_attention_with_variants(ring, H, &query, 1, &options, &var));
+    query.out.data = want + length * W;
+    CHECK_OK(hw_attention_with_variants(plain, H, &query, 1, &options, &var));
+    const double diff =
+        NormwiseDiff(got + length * W, W, want + length * W, W, n, W);
+    if (!(diff <= worst)) worst = diff; /* NaN sticks */
+    length += n;
+  }
+  if (!(worst <= kTolerance)) {
+    fprintf(stderr, "  ring attention, %s: diff %g\n", hw_kv_dtype_name(dtype),
+            worst);
+  }
+  CHECK(worst <= kTolerance);
+  {
+    int64_t ring_begin = -1;
+    CHECK_OK(hw_kv_cache_ring_state(ring, 1, &ring_begin, NULL, NULL));
+    CHECK(ring_begin == kTotal - kRing);
+  }
+
+  /* Sequence 0 in one append: the ring holds positions 41 .. 47 and the
+   * sinks. */
+  var.softcap = 0.0f;
+  var.alibi_slopes = NULL;
+  options.mask = HW_MASK_CAUSAL;
+  CHECK_OK(hw_kv_cache_append(ring, 0, kTotal, k, 0, v, 0));
+  CHECK_OK(hw_kv_cache_append(plain, 0, kTotal, k, 0, v, 0));
+  query.seq = 0;
+  query.q_pos0 = kTotal - 4; /* its window starts at 40 */
+  query.q = Matrix(q, 4, W);
+  query.out = OutMatrix(got, 4, W, 0);
+  for (int64_t i = 0; i < 4 * W; ++i) got[i] = 7.0f;
+  CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, &options, &var),
+            HW_OUT_OF_RANGE,
+            "hw_attention_with_variants: queries[0]: the query at position 44 "
+            "sees keys from position 40 on, but the ring of sequence 0 holds "
+            "them from 41 on");
+  int untouched = 1;
+  for (int64_t i = 0; i < 4 * W; ++i) untouched &= got[i] == 7.0f;
+  CHECK(untouched);
+  query.q_pos0 = kTotal - 3;
+  query.q = Matrix(q, 3, W);
+  query.out = OutMatrix(got, 3, W, 0);
+  CHECK_OK(hw_attention_with_variants(ring, H, &query, 1, &options, &var));
+  query.out.data = want;
+  CHECK_OK(hw_attention_with_variants(plain, H, &query, 1, &options, &var));
+  CHECK(NormwiseDiff(got, W, want, W, 3, W) <= kTolerance);
+
+  /* Version 1's struct_size: n_sink_tokens not read. */
+  {
+    hw_attention_variants v1 = var;
+    hw_attention_variants no_sinks = var;
+    v1.struct_size = HW_ATTENTION_VARIANTS_V1_SIZE;
+    no_sinks.n_sink_tokens = 0;
+    CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, &options, &v1),
+              HW_INVALID_ARGUMENT,
+              "hw_attention_with_variants: variants.n_sink_tokens (0) must "
+              "equal the ring cache's n_sink_tokens (2)");
+    float* with_v1 = FilledArray(3 * W, NAN);
+    query.out.data = with_v1;
+    CHECK_OK(hw_attention_with_variants(plain, H, &query, 1, &options, &v1));
+    query.out.data = got;
+    CHECK_OK(
+        hw_attention_with_variants(plain, H, &query, 1, &options, &no_sinks));
+    CHECK(memcmp(with_v1, got, (size_t)(3 * W) * sizeof(float)) == 0);
+    /* ... and the sinks do change the outputs there. */
+    CHECK(memcmp(with_v1, want, (size_t)(3 * W) * sizeof(float)) != 0);
+    free(with_v1);
+  }
+  free(k);
+  free(v);
+  free(q);
+  free(got);
+  free(want);
+  hw_kv_cache_destroy(ring);
+  hw_kv_cache_destroy(plain);
+}
+
+/* What a ring cache rejects (nothing written): hw_attention (no window), a
+ * window of 0 or past capacity - n_sink_tokens, other sink tokens, a mask,
+ * the materialised path; n_sink_tokens < 0 on any cache. */
+static void TestAttentionRingErrors(void) {
+  enum { H = 4, G = 2, D = 4, W = H * D, N = 2, kCap = 9, kSinks = 2 };
+  hw_kv_cache *ring = NULL, *plain = NULL;
+  CHECK_OK(
+      hw_kv_cache_create_ring(1, G, D, kCap, kSinks, HW_KV_FLOAT32, &ring));
+  CHECK_OK(hw_kv_cache_create(1, G, D, 16, &plain));
+  if (ring == NULL || plain == NULL) {
+    hw_kv_cache_destroy(ring);
+    hw_kv_cache_destroy(plain);
+    return;
+  }
+  float* kv = RandomArray(12 * G * D, 1.0f);
+  CHECK_OK(hw_kv_cache_append(ring, 0, 12, kv, 0, kv, 0));
+  CHECK_OK(hw_kv_cache_append(plain, 0, 12, kv, 0, kv, 0));
+  float* q = RandomArray(N * W, 1.0f);
+  float* out = FilledArray(N * W, 7.0f);
+  float* mask = RandomArray(N * 12, 1.0f);
+  float* weights = FilledArray(H * N * 12, 7.0f);
+  const hw_out_matrix w = OutMatrix(weights, H * N, 12, 0);
+  hw_attention_query query;
+  query.seq = 0;
+  query.q_pos0 = 12 - N;
+  query.q = Matrix(q, N, W);
+  query.out = OutMatrix(out, N, W, 0);
+  query.mask = Matrix(NULL, 0, 0);
+  hw_attention_variants v = NoAttnVariants();
+  v.window = 4;
+  v.n_sink_tokens = kSinks;
+
+  CHECK_ERR(hw_attention(ring, H, &query, 1, NULL), HW_INVALID_ARGUMENT,
+            "hw_attention: variants.window (0) must be in [1, capacity - "
+            "n_sink_tokens = 7] with a ring cache");
+  hw_attention_variants bad = v;
+  bad.window = 0;
+  CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.window (0) must be in [1, "
+            "capacity - n_sink_tokens = 7]");
+  bad.window = 8;
+  CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
+            HW_INVALID_ARGUMENT, "variants.window (8) must be in [1, ");
+  bad = v;
+  bad.n_sink_tokens = 1;
+  CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.n_sink_tokens (1) must "
+            "equal the ring cache's n_sink_tokens (2)");
+  bad.n_sink_tokens = -1;
+  CHECK_ERR(hw_attention_with_variants(plain, H, &query, 1, NULL, &bad),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.n_sink_tokens must be >= 0 "
+            "(got -1)");
+  hw_attention_query masked = query;
+  masked.mask = Matrix(mask, N, 12);
+  CHECK_ERR(hw_attention_with_variants(ring, H, &masked, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: queries[0].mask must be null with a "
+            "ring cache");
+  CHECK_ERR(hw_attention_with_weights(ring, H, &query, w, NULL),
+            HW_INVALID_ARGUMENT, "hw_attention_with_weights: ");
+  CHECK_ERR(
+      hw_attention_with_weights_and_variants(ring, H, &query, w, NULL, &v),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_with_weights_and_variants: cache is a ring cache, whose "
+      "weights would span positions it no longer holds");
+  int untouched = 1;
+  for (int64_t i = 0; i < N * W; ++i) untouched &= out[i] == 7.0f;
+  for (int64_t i = 0; i < H * N * 12; ++i) untouched &= weights[i] == 7.0f;
+  CHECK(untouched);
+  /* The same query with the ring's variants is fine. */
+  CHECK_OK(hw_attention_with_variants(ring, H, &query, 1, NULL, &v));
+  free(kv);
+  free(q);
+  free(out);
+  free(mask);
+  free(weights);
+  hw_kv_cache_destroy(ring);
+  hw_kv_cache_destroy(plain);
+}
+
+/* Ring attention on every target, float32 and float16 caches; its errors. */
+static void TestAttentionRing(void) {
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    TestAttentionRingOnTarget(HW_KV_FLOAT32);
+    TestAttentionRingOnTarget(HW_KV_FLOAT16);
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+  TestAttentionRingErrors();
+}
+
 static void TestAttentionErrors(void) {
   enum { H = 4, G = 2, D = 4, W = H * D, N = 3, L = 5 };
   hw_kv_cache* cache = NULL;
@@ -3526,11 +4033,13 @@ int main(void) {
   TestLayerVariantsOff();
   TestLayerVariantErrors();
   TestLayerVariants();
+  TestLayerRing();
   TestAttention();
   TestAttentionErrors();
   TestAlibiSlopes();
   TestAttentionVariants();
   TestAttentionVariantErrors();
+  TestAttentionRing();
   TestMatmul();
   TestSoftmax();
   TestReleaseThreadScratch();

@@ -40,7 +40,8 @@
  * library older than the caller's header accepts the larger struct when the
  * bytes it does not know are zero (the new features left off). struct_size
  * must be at least the struct's version 1 size (its _V1_SIZE macro) and at
- * most 4096.
+ * most 4096; each version's size has a macro (_V2_SIZE, ...), so that a
+ * caller can also pass an older version's size on purpose.
  *
  * Threads: kernels run in parallel on oneTBB inside. Functions on different
  * handles may be called concurrently; one hw_attention_layer must not run two
@@ -457,6 +458,8 @@ HEADWAY_C_API int hw_rms_norm_heads(float* x, int64_t rows, int64_t cols,
  *         (with the attention variants, if any: sliding window, soft-capping,
  *         ALiBi, sink logits, as hw_attention_with_variants applies them)
  *   y = concat_h(o_h) W_O + b_o
+ * A layer with a sliding window can keep a ring cache of window +
+ * n_sink_tokens rows per sequence (hw_attention_layer_create_ring_cache).
  * See headway/layer.h. */
 typedef struct hw_attention_layer hw_attention_layer;
 
@@ -517,10 +520,12 @@ typedef struct hw_attention_layer_weights {
  * struct_size to sizeof(hw_attention_layer_variants) and zero the rest
  * (memset) before setting fields, so that a field this header adds later
  * reads as off. Version 1 ends after `sink_logits`
- * (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes). Its last four fields are
- * hw_attention_variants' (the same names, meanings and checks), flat here
- * rather than a nested struct so that the layer's struct has one struct_size
- * and an error names the field the same way in both ("variants.window"). */
+ * (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes); version 2 adds `n_sink_tokens`
+ * (HW_ATTENTION_LAYER_VARIANTS_V2_SIZE bytes; a struct_size of version 1
+ * reads it as 0). Its fields from `window` on are hw_attention_variants' (the
+ * same names, meanings and checks), flat here rather than a nested struct so
+ * that the layer's struct has one struct_size and an error names the field
+ * the same way in both ("variants.window"). */
 typedef struct hw_attention_layer_variants {
   size_t struct_size; /* sizeof(hw_attention_layer_variants) */
   /* QK-norm: 1 applies, after the bias, RMSNorm (hw_rms_norm_heads) to every
@@ -546,12 +551,21 @@ typedef struct hw_attention_layer_variants {
   float softcap;
   const float* alibi_slopes;
   const float* sink_logits;
+  /* Version 2: StreamingLLM's sink tokens, as hw_attention_variants'
+   * n_sink_tokens (>= 0; 0: none): with a window, the first n_sink_tokens
+   * positions of a sequence stay visible. A layer with a window can keep a
+   * ring cache of window + n_sink_tokens rows per sequence
+   * (hw_attention_layer_create_ring_cache). */
+  int64_t n_sink_tokens;
 } hw_attention_layer_variants;
 
 /* The size of version 1 of hw_attention_layer_variants, the smallest
- * struct_size accepted. */
+ * struct_size accepted: without n_sink_tokens. */
 #define HW_ATTENTION_LAYER_VARIANTS_V1_SIZE \
   (offsetof(hw_attention_layer_variants, sink_logits) + sizeof(const float*))
+/* The size of version 2: with n_sink_tokens. */
+#define HW_ATTENTION_LAYER_VARIANTS_V2_SIZE \
+  (offsetof(hw_attention_layer_variants, n_sink_tokens) + sizeof(int64_t))
 
 /* The new tokens of one sequence in a forward call: n_tokens consecutive rows
  * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
@@ -583,9 +597,10 @@ HEADWAY_C_API int hw_attention_layer_create(
  * this library does not know; the message gives the byte's offset), qk_norm
  * not 0 or 1, with qk_norm a qk_norm_eps < 0 or not finite, a NULL q_norm or
  * k_norm or one with an element that is not finite, a bad rope field (as
- * hw_apply_rope; rotary_dim must be <= head_dim), a window < 0, a softcap < 0
- * or not finite, an alibi_slopes or sink_logits element that is not finite.
- * Messages name the field, e.g. "variants.rope.rotary_dim (5) must be even
+ * hw_apply_rope; rotary_dim must be <= head_dim), a window < 0, an
+ * n_sink_tokens < 0, a softcap < 0 or not finite, an alibi_slopes or
+ * sink_logits element that is not finite. Messages name the field, e.g.
+ * "variants.rope.rotary_dim (5) must be even
  * ...", "variants.sink_logits[3] is not finite (got nan)". */
 HEADWAY_C_API int hw_attention_layer_create_with_variants(
     const hw_attention_layer_config* config,
@@ -607,7 +622,8 @@ HEADWAY_C_API int hw_attention_layer_get_config(
  * read as the default (qk_norm_eps, the rope fields), and a variant that is
  * off as its defaults (qk_norm 0 with qk_norm_eps 1e-6, q_norm and k_norm
  * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...; window 0, softcap
- * 0, alibi_slopes and sink_logits NULL). q_norm, k_norm ([head_dim]),
+ * 0, alibi_slopes and sink_logits NULL, n_sink_tokens 0; a struct_size of
+ * version 1 gets no n_sink_tokens). q_norm, k_norm ([head_dim]),
  * alibi_slopes and sink_logits ([n_heads], the whole model's) point at the
  * layer's copies, valid until it is destroyed. A layer from
  * hw_attention_layer_create has every variant off.
@@ -651,6 +667,23 @@ HEADWAY_C_API int hw_attention_layer_create_cache(
     const hw_attention_layer* layer, int64_t n_sequences, int64_t capacity,
     hw_kv_cache** out);
 
+/* Creates a ring cache for a layer with a sliding window (headway::
+ * AttentionLayer::RingCacheConfig): hw_kv_cache_create_ring with the layer's
+ * local KV heads and head_dim, capacity variants.window +
+ * variants.n_sink_tokens and the layer's n_sink_tokens, for n_sequences
+ * sequences of element type dtype, into *out. Its bytes stay those of
+ * capacity rows per sequence however long the sequences grow: the layer's
+ * forward takes any number of tokens into it (see
+ * hw_attention_layer_forward). Free it with hw_kv_cache_destroy.
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or out, a layer without a
+ * window (variants.window 0: a ring would drop keys the layer attends to;
+ * use hw_attention_layer_create_cache), n_sequences < 1, a dtype that is not
+ * a hw_kv_dtype; HW_RESOURCE_EXHAUSTED when the byte count overflows (the
+ * message names the sizes) or memory runs out. */
+HEADWAY_C_API int hw_attention_layer_create_ring_cache(
+    const hw_attention_layer* layer, int64_t n_sequences, int dtype,
+    hw_kv_cache** out);
+
 /* Runs the layer over the new tokens of n_sequences sequences:
  *   x: [T, d_model], T = sum of sequences[i].n_tokens, row stride x_stride
  *      (0: dense); the rows of sequences[0] first, then sequences[1], ...
@@ -661,12 +694,22 @@ HEADWAY_C_API int hw_attention_layer_create_cache(
  * (n_tokens == 1 for many sequences) are all this call. Scratch memory is
  * reused: after a first call of a given size, calls no larger allocate
  * nothing.
+ * Ring caches: a layer with a window takes a ring cache
+ * (hw_attention_layer_create_ring_cache, or hw_kv_cache_create_ring with
+ * capacity >= window + n_sink_tokens and the layer's n_sink_tokens) and a
+ * call of any number of tokens: the new tokens attend to the ring's rows
+ * before they overwrite them, so a prefill longer than the ring gives the
+ * outputs of a plain cache holding every position.
  * Errors (nothing written, cache unchanged): HW_INVALID_ARGUMENT for a NULL
  * layer, cache, sequences, x or y, n_sequences < 1, n_tokens < 1, a bad or
  * repeated seq, a cache whose n_kv_heads or head_dim do not match the layer, a
- * stride (other than 0) < d_model, y overlapping x or the cache;
+ * stride (other than 0) < d_model, y overlapping x or the cache, a ring cache
+ * with a layer whose window is 0 or more than capacity - n_sink_tokens or
+ * whose n_sink_tokens differ from the cache's (the message names the layer's
+ * variants.window or variants.n_sink_tokens);
  * HW_OUT_OF_RANGE when a sequence's length + n_tokens exceeds the capacity
- * (n_tokens that sum past INT64_MAX give one of these errors);
+ * of a plain cache (n_tokens that sum past INT64_MAX give one of these
+ * errors);
  * HW_RESOURCE_EXHAUSTED when x or y at its stride overflows the address space,
  * or no memory; HW_FAILED_PRECONDITION when the active instruction set has
  * another vector width than at create (after hw_set_max_target: create the
@@ -691,7 +734,18 @@ HEADWAY_C_API int hw_attention_layer_forward(hw_attention_layer* layer,
  * whose every score is masked gives zeros. K_g and V_g are the cache's rows
  * as stored (hw_kv_load_rows gives them as float32): the calls read them in
  * their hw_kv_dtype and compute in float32. The queries' keys and values must
- * be in the cache already (hw_kv_cache_append first). */
+ * be in the cache already (hw_kv_cache_append first).
+ *
+ * Ring caches (hw_kv_cache_create_ring): hw_attention_with_variants attends
+ * over the positions a ring holds as a plain cache holding every position
+ * would (up to float32 summation order), given the variants a ring needs: a
+ * window in [1, capacity - n_sink_tokens], n_sink_tokens equal to the
+ * cache's, no additive mask. Each query must find its window in the ring: a
+ * call can attend at most capacity - n_sink_tokens - window + 1 new tokens of
+ * a sequence appended in one go (hw_attention_layer_forward handles longer
+ * prefills itself). hw_attention (no window) and the with_weights calls
+ * (whose weights would span positions the ring no longer holds) reject a
+ * ring cache. */
 
 /* A float32 matrix a call writes; otherwise as hw_matrix. */
 typedef struct hw_out_matrix {
@@ -709,12 +763,14 @@ typedef struct hw_attention_options {
 } hw_attention_options;
 
 /* The attention variants models use (headway::AttentionOptions' window,
- * softcap, alibi_slopes and sink_logits), for hw_attention_with_variants and
- * hw_attention_with_weights_and_variants: a struct that grows (see
- * Compatibility at the top), each variant off when zeroed. Set struct_size
- * to sizeof(hw_attention_variants) and zero the rest (memset) before setting
- * fields. Version 1 ends after `sink_logits` (HW_ATTENTION_VARIANTS_V1_SIZE
- * bytes).
+ * n_sink_tokens, softcap, alibi_slopes and sink_logits), for
+ * hw_attention_with_variants and hw_attention_with_weights_and_variants: a
+ * struct that grows (see Compatibility at the top), each variant off when
+ * zeroed. Set struct_size to sizeof(hw_attention_variants) and zero the rest
+ * (memset) before setting fields. Version 1 ends after `sink_logits`
+ * (HW_ATTENTION_VARIANTS_V1_SIZE bytes); version 2 adds `n_sink_tokens`
+ * (HW_ATTENTION_VARIANTS_V2_SIZE bytes; a struct_size of version 1 reads it
+ * as 0).
  *
  * The score of query head h at position p for the key at position k is, in
  * this order (each step only where its field is set):
@@ -722,10 +778,17 @@ typedef struct hw_attention_options {
  *   s = softcap * tanh(s / softcap)          (Gemma 2's logit soft-capping)
  *   s = s + alibi_slopes[h] * (k - p)        (ALiBi)
  *   s = s + mask[t, k]                       (the query's additive mask)
- * and the key takes part only if k <= p (HW_MASK_CAUSAL) and k > p - window.
- * With sink_logits the softmax's denominator also holds exp(sink_logits[h])
- * (gpt-oss's attention sinks: a virtual key of that score whose value is
- * zero), so that a row's weights sum to less than 1. */
+ * and the key takes part only if k <= p (HW_MASK_CAUSAL) and k > p - window
+ * or k < n_sink_tokens (with a window). With sink_logits the softmax's
+ * denominator also holds exp(sink_logits[h]) (gpt-oss's attention sinks: a
+ * virtual key of that score whose value is zero), so that a row's weights
+ * sum to less than 1.
+ *
+ * Ring caches (hw_kv_cache_create_ring) need these variants:
+ * hw_attention_with_variants on a ring takes a window in [1, capacity -
+ * n_sink_tokens] and the cache's own n_sink_tokens here, and no additive
+ * mask; hw_attention (no variants: window 0) and the with_weights calls
+ * reject a ring. */
 typedef struct hw_attention_variants {
   size_t struct_size; /* sizeof(hw_attention_variants) */
   /* Sliding window (Mistral, Gemma 2 and 3, gpt-oss): a query at position p
@@ -741,12 +804,21 @@ typedef struct hw_attention_variants {
   /* [n_heads] per-head sink logits in natural units (gpt-oss), all finite;
    * NULL: none. */
   const float* sink_logits;
+  /* Version 2. StreamingLLM's attention sinks (Xiao et al., 2024, keep 4):
+   * with a window, keys at positions < n_sink_tokens stay visible to every
+   * query that sees them causally; >= 0, 0: none (ignored without a window).
+   * Not sink_logits' learned sinks: these are real keys. A ring cache pins
+   * its own n_sink_tokens and needs the same value here. */
+  int64_t n_sink_tokens;
 } hw_attention_variants;
 
 /* The size of version 1 of hw_attention_variants, the smallest struct_size
- * accepted. */
+ * accepted: without n_sink_tokens. */
 #define HW_ATTENTION_VARIANTS_V1_SIZE \
   (offsetof(hw_attention_variants, sink_logits) + sizeof(const float*))
+/* The size of version 2: with n_sink_tokens. */
+#define HW_ATTENTION_VARIANTS_V2_SIZE \
+  (offsetof(hw_attention_variants, n_sink_tokens) + sizeof(int64_t))
 
 /* The ALiBi paper's slopes for n_heads heads into slopes[0, n_heads)
  * (headway::AlibiSlopes): for n_heads a power of two, 2^(-8 (h + 1) /
@@ -779,7 +851,8 @@ typedef struct hw_attention_query {
  * (with data) whose rows or cols < 1 or whose stride (other than 0) < cols, q
  * or out not [n_tokens, n_heads * head_dim], a mask not [n_tokens,
  * length(seq)],
- * an out overlapping any q, mask, other out or the cache; HW_OUT_OF_RANGE if
+ * an out overlapping any q, mask, other out or the cache, a ring cache (it
+ * needs a window: hw_attention_with_variants); HW_OUT_OF_RANGE if
  * q_pos0 + n_tokens > length(seq); HW_RESOURCE_EXHAUSTED for a matrix whose
  * byte count overflows, or no memory. The message names the argument, e.g.
  * "hw_attention: queries[1].out.stride (3) is shorter than ...". */
@@ -797,7 +870,8 @@ HEADWAY_C_API int hw_attention(const hw_kv_cache* cache, int64_t n_heads,
  * Errors (nothing written): as hw_attention for its one query (NULL query
  * instead of NULL queries), plus weights with NULL data, not [n_heads *
  * n_tokens, length(seq)], a bad stride, or overlapping query->out or a read
- * matrix. */
+ * matrix; HW_INVALID_ARGUMENT for a ring cache, with or without variants
+ * (use hw_attention_with_variants). */
 HEADWAY_C_API int hw_attention_with_weights(
     const hw_kv_cache* cache, int64_t n_heads, const hw_attention_query* query,
     hw_out_matrix weights, const hw_attention_options* options);
@@ -811,9 +885,14 @@ HEADWAY_C_API int hw_attention_with_weights(
  * variants->struct_size smaller than HW_ATTENTION_VARIANTS_V1_SIZE, larger
  * than 4096, or larger than this library's sizeof(hw_attention_variants)
  * with a nonzero byte past it (the message gives the byte's offset), a
- * window < 0, a softcap < 0 or not finite, an alibi_slopes or sink_logits
- * element that is not finite (the message names its index, e.g.
- * "hw_attention_with_variants: variants.alibi_slopes[2] is not finite"). */
+ * window < 0, an n_sink_tokens < 0, a softcap < 0 or not finite, an
+ * alibi_slopes or sink_logits element that is not finite (the message names
+ * its index, e.g. "hw_attention_with_variants: variants.alibi_slopes[2] is
+ * not finite"); with a ring cache, HW_INVALID_ARGUMENT for a window not in
+ * [1, capacity - n_sink_tokens], an n_sink_tokens other than the cache's, a
+ * query with a mask, and HW_OUT_OF_RANGE when the ring no longer holds the
+ * window of a query's first token (it was appended with too many tokens
+ * after it). */
 HEADWAY_C_API int hw_attention_with_variants(
     const hw_kv_cache* cache, int64_t n_heads,
     const hw_attention_query* queries, int64_t n_queries,

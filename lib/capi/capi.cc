@@ -426,7 +426,9 @@ constexpr size_t kMaxStructSize = 4096;
 
 // The structs that grow (headway.h's Compatibility): their C name and the
 // size of version 1, the smallest struct_size accepted. Every function takes
-// one as its argument `variants`, which the messages name.
+// one as its argument `variants`, which the messages name. A field of a later
+// version is read (and written) only when struct_size covers it: ReadGrowing
+// leaves it zero otherwise, WriteGrowing copies struct_size bytes.
 template <typename T>
 struct Growing;
 template <>
@@ -439,6 +441,17 @@ struct Growing<hw_attention_layer_variants> {
   static constexpr const char* kName = "hw_attention_layer_variants";
   static constexpr size_t kV1Size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
 };
+// Version 2 (n_sink_tokens) ends the structs: a struct_size of version 1 does
+// not cover it, sizeof does.
+static_assert(HW_ATTENTION_VARIANTS_V1_SIZE < HW_ATTENTION_VARIANTS_V2_SIZE &&
+                  HW_ATTENTION_VARIANTS_V2_SIZE ==
+                      sizeof(hw_attention_variants),
+              "hw_attention_variants' versions");
+static_assert(HW_ATTENTION_LAYER_VARIANTS_V1_SIZE <
+                      HW_ATTENTION_LAYER_VARIANTS_V2_SIZE &&
+                  HW_ATTENTION_LAYER_VARIANTS_V2_SIZE ==
+                      sizeof(hw_attention_layer_variants),
+              "hw_attention_layer_variants' versions");
 
 // A struct_size within [version 1's, kMaxStructSize]; HW_OK or the error
 // recorded.
@@ -497,6 +510,7 @@ void WriteGrowing(const T& from, T* to) {
 template <typename T>
 void SetAttentionVariants(const T& v, headway::AttentionOptions* options) {
   options->window = v.window;
+  options->n_sink_tokens = v.n_sink_tokens;  // 0 for a version 1 struct_size
   options->softcap = v.softcap;
   options->alibi_slopes = v.alibi_slopes;
   options->sink_logits = v.sink_logits;
@@ -535,6 +549,7 @@ constexpr Renames kLayerCreate = {
     {"config.qk_norm_eps", "variants.qk_norm_eps"},
     {"config.rope", "variants.rope"},
     {"config.attention.window", "variants.window"},
+    {"config.attention.n_sink_tokens", "variants.n_sink_tokens"},
     {"config.attention.softcap", "variants.softcap"},
     {"config.attention.alibi_slopes", "variants.alibi_slopes"},
     {"config.attention.sink_logits", "variants.sink_logits"},
@@ -613,6 +628,7 @@ int AttentionOptionsOf(const char* fn, const hw_attention_options* options,
 constexpr Renames kAttention = {
     kMaskEnum,
     {"options.window", "variants.window"},
+    {"options.n_sink_tokens", "variants.n_sink_tokens"},
     {"options.softcap", "variants.softcap"},
     {"options.alibi_slopes", "variants.alibi_slopes"},
     {"options.sink_logits", "variants.sink_logits"}};
@@ -1120,6 +1136,7 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     // The attention variants; the per-head arrays are the C++ layer's copies
     // of the whole model's [n_heads].
     result.window = c.attention.window;
+    result.n_sink_tokens = c.attention.n_sink_tokens;  // if size covers it
     result.softcap = c.attention.softcap;
     result.alibi_slopes = c.attention.alibi_slopes;
     result.sink_logits = c.attention.sink_logits;
@@ -1189,6 +1206,40 @@ int hw_attention_layer_create_cache(const hw_attention_layer* layer,
   return code;
 }
 
+int hw_attention_layer_create_ring_cache(const hw_attention_layer* layer,
+                                         int64_t n_sequences, int dtype,
+                                         hw_kv_cache** out) {
+  constexpr const char* kFn = "hw_attention_layer_create_ring_cache";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (out == nullptr) return Null(kFn, "out");
+    // RingCacheConfig gives capacity 0 without a window, which
+    // KvCache::Create would report as a capacity the caller never passed.
+    const headway::AttentionOptions& attention =
+        layer->layer.config().attention;
+    if (attention.window < 1) {
+      return Fail(HW_INVALID_ARGUMENT, kFn,
+                  "the layer has no sliding window (variants.window is 0), "
+                  "so a ring cache would drop keys it attends to: use "
+                  "hw_attention_layer_create_cache");
+    }
+    // window + n_sink_tokens, which RingCacheConfig adds, must fit.
+    if (attention.window >
+        std::numeric_limits<int64_t>::max() - attention.n_sink_tokens) {
+      return Fail(HW_RESOURCE_EXHAUSTED, kFn, "capacity variants.window (",
+                  attention.window, ") + variants.n_sink_tokens (",
+                  attention.n_sink_tokens, ") overflows int64_t");
+    }
+    const headway::KvCacheConfig config = layer->layer.RingCacheConfig(
+        n_sequences, static_cast<headway::KvDtype>(dtype));
+    auto handle = std::make_unique<hw_kv_cache>();
+    const int code = FromStatus(
+        kFn, headway::KvCache::Create(config, &handle->cache), kCacheConfig);
+    if (code == HW_OK) *out = handle.release();
+    return code;
+  });
+}
+
 int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
                                const hw_layer_sequence* sequences,
                                int64_t n_sequences, const float* x,
@@ -1226,6 +1277,9 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
             headway::MatrixView<float>(y, total, d_model, y_stride)),
         {{"x.stride", "x_stride"},
          {"y.stride", "y_stride"},
+         {"config.attention.window", "the layer's variants.window"},
+         {"config.attention.n_sink_tokens",
+          "the layer's variants.n_sink_tokens"},
          {"CacheConfig", "hw_attention_layer_create_cache"}});
   });
 }
