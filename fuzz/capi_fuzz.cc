@@ -21,14 +21,22 @@
 // ModelRow); the cache is compared with it bit for bit, and attention against
 // float64 over these dequantized rows with float32's tolerance.
 //
-// Ring caches (hw_kv_cache_create_ring): the cache ops run on them too, the
-// model keeping rows by slot and each sequence's ring_begin; the attention and
-// layer ops leave a ring cache alone (they do not model one).
+// Ring caches (hw_kv_cache_create_ring, hw_attention_layer_create_ring_cache):
+// the cache ops run on them too, the model keeping rows by slot and each
+// sequence's ring_begin. The attention and layer ops run on them mostly with
+// the window and n_sink_tokens a ring needs, sometimes with wrong ones (a
+// window of 0 or past the ring, other sink tokens, a mask, the with_weights
+// calls): the model predicts the errors (and HW_OUT_OF_RANGE for a query
+// whose window the ring no longer holds) and checks results against float64
+// over the positions the ring holds, which are all a valid call sees. A
+// layer's token whose keys a longer call overwrote in the ring is checked to
+// be finite only.
 //
 // Attention variants: the core calls and layers run sometimes with random
-// sliding windows, soft-capping, ALiBi slopes and sink logits (Variants),
-// bad ones included, and struct_size values of older, newer and bad callers;
-// the float64 references apply them as headway.h's hw_attention_variants says.
+// sliding windows, sink tokens, soft-capping, ALiBi slopes and sink logits
+// (Variants), bad ones included, and struct_size values of older, newer and
+// bad callers; the float64 references apply them as headway.h's
+// hw_attention_variants says.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -150,6 +158,7 @@ std::vector<float> MakeMatrix(FuzzedDataProvider& in, int64_t rows,
 // which hw_attention_layer_variants shares, with their per-head arrays.
 struct Variants {
   int64_t window = 0;
+  int64_t n_sinks = 0;  // n_sink_tokens
   float softcap = 0.0f;
   std::vector<float> slopes, sinks;  // [n_heads] each; empty: none
 
@@ -168,29 +177,43 @@ struct Variants {
     if (softcap != 0.0f) z = softcap * std::tanh(z / softcap);
     return z + Bias(h, r, pos);
   }
-  // Whether a key at position r is outside the window of a query at pos.
+  // Whether a key at position r is outside the window of a query at pos (and
+  // not a sink token).
   bool OutsideWindow(int64_t r, int64_t pos) const {
-    return window > 0 && r <= pos - window;
+    return window > 0 && r <= pos - window && r >= n_sinks;
   }
 };
 
 // Random variants for n_heads heads (arrays of max(n_heads, 1) elements):
 // each on or off, of the sizes models use; sometimes a bad one (*invalid is
-// then set): a negative window, a softcap < 0 or not finite, a slope or sink
-// logit that is not finite.
-Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads,
-                         bool* invalid) {
+// then set): a negative window or n_sink_tokens, a softcap < 0 or not finite,
+// a slope or sink logit that is not finite. For a ring cache of ring_rows
+// (capacity - n_sink_tokens) rows past ring_sinks sink tokens (ring_rows 0:
+// no ring), mostly a window that fits it and its n_sink_tokens.
+Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads, bool* invalid,
+                         int64_t ring_rows = 0, int64_t ring_sinks = 0) {
   Variants v;
   const int64_t heads = std::max<int64_t>(n_heads, 1);
-  switch (in.ConsumeIntegralInRange(0, 3)) {
+  // A ring's fitting choices come first: a spent input (zeros) picks them.
+  switch (in.ConsumeIntegralInRange(0, ring_rows > 0 ? 5 : 3)) {
     case 1:
       v.window = in.ConsumeIntegralInRange<int64_t>(1, 3);
       break;
     case 2:
       v.window = in.ConsumeIntegralInRange<int64_t>(1, 12);
       break;
+    case 0:
+    case 4:
+      if (ring_rows > 0)
+        v.window = in.ConsumeIntegralInRange<int64_t>(1, ring_rows);
+      break;
     default:
       break;
+  }
+  if (ring_rows > 0 && in.ConsumeIntegralInRange(0, 7) != 7) {
+    v.n_sinks = ring_sinks;
+  } else if (in.ConsumeIntegralInRange(0, 3) == 3) {
+    v.n_sinks = in.ConsumeIntegralInRange<int64_t>(1, 4);
   }
   if (in.ConsumeBool()) {
     v.softcap = 0.25f + 8.0f * in.ConsumeProbability<float>();
@@ -216,6 +239,10 @@ Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads,
     return in.ConsumeIntegralInRange<size_t>(0, static_cast<size_t>(heads) - 1);
   };
   switch (in.ConsumeIntegralInRange(0, 15)) {
+    case 11:
+      v.n_sinks = -1;
+      *invalid = true;
+      break;
     case 12:
       v.window = -1;
       *invalid = true;
@@ -252,23 +279,28 @@ struct Growing {
 template <typename T>
 void SetVariantFields(const Variants& v, T* c) {
   c->window = v.window;
+  c->n_sink_tokens = v.n_sinks;
   c->softcap = v.softcap;
   c->alibi_slopes = v.Slopes();
   c->sink_logits = v.Sinks();
 }
 
-// g.v.struct_size: mostly sizeof; sometimes version 1's (v1), a newer
-// header's longer struct whose tail is zero (valid) or not (*invalid), or a
-// size out of range (*invalid). Never one past the room, which the library
-// would read.
+// g.v.struct_size: mostly sizeof; sometimes version 1's (v1: the library
+// then reads no n_sink_tokens, so var->n_sinks becomes 0), a newer header's
+// longer struct whose tail is zero (valid) or not (*invalid), or a size out of
+// range (*invalid). Never one past the room, which the library would read.
 template <typename T>
 void ConsumeStructSize(FuzzedDataProvider& in, size_t v1, Growing<T>* g,
-                       bool* invalid) {
+                       Variants* var, bool* invalid) {
   static_assert(offsetof(Growing<T>, tail) == sizeof(T), "tail follows v");
   size_t size = sizeof(T);
   switch (in.ConsumeIntegralInRange(0, 15)) {
     case 11:
-      size = v1;
+      // Not for a bad n_sinks, whose error would go unread.
+      if (var->n_sinks >= 0) {
+        size = v1;
+        var->n_sinks = 0;
+      }
       break;
     case 12:
       size = sizeof(Growing<T>);
@@ -984,7 +1016,8 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
   if (kind >= 2) {
     var = ConsumeVariants(in, cfg.n_heads, &invalid);
     SetVariantFields(var, &lv.v);
-    ConsumeStructSize(in, HW_ATTENTION_LAYER_VARIANTS_V1_SIZE, &lv, &invalid);
+    ConsumeStructSize(in, HW_ATTENTION_LAYER_VARIANTS_V1_SIZE, &lv, &var,
+                      &invalid);
   }
   hw_attention_layer* layer = nullptr;
   ExpectStatus(kind == 0 ? hw_attention_layer_create(&cfg, &w, &layer)
@@ -1001,8 +1034,9 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
   got.struct_size = sizeof(got);
   ExpectStatus(hw_attention_layer_get_variants(layer, &got), HW_OK,
                "hw_attention_layer_get_variants");
-  Check(got.window == var.window && got.softcap == var.softcap &&
-            got.qk_norm == 0 && got.rope.rotary_dim == 0,
+  Check(got.window == var.window && got.n_sink_tokens == var.n_sinks &&
+            got.softcap == var.softcap && got.qk_norm == 0 &&
+            got.rope.rotary_dim == 0,
         "hw_attention_layer_get_variants", static_cast<double>(got.window),
         got.softcap);
   const size_t array_bytes = static_cast<size_t>(cfg.n_heads) * sizeof(float);
@@ -1068,10 +1102,34 @@ void OpLayerCreateCache(FuzzedDataProvider& in, Shadow& s) {
                cap, dtype);
 }
 
+// hw_attention_layer_create_ring_cache: window + n_sink_tokens rows with the
+// layer's n_sink_tokens; an error for a layer without a window.
+void OpLayerCreateRingCache(FuzzedDataProvider& in, Shadow& s) {
+  const int64_t seqs = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int dtype = ConsumeDtype(in);
+  hw_kv_cache* cache = nullptr;
+  const int want =
+      s.layer == nullptr || s.variants.window < 1 || seqs < 1 || !DtypeOk(dtype)
+          ? HW_INVALID_ARGUMENT
+          : HW_OK;
+  ExpectStatus(
+      hw_attention_layer_create_ring_cache(s.layer, seqs, dtype, &cache), want,
+      "hw_attention_layer_create_ring_cache");
+  if (want != HW_OK) {
+    Check(cache == nullptr, "*out written on error");
+    return;
+  }
+  const hw_attention_layer_config& c = s.config;
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  s.AdoptCache(cache, seqs, (c.head_end - c.head_begin) / group, c.head_dim,
+               s.variants.window + s.variants.n_sinks, dtype, true,
+               s.variants.n_sinks);
+}
+
 // One forward call: predicted status and lengths; on success the appended K
-// and V rows and y against float64.
+// and V rows and y against float64. On a ring cache, a token whose keys were
+// overwritten by later tokens of the call is checked to be finite only.
 void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
-  if (s.ring) return;  // the model has no ring attention
   const hw_attention_layer_config& c = s.config;
   const int64_t n_seq = in.ConsumeIntegralInRange<int64_t>(0, 3);
   std::vector<hw_layer_sequence> seqs(std::max<int64_t>(n_seq, 1));
@@ -1083,7 +1141,8 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
     seqs[i].n_tokens = in.ConsumeIntegralInRange<int64_t>(0, 3);
     invalid |= !SeqOk(s, seqs[i].seq) || seqs[i].n_tokens < 1;
     for (int64_t j = 0; j < i; ++j) invalid |= seqs[j].seq == seqs[i].seq;
-    if (SeqOk(s, seqs[i].seq))
+    // A ring takes any number of tokens.
+    if (SeqOk(s, seqs[i].seq) && !s.ring)
       out_of_range |= s.length[seqs[i].seq] + seqs[i].n_tokens > s.capacity;
     total += std::max<int64_t>(seqs[i].n_tokens, 0);
   }
@@ -1092,6 +1151,11 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
     const int64_t group = c.n_heads / c.n_kv_heads;
     invalid |= s.n_kv_heads != (c.head_end - c.head_begin) / group ||
                s.head_dim != c.head_dim;
+    // layer.h: a ring cache needs the layer's window to fit it and its
+    // n_sink_tokens.
+    invalid |= s.ring && (s.variants.window < 1 ||
+                          s.variants.window > s.capacity - s.sinks ||
+                          s.variants.n_sinks != s.sinks);
   }
   const int64_t x_stride = ConsumeStride(in, d),
                 y_stride = ConsumeStride(in, d);
@@ -1102,6 +1166,22 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
   std::vector<float> y = MakeMatrix(in, t_alloc, d, y_stride, false);
   const std::vector<float> y_before = y;
   const std::vector<int64_t> length_before = s.length;
+  // Per call sequence: whether the rows it held before the call are within
+  // [-1e3, 1e3] (rows appended through hw_kv_cache_append may hold NaN, inf
+  // or huge values, for which headway.h states no result); the new rows,
+  // projections of x and weights in [-1, 1], always are.
+  std::vector<bool> tame(static_cast<size_t>(std::max<int64_t>(n_seq, 1)));
+  for (int64_t i = 0; i < n_seq && SeqOk(s, seqs[i].seq); ++i) {
+    const int64_t seq = seqs[i].seq;
+    bool ok = true;
+    for (int64_t p = 0; p < s.length[seq]; ++p) {
+      if (!s.Held(seq, p)) continue;
+      for (int64_t e = s.Slot(p) * s.Width(); e < (s.Slot(p) + 1) * s.Width();
+           ++e)
+        ok &= std::fabs(s.k[seq][e]) <= 1e3f && std::fabs(s.v[seq][e]) <= 1e3f;
+    }
+    tame[i] = ok;
+  }
   const int want = invalid        ? HW_INVALID_ARGUMENT
                    : out_of_range ? HW_OUT_OF_RANGE
                                   : HW_OK;
@@ -1136,7 +1216,16 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
   int64_t t = 0;
   for (int64_t i = 0; i < n_seq; ++i) {
     const int64_t seq = seqs[i].seq, len0 = length_before[seq];
+    const int64_t len1 = len0 + seqs[i].n_tokens;
+    // The positions held after the call (a ring's last capacity - sinks and
+    // its sinks).
+    if (s.ring)
+      s.ring_begin[seq] =
+          std::max(s.ring_begin[seq], len1 - (s.capacity - s.sinks));
     for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
+      // A row a later token of the call overwrote: gone.
+      if (!s.Held(seq, len0 + j)) continue;
+      const int64_t slot = s.Slot(len0 + j);
       // The new K and V rows, read back from the cache into the model:
       // float64's projection within the float32 dot product's bound plus the
       // storage rounding (int8's relative to the row's largest |value|).
@@ -1144,10 +1233,10 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
         int64_t rows = -1, v_rows = -1;
         const std::vector<float> kd = StoredRows(s, seq, g, true, &rows);
         const std::vector<float> vd = StoredRows(s, seq, g, false, &v_rows);
-        Check(rows == len0 + seqs[i].n_tokens && v_rows == rows,
+        Check(rows == std::min(len1, s.capacity) && v_rows == rows,
               "length after forward", rows);
-        const float* k_row = &kd[(len0 + j) * hd];
-        const float* v_row = &vd[(len0 + j) * hd];
+        const float* k_row = &kd[slot * hd];
+        const float* v_row = &vd[slot * hd];
         double k_max = 0.0, v_max = 0.0;
         for (int64_t p = 0; p < hd; ++p) {
           k_max = std::max(k_max, std::fabs(static_cast<double>(k_row[p])));
@@ -1170,12 +1259,12 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
               std::fabs(v_row[p] - vw) <= bound * (1.0 + 0x1p-7) + 0x1p-126 +
                                               RoundingBound(s.dtype, vw, v_max),
               "forward: V row", v_row[p], vw);
-          s.k[seq][(len0 + j) * width + g * hd + p] = k_row[p];
-          s.v[seq][(len0 + j) * width + g * hd + p] = v_row[p];
+          s.k[seq][slot * width + g * hd + p] = k_row[p];
+          s.v[seq][slot * width + g * hd + p] = v_row[p];
         }
       }
     }
-    s.length[seq] = len0 + seqs[i].n_tokens;
+    s.length[seq] = len1;
   }
   // y = concat_h(softmax(scale q k^T) V) W_O (+ b_o on the first shard), from
   // the cached K and V (checked above) and q in float64, with the layer's
@@ -1185,21 +1274,28 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
   t = 0;
   for (int64_t i = 0; i < n_seq; ++i) {
     const int64_t seq = seqs[i].seq, len0 = length_before[seq];
-    bool tame = true;
-    for (int64_t e = 0; e < s.length[seq] * width; ++e)
-      tame &= std::fabs(s.k[seq][e]) <= 1e3f && std::fabs(s.v[seq][e]) <= 1e3f;
-    if (!tame) {
+    if (!tame[i]) {
       t += seqs[i].n_tokens;
       continue;
     }
     for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
       const Variants& var = s.variants;
       const int64_t pos = len0 + j;
-      // Keys [first, seen): the window's first, up to the token itself or to
+      // Keys [0, seen) not outside the window: up to the token itself or to
       // every cached one; never empty (a token sees itself).
       const int64_t seen = c.mask == HW_MASK_CAUSAL ? pos + 1 : s.length[seq];
-      const int64_t first =
-          var.window > 0 ? std::max<int64_t>(0, pos - var.window + 1) : 0;
+      // On a ring, the keys the token saw must still be held (later tokens
+      // of the call may have overwritten them): otherwise y is only finite
+      // (x, the weights and the rows it saw are).
+      bool held = true;
+      for (int64_t r = 0; r < seen; ++r)
+        held &= var.OutsideWindow(r, pos) || s.Held(seq, r);
+      if (!held) {
+        for (int64_t col = 0; col < d; ++col)
+          Check(std::isfinite(y[t * ys + col]),
+                "hw_attention_layer_forward: y not finite on a ring", col);
+        continue;
+      }
       std::vector<double> o(hq, 0.0), o_abs(hq, 0.0);
       for (int64_t h = h0; h < c.head_end; ++h) {
         const int64_t g = h / group - g0;
@@ -1208,19 +1304,22 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
         for (int64_t p = 0; p < hd; ++p)
           q[p] = project(s.w_q, s.b_q, hq, t, h * hd + p, &bound);
         double m = var.sinks.empty() ? -INFINITY : var.sinks[h], sum = 0.0;
-        for (int64_t r = first; r < seen; ++r) {
+        for (int64_t r = 0; r < seen; ++r) {
+          if (var.OutsideWindow(r, pos)) continue;
           double dot = 0.0;
           for (int64_t p = 0; p < hd; ++p)
-            dot += q[p] * s.k[seq][r * width + g * hd + p];
+            dot += q[p] * s.k[seq][s.Slot(r) * width + g * hd + p];
           sc[r] = var.Score(c.scale * dot, h, r, pos);
           m = std::max(m, sc[r]);
         }
-        for (int64_t r = first; r < seen; ++r) sum += std::exp(sc[r] - m);
+        for (int64_t r = 0; r < seen; ++r)
+          if (!var.OutsideWindow(r, pos)) sum += std::exp(sc[r] - m);
         if (!var.sinks.empty()) sum += std::exp(var.sinks[h] - m);
-        for (int64_t r = first; r < seen; ++r) {
+        for (int64_t r = 0; r < seen; ++r) {
+          if (var.OutsideWindow(r, pos)) continue;
           const double pr = std::exp(sc[r] - m) / sum;
           for (int64_t p = 0; p < hd; ++p) {
-            const double vv = s.v[seq][r * width + g * hd + p];
+            const double vv = s.v[seq][s.Slot(r) * width + g * hd + p];
             o[h * hd + p] += pr * vv;
             o_abs[h * hd + p] += pr * std::fabs(vv);
           }
@@ -1359,13 +1458,22 @@ struct AttnCall {
     causal = options == nullptr || opts.mask == HW_MASK_CAUSAL;
     // 0: the plain call; 1: the _variants call with NULL; 2, 3: with random
     // variants.
-    kind = in.ConsumeIntegralInRange(0, 3);
+    // A ring cache mostly gets variants (a window it needs).
+    kind = s.ring && in.ConsumeIntegralInRange(0, 7) != 7
+               ? in.ConsumeIntegralInRange(2, 3)
+               : in.ConsumeIntegralInRange(0, 3);
     if (kind >= 2) {
-      var = ConsumeVariants(in, n_heads, &invalid);
+      var = ConsumeVariants(in, n_heads, &invalid,
+                            s.ring ? s.capacity - s.sinks : 0, s.sinks);
       SetVariantFields(var, &growing.v);
-      ConsumeStructSize(in, HW_ATTENTION_VARIANTS_V1_SIZE, &growing, &invalid);
+      ConsumeStructSize(in, HW_ATTENTION_VARIANTS_V1_SIZE, &growing, &var,
+                        &invalid);
     }
     variants = kind >= 2 ? &growing.v : nullptr;
+    // attention.h: a ring needs a window of 1 .. capacity - n_sink_tokens
+    // and its n_sink_tokens.
+    invalid |= s.ring && (var.window < 1 || var.window > s.capacity - s.sinks ||
+                          var.n_sinks != s.sinks);
   }
   AttnCall(const AttnCall&) = delete;
   AttnCall& operator=(const AttnCall&) = delete;
@@ -1471,9 +1579,22 @@ void ConsumeQuery(FuzzedDataProvider& in, const Shadow& s, int64_t width,
     }
     qy.mask = {a->mask.data(), n, m_cols, m_stride};
     invalid |= m_cols != len || m_cols < 1 || !StrideOk(m_stride, m_cols);
+    invalid |= s.ring;  // a ring takes no mask
   }
   a->invalid = invalid;
   a->out_of_range = seq_ok && qy.q_pos0 >= 0 && n >= 1 && qy.q_pos0 + n > len;
+}
+
+// With a ring cache, whether a's first query sees keys (past the sinks) that
+// the ring no longer holds (call's window valid for the ring): OUT_OF_RANGE.
+bool RingOutOfRange(const Shadow& s, const Variants& var, const AttnQuery& a) {
+  const hw_attention_query& qy = a.query;
+  if (!s.ring || !SeqOk(s, qy.seq) || qy.q_pos0 < 0 || qy.q.rows < 1 ||
+      a.out_of_range) {
+    return false;
+  }
+  const int64_t first = std::max(s.sinks, qy.q_pos0 - var.window + 1);
+  return first < s.ring_begin[qy.seq];
 }
 
 // Checks a successful call's out (and weights, if given: [n_heads * n_tokens,
@@ -1519,9 +1640,12 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
           hidden.push_back(r);
           continue;
         }
+        // A ring's model keeps position r in row Slot(r): it must hold it.
+        Check(s.Held(qy.seq, r), "attention: a key the ring dropped is seen", r,
+              pos);
         seen.push_back(r);
         for (int64_t p = 0; p < hd; ++p)
-          tame &= Tame(K[r * width + g * hd + p]);
+          tame &= Tame(K[s.Slot(r) * width + g * hd + p]);
         tame &= Tame(m) || m == -std::numeric_limits<float>::max();
       }
       // A hidden key's weight is exactly 0, except in a row that sees a NaN
@@ -1553,7 +1677,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
         double dot = 0.0, abs = 0.0;
         for (int64_t p = 0; p < hd; ++p) {
           const double x =
-              static_cast<double>(q[p]) * K[r * width + g * hd + p];
+              static_cast<double>(q[p]) * K[s.Slot(r) * width + g * hd + p];
           dot += x;
           abs += std::fabs(x);
         }
@@ -1595,7 +1719,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
       bool v_tame = true;
       for (int64_t r : seen)
         for (int64_t p = 0; p < hd; ++p) {
-          const float v = V[r * width + g * hd + p];
+          const float v = V[s.Slot(r) * width + g * hd + p];
           v_tame &= Tame(v);
           if (Tame(v)) v_max = std::max<double>(v_max, std::fabs(v));
         }
@@ -1603,7 +1727,7 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
         bool nan = false, col_tame = true;
         double want = 0.0;
         for (int64_t r : seen) {
-          const float v = V[r * width + g * hd + p];
+          const float v = V[s.Slot(r) * width + g * hd + p];
           nan |= std::isnan(v);
           col_tame &= Tame(v);
           want += w[r] * v;
@@ -1625,7 +1749,6 @@ void CheckAttention(const Shadow& s, const AttnCall& call, const AttnQuery& a,
 
 // hw_attention over 0..3 queries (of distinct or repeated sequences).
 void OpAttention(FuzzedDataProvider& in, Shadow& s) {
-  if (s.ring) return;  // the model has no ring attention
   const AttnCall call(in, s);
   bool invalid = call.invalid;
   const int64_t n_queries = in.ConsumeIntegralInRange<int64_t>(0, 3);
@@ -1636,7 +1759,7 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
   for (int64_t i = 0; i < n_queries; ++i) {
     ConsumeQuery(in, s, call.width, &qs[i]);
     invalid |= qs[i].invalid;
-    out_of_range |= qs[i].out_of_range;
+    out_of_range |= qs[i].out_of_range || RingOutOfRange(s, call.var, qs[i]);
     raw[i] = qs[i].query;
   }
   const bool null_queries = in.ConsumeIntegralInRange(0, 31) == 31;
@@ -1670,11 +1793,11 @@ void OpAttention(FuzzedDataProvider& in, Shadow& s) {
 
 // hw_attention_with_weights on one query, with weights valid or not.
 void OpAttentionWithWeights(FuzzedDataProvider& in, Shadow& s) {
-  if (s.ring) return;  // the model has no ring attention
   const AttnCall call(in, s);
   AttnQuery a;
   ConsumeQuery(in, s, call.width, &a);
-  bool invalid = call.invalid || a.invalid;
+  // attention.h: the materialised path rejects a ring cache.
+  bool invalid = call.invalid || a.invalid || s.ring;
   int64_t w_rows = std::max<int64_t>(call.n_heads, 1) * a.query.q.rows;
   int64_t w_cols = a.length;
   const int w_choice = in.ConsumeIntegralInRange(0, 31);
@@ -1832,7 +1955,7 @@ constexpr Op kOps[] = {
     OpLayerForward,     OpLayerForward,    OpLayerDestroy,
     OpLayerCreateCache, OpThreads,         OpNullHandles,
     OpAttention,        OpAttention,       OpAttentionWithWeights,
-    OpKvRows,           OpCacheCreateRing,
+    OpKvRows,           OpCacheCreateRing, OpLayerCreateRingCache,
 };
 
 }  // namespace
