@@ -2051,6 +2051,17 @@ TEST(AttentionLayerErrors, RingCacheNeedsItsWindow) {
   EXPECT_TRUE(test::IsError(KvCache::Create(global.RingCacheConfig(1), &none),
                             StatusCode::kInvalidArgument, {"capacity"},
                             "KvCache::Create: "));
+  // A window + sink tokens past int64_t: the largest capacity, whose bytes
+  // Create cannot count.
+  AttentionLayerConfig huge = windowed;
+  huge.attention.window = std::numeric_limits<int64_t>::max();
+  AttentionLayer huge_layer;
+  ASSERT_TRUE(model.Create(huge, &huge_layer).ok());
+  EXPECT_EQ(huge_layer.RingCacheConfig(1).capacity,
+            std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(test::IsError(
+      KvCache::Create(huge_layer.RingCacheConfig(1), &none),
+      StatusCode::kResourceExhausted, {"overflows"}, "KvCache::Create: "));
 }
 
 TEST(AttentionLayerErrors, StoredDtypes) {

@@ -151,8 +151,8 @@ class HEADWAY_API AttentionLayer {
                             KvDtype dtype = KvDtype::kFloat32) const;
   // A ring cache config for a layer with a sliding window W (kv_cache.h's
   // Ring mode): W + n_sink_tokens rows per sequence, whatever its length, with
-  // config.attention's n_sink_tokens pinned. Without a window, capacity 0
-  // (KvCache::Create rejects it).
+  // config.attention's n_sink_tokens pinned. Without a window, capacity 0,
+  // and past int64_t the largest int64_t (KvCache::Create rejects both).
   KvCacheConfig RingCacheConfig(int64_t n_sequences,
                                 KvDtype dtype = KvDtype::kFloat32) const;
   // KV cache bytes per token of one sequence, stored as dtype (scales

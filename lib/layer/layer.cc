@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 #include <vector>
@@ -558,8 +559,11 @@ KvCacheConfig AttentionLayer::RingCacheConfig(int64_t n_sequences,
   KvCacheConfig cache = CacheConfig(n_sequences, 0, dtype);
   cache.ring = true;
   cache.n_sink_tokens = attention.n_sink_tokens;
-  if (attention.window > 0) {
-    cache.capacity = attention.window + attention.n_sink_tokens;
+  // A sum past int64_t saturates: KvCache::Create reports its byte count.
+  if (attention.window > 0 &&
+      !internal::CheckedAdd(attention.window, attention.n_sink_tokens,
+                            &cache.capacity)) {
+    cache.capacity = std::numeric_limits<int64_t>::max();
   }
   return cache;
 }
