@@ -184,6 +184,12 @@ struct Variants {
   }
 };
 
+// Whether v has more sink tokens than its window allows (attention.h:
+// n_sink_tokens <= window).
+bool SinksOverWindow(const Variants& v) {
+  return v.n_sinks > 0 && v.n_sinks > v.window;
+}
+
 // Random variants for n_heads heads (arrays of max(n_heads, 1) elements):
 // each on or off, of the sizes models use; sometimes a bad one (*invalid is
 // then set): a negative window or n_sink_tokens, a softcap < 0 or not finite,
@@ -204,8 +210,11 @@ Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads, bool* invalid,
       break;
     case 0:
     case 4:
-      if (ring_rows > 0)
-        v.window = in.ConsumeIntegralInRange<int64_t>(1, ring_rows);
+      // A window of at least the sink tokens (attention.h), where it fits.
+      if (ring_rows > 0) {
+        v.window = in.ConsumeIntegralInRange<int64_t>(
+            std::min(std::max<int64_t>(ring_sinks, 1), ring_rows), ring_rows);
+      }
       break;
     default:
       break;
@@ -264,6 +273,8 @@ Variants ConsumeVariants(FuzzedDataProvider& in, int64_t n_heads, bool* invalid,
     default:
       break;
   }
+  // More sink tokens than the window (or sink tokens without one).
+  if (SinksOverWindow(v)) *invalid = true;
   return v;
 }
 
@@ -297,7 +308,7 @@ void ConsumeStructSize(FuzzedDataProvider& in, size_t v1, Growing<T>* g,
   switch (in.ConsumeIntegralInRange(0, 15)) {
     case 11:
       // Not for a bad n_sinks, whose error would go unread.
-      if (var->n_sinks >= 0) {
+      if (var->n_sinks >= 0 && !SinksOverWindow(*var)) {
         size = v1;
         var->n_sinks = 0;
       }

@@ -3224,10 +3224,10 @@ static void TestAttentionVariants(void) {
   sets[9].name = "window 100, 4 sink tokens";
   sets[9].v.window = 100;
   sets[9].v.n_sink_tokens = 4;
-  sets[10].name = "all, window 50, 130 sink tokens, HW_MASK_NONE";
+  sets[10].name = "all, window 200, 130 sink tokens, HW_MASK_NONE";
   sets[10].mask = HW_MASK_NONE;
   sets[10].v = sets[6].v;
-  sets[10].v.window = 50;
+  sets[10].v.window = 200;
   sets[10].v.n_sink_tokens = 130; /* past the first 128-key block */
 
   const char* targets[16];
@@ -3619,8 +3619,14 @@ static void TestAttentionRingErrors(void) {
   bad.window = 0;
   CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
             HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.n_sink_tokens (2) must be "
+            "<= variants.window (0)");
+  bad.n_sink_tokens = 0;
+  CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
+            HW_INVALID_ARGUMENT,
             "hw_attention_with_variants: variants.window (0) must be in [1, "
             "capacity - n_sink_tokens = 7]");
+  bad.n_sink_tokens = kSinks;
   bad.window = 8;
   CHECK_ERR(hw_attention_with_variants(ring, H, &query, 1, NULL, &bad),
             HW_INVALID_ARGUMENT, "variants.window (8) must be in [1, ");
