@@ -60,6 +60,24 @@ static int g_failures = 0;
 
 /* ------------------------------------------------------------- Helpers */
 
+/* Runs run(context) on every instruction set this CPU runs (dispatch capped
+ * with hw_set_max_target; a layer packs its weights for the target active at
+ * create), naming the target after any failure; then lifts the cap. */
+static void OnEveryTarget(void (*run)(void*), void* context) {
+  const char* targets[16];
+  int64_t n_targets = hw_supported_targets(targets, 16);
+  if (n_targets > 16) n_targets = 16;
+  for (int64_t t = 0; t < n_targets; ++t) {
+    CHECK_OK(hw_set_max_target(targets[t]));
+    const int before = g_failures;
+    run(context);
+    if (g_failures != before) {
+      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
+    }
+  }
+  hw_reset_max_target();
+}
+
 static uint32_t g_seed = 12345u;
 
 /* Uniform in [-0.5, 0.5), from a 32-bit LCG (Numerical Recipes). */
@@ -1590,6 +1608,11 @@ static void TestLayerShape(const Model* m) {
   hw_attention_layer_destroy(layer);
 }
 
+/* TestLayerShape of each of the 4 models at context. */
+static void LayerShapesOnTarget(void* models) {
+  for (int i = 0; i < 4; ++i) TestLayerShape(&((Model*)models)[i]);
+}
+
 static void TestLayerShapes(void) {
   Model models[4];
   models[0] = MakeModel(32, 4, 4, 8, HW_MASK_CAUSAL, 0);  /* MHA */
@@ -1599,18 +1622,7 @@ static void TestLayerShapes(void) {
 
   /* On every instruction set this CPU runs (the layer packs its weights for
    * the target active at create). */
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    for (int i = 0; i < 4; ++i) TestLayerShape(&models[i]);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  OnEveryTarget(LayerShapesOnTarget, models);
   for (int i = 0; i < 4; ++i) FreeModel(&models[i]);
 }
 
@@ -1703,20 +1715,13 @@ static void TestLayerDtypesOnTarget(const Model* m) {
   hw_attention_layer_destroy(layer);
 }
 
+static void LayerDtypesOnTarget(void* model) {
+  TestLayerDtypesOnTarget((Model*)model);
+}
+
 static void TestLayerDtypes(void) {
   Model m = MakeModel(32, 4, 2, 12, HW_MASK_CAUSAL, 1); /* GQA, odd tail */
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    TestLayerDtypesOnTarget(&m);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  OnEveryTarget(LayerDtypesOnTarget, &m);
   FreeModel(&m);
 }
 
@@ -2142,6 +2147,26 @@ static void TestLayerVariantShards(
  * soft-capping, ALiBi, sink logits) alone and with QK-norm and RoPE on the
  * GQA layer and with RoPE on the MQA one, on every instruction set; shards
  * with every variant. */
+/* The layer variant sets of TestLayerVariants on one target. */
+typedef struct LayerVariantsRun {
+  const Model* models;
+  const hw_attention_layer_variants* sets;
+  const int* model_of; /* the model of each set */
+  int n_sets;
+} LayerVariantsRun;
+
+static void LayerVariantsOnTarget(void* context) {
+  const LayerVariantsRun* run = (const LayerVariantsRun*)context;
+  for (int i = 0; i < run->n_sets; ++i) {
+    const int before_set = g_failures;
+    TestLayerVariantsCase(&run->models[run->model_of[i]], &run->sets[i]);
+    if (g_failures != before_set) {
+      fprintf(stderr, "  (the failures above are of variant set %d)\n", i);
+    }
+  }
+  TestLayerVariantShards(&run->models[0], &run->sets[6]);
+}
+
 static void TestLayerVariants(void) {
   Model models[2];
   models[0] = MakeModel(32, 4, 2, 16, HW_MASK_CAUSAL, 1);
@@ -2205,25 +2230,8 @@ static void TestLayerVariants(void) {
     sets[i].k_norm = norms[model_of[i]][1];
   }
 
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    for (int i = 0; i < kSets; ++i) {
-      const int before_set = g_failures;
-      TestLayerVariantsCase(&models[model_of[i]], &sets[i]);
-      if (g_failures != before_set) {
-        fprintf(stderr, "  (the failures above are of variant set %d)\n", i);
-      }
-    }
-    TestLayerVariantShards(&models[0], &sets[6]);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  LayerVariantsRun run = {models, sets, model_of, kSets};
+  OnEveryTarget(LayerVariantsOnTarget, &run);
   for (int i = 0; i < 2; ++i) {
     FreeModel(&models[i]);
     free(norms[i][0]);
@@ -2693,21 +2701,14 @@ static void TestLayerRingErrors(void) {
 }
 
 /* The ring layer on every instruction set, float32 and bfloat16 caches. */
+static void LayerRingOnTarget(void* model) {
+  TestLayerRingOnTarget((Model*)model, HW_KV_FLOAT32);
+  TestLayerRingOnTarget((Model*)model, HW_KV_BFLOAT16);
+}
+
 static void TestLayerRing(void) {
   Model m = MakeModel(32, 4, 2, 8, HW_MASK_CAUSAL, 1); /* GQA */
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    TestLayerRingOnTarget(&m, HW_KV_FLOAT32);
-    TestLayerRingOnTarget(&m, HW_KV_BFLOAT16);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  OnEveryTarget(LayerRingOnTarget, &m);
   FreeModel(&m);
   TestLayerRingErrors();
 }
@@ -2945,20 +2946,12 @@ static void TestAttentionOnTarget(int dtype) {
   hw_kv_cache_destroy(cache);
 }
 
-static void TestAttention(void) {
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    for (int i = 0; i < 4; ++i) TestAttentionOnTarget(kDtypes[i]);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+static void AttentionOnTarget(void* unused) {
+  (void)unused;
+  for (int i = 0; i < 4; ++i) TestAttentionOnTarget(kDtypes[i]);
 }
+
+static void TestAttention(void) { OnEveryTarget(AttentionOnTarget, NULL); }
 
 /* ------------------------------------------------- Attention variants */
 
@@ -3183,11 +3176,22 @@ static void TestAttentionVariantsOnTarget(int dtype, const AttnVariantSet* sets,
 
 /* Each variant alone and all together, causal and not, on every target and
  * stored type. */
+enum { kAttnVariantSets = 11 };
+
+/* TestAttentionVariantsOnTarget of the kAttnVariantSets sets at context for
+ * every dtype. */
+static void AttentionVariantsOnTarget(void* sets) {
+  for (int i = 0; i < 4; ++i) {
+    TestAttentionVariantsOnTarget(kDtypes[i], (const AttnVariantSet*)sets,
+                                  kAttnVariantSets);
+  }
+}
+
 static void TestAttentionVariants(void) {
   float slopes[8];
   const float sinks[8] = {0.5f, -1.0f, 2.0f, 8.0f, 0.0f, 3.0f, -4.0f, 1.0f};
   CHECK_OK(hw_alibi_slopes(8, slopes)); /* 2^-1 .. 2^-8 */
-  enum { kSets = 11 };
+  enum { kSets = kAttnVariantSets };
   AttnVariantSet sets[kSets];
   for (int i = 0; i < kSets; ++i) {
     memset(&sets[i], 0, sizeof(sets[i]));
@@ -3230,20 +3234,7 @@ static void TestAttentionVariants(void) {
   sets[10].v.window = 200;
   sets[10].v.n_sink_tokens = 130; /* past the first 128-key block */
 
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    for (int i = 0; i < 4; ++i) {
-      TestAttentionVariantsOnTarget(kDtypes[i], sets, kSets);
-    }
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  OnEveryTarget(AttentionVariantsOnTarget, sets);
 }
 
 /* hw_alibi_slopes: the paper's slopes, and its errors. */
@@ -3669,21 +3660,15 @@ static void TestAttentionRingErrors(void) {
   hw_kv_cache_destroy(plain);
 }
 
+static void AttentionRingOnTarget(void* unused) {
+  (void)unused;
+  TestAttentionRingOnTarget(HW_KV_FLOAT32);
+  TestAttentionRingOnTarget(HW_KV_FLOAT16);
+}
+
 /* Ring attention on every target, float32 and float16 caches; its errors. */
 static void TestAttentionRing(void) {
-  const char* targets[16];
-  int64_t n_targets = hw_supported_targets(targets, 16);
-  if (n_targets > 16) n_targets = 16;
-  for (int64_t t = 0; t < n_targets; ++t) {
-    CHECK_OK(hw_set_max_target(targets[t]));
-    const int before = g_failures;
-    TestAttentionRingOnTarget(HW_KV_FLOAT32);
-    TestAttentionRingOnTarget(HW_KV_FLOAT16);
-    if (g_failures != before) {
-      fprintf(stderr, "  (the failures above are on target %s)\n", targets[t]);
-    }
-  }
-  hw_reset_max_target();
+  OnEveryTarget(AttentionRingOnTarget, NULL);
   TestAttentionRingErrors();
 }
 

@@ -742,6 +742,15 @@ TEST_P(AttentionLayerTest, LongerPrefillMatchesReference) {
 // ---------------------------------------------------------------------------
 // Prefill, decode and batches.
 
+// The chunk sizes of `split` followed by one-token steps up to total tokens.
+std::vector<int64_t> WithDecodeSteps(std::vector<int64_t> split,
+                                     int64_t total) {
+  int64_t covered = 0;
+  for (const int64_t n : split) covered += n;
+  split.insert(split.end(), static_cast<size_t>(total - covered), 1);
+  return split;
+}
+
 // Splits of 30 tokens: one-shot prefill against prefill of k tokens then
 // 30 - k one-token decode steps (and a chunked prefill): every split gives the
 // one-shot outputs (to kTight) and cache contents, and the reference.
@@ -770,12 +779,7 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
       ASSERT_NO_FATAL_FAILURE(
           ExpectRowsMatch(want.data(), total, d, d, e, 0, what));
       for (std::vector<int64_t> split : splits) {
-        int64_t covered = 0;
-        for (const int64_t n : split) covered += n;
-        while (covered < total) {
-          split.push_back(1);
-          ++covered;
-        }
+        split = WithDecodeSteps(split, total);
         const std::string how =
             what + ", first chunk " + std::to_string(split[0]);
         KvCache stepped = MakeCache(layer.CacheConfig(1, total));
@@ -876,12 +880,7 @@ TEST_P(AttentionLayerTest, RingCacheEqualsPlainCache) {
     const std::vector<float> x = test::RandomVector(total * d, seed + 10);
     const Expected e = Reference(model, x, true, ScaleOf(c.config));
     for (std::vector<int64_t> split : splits) {
-      int64_t covered = 0;
-      for (const int64_t n : split) covered += n;
-      while (covered < total) {
-        split.push_back(1);
-        ++covered;
-      }
+      split = WithDecodeSteps(split, total);
       const std::string how =
           what + ", first chunk " + std::to_string(split[0]);
       KvCache ring = MakeCache(ring_config);
