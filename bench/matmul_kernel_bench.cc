@@ -70,7 +70,7 @@ double MatmulKernelLoopT(size_t kc, uint64_t reps) {
     for (size_t p = 0; p < kPanels; ++p) {
       // alpha alternates in sign so that C stays bounded over the passes.
       MatmulStrip(kMatmulMR, kc, a, b + p * kc * NR, out, 0, p * NR, NR,
-                  (r & 1) ? -1.0f : 1.0f, 0.0f, r == 0);
+                  (r & 1) ? -1.0f : 1.0f, 0.0f, r == 0, /*scales=*/nullptr);
     }
   }
   return 2.0 * static_cast<double>(kMatmulMR * NR * kc * kPanels) *

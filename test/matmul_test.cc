@@ -4,6 +4,7 @@
 // pre-packed B, thread counts and every argument error.
 #include "headway/matmul.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -511,6 +512,347 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
     }
   }
   ASSERT_TRUE(SetMaxTarget(GetParam().name).ok());
+}
+
+// ---------------------------------------------------------------------------
+// B stored as bf16 or int8 (WeightDtype).
+
+constexpr WeightDtype kStoredDtypes[2] = {WeightDtype::kBFloat16,
+                                          WeightDtype::kInt8};
+
+// x rounded to bfloat16, nearest even (finite x).
+float RoundToBF16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&x, &u, sizeof(u));
+  return x;
+}
+
+// The weights a packed op(b) [k, n] stands for (matmul.h, WeightDtype),
+// computed here from the rule: w [k, n] dense, exact in double, and for int8
+// the column scales [n].
+struct StoredWeights {
+  StoredWeights(const Operand& b, Transpose tb, int64_t k, int64_t n,
+                WeightDtype dtype)
+      : w(static_cast<size_t>(k * n)) {
+    const auto at = [&](int64_t kk, int64_t j) {
+      return tb == Transpose::kNo ? b.data[kk * b.stride + j]
+                                  : b.data[j * b.stride + kk];
+    };
+    if (dtype == WeightDtype::kInt8) scales.assign(static_cast<size_t>(n), 0);
+    for (int64_t j = 0; j < n; ++j) {
+      float max_abs = 0.0f;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        max_abs = std::max(max_abs, std::fabs(at(kk, j)));
+      }
+      const float scale = max_abs / 127.0f;
+      if (dtype == WeightDtype::kInt8) scales[j] = scale;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const float x = at(kk, j);
+        double value = x;
+        if (dtype == WeightDtype::kBFloat16) value = RoundToBF16(x);
+        if (dtype == WeightDtype::kInt8) {
+          const float q = scale > 0.0f ? std::nearbyint(x / scale) : 0.0f;
+          value = static_cast<double>(scale) *
+                  std::fmin(std::fmax(q, -127.0f), 127.0f);
+        }
+        w[kk * n + j] = value;
+      }
+    }
+  }
+  std::vector<double> w;
+  std::vector<float> scales;
+};
+
+// Matmul with B packed as dtype against the float64 product with the weights
+// it stands for, within the documented bound (K + K / 512 + 3 roundings, one
+// more for int8's scale). C has row stride n + pad, sentinels in the padding.
+void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
+                 float alpha, float beta, WeightDtype dtype, int64_t pad = 0,
+                 int64_t offset = 0, uint64_t seed = 1) {
+  SCOPED_TRACE(testing::Message()
+               << "m=" << m << " n=" << n << " k=" << k << " ta="
+               << static_cast<int>(ta) << " tb=" << static_cast<int>(tb)
+               << " alpha=" << alpha << " beta=" << beta
+               << " dtype=" << static_cast<int>(dtype) << " pad=" << pad);
+  const Operand a(m, k, ta, pad, offset, seed * 3 + 1);
+  const Operand b(k, n, tb, pad, offset, seed * 3 + 2);
+  const StoredWeights stored(b, tb, k, n, dtype);
+  PackedB packed;
+  ASSERT_TRUE(PackedB::Pack(b.view(), tb, &packed, dtype).ok());
+  ASSERT_EQ(packed.dtype(), dtype);
+  if (dtype == WeightDtype::kInt8) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(packed.scales()[j], stored.scales[j])
+          << "scale of column " << j;
+    }
+  } else {
+    EXPECT_EQ(packed.scales(), nullptr);
+  }
+  const int64_t ldc = n + pad;
+  std::vector<float> c(static_cast<size_t>(m * ldc), -7.0f);
+  test::FillRandomMatrix(c.data(), m, n, ldc, seed * 3 + 3);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = -7.0f;
+    if (beta == 0.0f) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = kNaN;
+    }
+  }
+  const std::vector<float> c_old = c;
+  ASSERT_TRUE(Matmul(a.view(), ta, packed,
+                     MatrixView<float>(c.data(), m, n, ldc), alpha, beta)
+                  .ok());
+  const double rounds = dtype == WeightDtype::kInt8 ? 4.0 : 3.0;
+  int failures = 0;
+  for (int64_t i = 0; i < m && failures < 5; ++i) {
+    for (int64_t j = 0; j < n && failures < 5; ++j) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double x = ta == Transpose::kNo ? a.data[i * a.stride + kk]
+                                              : a.data[kk * a.stride + i];
+        sum += x * stored.w[kk * n + j];
+        abs_sum += std::fabs(x * stored.w[kk * n + j]);
+      }
+      const double old = beta == 0.0f ? 0.0 : c_old[i * ldc + j];
+      const double want = alpha * sum + beta * old;
+      const double abs_want =
+          std::fabs(alpha) * abs_sum + std::fabs(beta * old);
+      const double kd = static_cast<double>(k);
+      const double tol =
+          (kd + kd / 512.0 + rounds) * std::ldexp(1.0, -24) * abs_want +
+          std::numeric_limits<float>::denorm_min();
+      const double got = c[i * ldc + j];
+      if (!(std::abs(got - want) <= tol)) {
+        ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want "
+                      << want << " +- " << tol;
+        ++failures;
+      }
+    }
+    for (int64_t j = n; j < ldc; ++j) {
+      if (c[i * ldc + j] != -7.0f) {
+        ADD_FAILURE() << "padding c[" << i << ", " << j << "] was written";
+        ++failures;
+      }
+    }
+  }
+}
+
+TEST_P(MatmulTest, StoredTileEdges) {
+  const Tile t = ActiveTile();
+  const std::vector<int64_t> sizes = {
+      1,        2,        t.lanes - 1, t.lanes,  t.lanes + 1, t.mr,
+      t.mr + 1, t.nr - 1, t.nr,        t.nr + 1, 17};
+  for (WeightDtype dtype : kStoredDtypes) {
+    for (Transpose tb : kOps) {
+      for (int64_t s : sizes) {
+        if (s < 1) continue;
+        CheckStored(s, t.nr + 3, 19, Transpose::kNo, tb, 1.0f, 0.0f, dtype);
+        CheckStored(t.mr + 2, s, 23, Transpose::kYes, tb, 1.0f, 0.0f, dtype);
+        CheckStored(t.mr - 1 > 0 ? t.mr - 1 : 1, t.nr - 1 > 0 ? t.nr - 1 : 1, s,
+                    Transpose::kNo, tb, 1.0f, 0.0f, dtype);
+      }
+    }
+  }
+}
+
+// K blocks, the small-M (GEMV) path, primes, alpha/beta, strides and offsets.
+TEST_P(MatmulTest, StoredShapes) {
+  const Tile t = ActiveTile();
+  for (WeightDtype dtype : kStoredDtypes) {
+    for (int64_t k : {t.kc - 1, t.kc + 1, 2 * t.kc + 3}) {
+      CheckStored(1, 2 * t.nr + 1, k, Transpose::kNo, Transpose::kNo, 1.0f,
+                  0.0f, dtype);
+      CheckStored(2 * t.mr - 1, 2 * t.nr - 3, k, Transpose::kYes,
+                  Transpose::kYes, -1.5f, 0.5f, dtype);
+    }
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}}) {
+      CheckStored(m, 5 * t.nr + 3, 300, Transpose::kNo, Transpose::kNo, 1.0f,
+                  0.0f, dtype);
+    }
+    CheckStored(1, 1021, 509, Transpose::kNo, Transpose::kYes, 1.0f, 1.0f,
+                dtype);
+    CheckStored(127, 251, 509, Transpose::kNo, Transpose::kNo, 1.0f, 0.0f,
+                dtype);
+    CheckStored(97, 131, 61, Transpose::kYes, Transpose::kNo, 1.0f, 0.5f,
+                dtype);
+    const float cases[][2] = {{2.5f, 0}, {1, 1}, {-0.5f, 0.75f}, {1, -1}};
+    for (const auto& ab : cases) {
+      CheckStored(t.mr + 3, t.nr + 5, 37, Transpose::kNo, Transpose::kYes,
+                  ab[0], ab[1], dtype);
+    }
+    for (int64_t pad : {1, 17}) {
+      for (int64_t offset : {1, 3}) {
+        CheckStored(2 * t.mr + 1, 2 * t.nr + 1, 45, Transpose::kNo,
+                    Transpose::kNo, 1.0f, 0.5f, dtype, pad, offset);
+      }
+    }
+  }
+}
+
+// 1, 2 and 7 threads give bit-identical results for every dtype.
+TEST_P(MatmulTest, StoredThreadCountInvariant) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (WeightDtype dtype : kStoredDtypes) {
+    for (const Shape& s :
+         {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 700}}) {
+      const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
+      const Operand b(s.k, s.n, Transpose::kYes, 0, 0, 22);
+      PackedB packed;
+      ASSERT_TRUE(
+          PackedB::Pack(b.view(), Transpose::kYes, &packed, dtype).ok());
+      std::vector<float> results[3];
+      const int threads[3] = {1, 2, 7};
+      for (int i = 0; i < 3; ++i) {
+        tbb::task_arena arena(threads[i]);
+        arena.execute([&] {
+          results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kYes, s.m,
+                                 s.n, &packed, 0.5f);
+        });
+        EXPECT_TRUE(BitIdentical(results[0], results[i]))
+            << threads[i] << " threads, dtype " << static_cast<int>(dtype);
+      }
+    }
+  }
+}
+
+// Packing bf16 weights packs exactly what packing the same values as floats
+// does, for every dtype, B and B^T, and PackColumns stores what Pack stores.
+TEST_P(MatmulTest, StoredFromBF16AndColumns) {
+  const Tile t = ActiveTile();
+  const int64_t rows = t.kc + 3, cols = 2 * t.nr + 5;
+  std::vector<float> as_float(static_cast<size_t>(rows * cols));
+  test::FillRandom(as_float.data(), as_float.size(), 61);
+  std::vector<BFloat16> as_bf16(as_float.size());
+  for (size_t i = 0; i < as_float.size(); ++i) {
+    as_float[i] = RoundToBF16(as_float[i]);
+    uint32_t u;
+    std::memcpy(&u, &as_float[i], sizeof(u));
+    as_bf16[i].bits = static_cast<uint16_t>(u >> 16);
+  }
+  for (WeightDtype dtype :
+       {WeightDtype::kFloat32, WeightDtype::kBFloat16, WeightDtype::kInt8}) {
+    for (Transpose tb : kOps) {
+      PackedB want, got;
+      ASSERT_TRUE(
+          PackedB::Pack(MatrixView<const float>(as_float.data(), rows, cols),
+                        tb, &want, dtype)
+              .ok());
+      ASSERT_TRUE(
+          PackedB::Pack(MatrixView<const BFloat16>(as_bf16.data(), rows, cols),
+                        tb, &got, dtype)
+              .ok());
+      ASSERT_EQ(got.bytes(), want.bytes());
+      EXPECT_EQ(got.dtype(), dtype);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0);
+    }
+    // Columns [0, 7) and [7, cols) of the float matrix as two parts.
+    const MatrixView<const float> parts[2] = {
+        MatrixView<const float>(as_float.data(), rows, 7, cols),
+        MatrixView<const float>(as_float.data() + 7, rows, cols - 7, cols)};
+    PackedB whole, columns;
+    ASSERT_TRUE(
+        PackedB::Pack(MatrixView<const float>(as_float.data(), rows, cols),
+                      Transpose::kNo, &whole, dtype)
+            .ok());
+    ASSERT_TRUE(PackedB::PackColumns(parts, 2, &columns, dtype).ok());
+    ASSERT_EQ(columns.bytes(), whole.bytes());
+    EXPECT_EQ(std::memcmp(columns.data(), whole.data(), whole.bytes()), 0);
+  }
+}
+
+// bytes(): the panels of the stored type (rounded up to 64 bytes), plus the
+// int8 scales.
+TEST_P(MatmulTest, StoredBytes) {
+  const Tile t = ActiveTile();
+  const int64_t k = 37, n = 3 * t.nr + 1;
+  const Operand b(k, n, Transpose::kNo, 0, 0, 5);
+  const size_t elements = static_cast<size_t>(k * 4 * t.nr);
+  const auto round64 = [](size_t x) { return (x + 63) / 64 * 64; };
+  const struct {
+    WeightDtype dtype;
+    size_t bytes;
+  } cases[] = {
+      {WeightDtype::kFloat32, elements * 4},
+      {WeightDtype::kBFloat16, round64(elements * 2)},
+      {WeightDtype::kInt8,
+       round64(elements) + static_cast<size_t>(4 * t.nr) * sizeof(float)}};
+  for (const auto& c : cases) {
+    PackedB packed;
+    ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, c.dtype).ok());
+    EXPECT_EQ(packed.bytes(), c.bytes) << static_cast<int>(c.dtype);
+    EXPECT_EQ(WeightDtypeSize(c.dtype) * elements <= packed.bytes(), true);
+  }
+  EXPECT_EQ(WeightDtypeSize(static_cast<WeightDtype>(7)), 0u);
+}
+
+// int8: the weights read are scale_j * q exactly (C = I * B gives
+// fl(scale_j * q) with alpha 1), a zero column has scale 0 and gives zeros, a
+// column with NaN or inf is refused by name; bf16 keeps NaN (as float32).
+TEST_P(MatmulTest, StoredInt8Columns) {
+  const Tile t = ActiveTile();
+  const int64_t k = 9, n = t.nr + 3;
+  Operand b(k, n, Transpose::kNo, 0, 0, 8);
+  for (int64_t kk = 0; kk < k; ++kk) b.data[kk * b.stride + 2] = 0.0f;
+  const StoredWeights stored(b, Transpose::kNo, k, n, WeightDtype::kInt8);
+  PackedB packed;
+  ASSERT_TRUE(
+      PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kInt8)
+          .ok());
+  EXPECT_EQ(packed.scales()[2], 0.0f);
+  for (int64_t j = n; j < 2 * t.nr; ++j) EXPECT_EQ(packed.scales()[j], 0.0f);
+  std::vector<float> identity(static_cast<size_t>(k * k), 0.0f);
+  for (int64_t i = 0; i < k; ++i) identity[i * k + i] = 1.0f;
+  std::vector<float> c(static_cast<size_t>(k * n), kNaN);
+  ASSERT_TRUE(Matmul(MatrixView<const float>(identity.data(), k, k),
+                     Transpose::kNo, packed, MatrixView<float>(c.data(), k, n))
+                  .ok());
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(c[kk * n + j], static_cast<float>(stored.w[kk * n + j]))
+          << kk << ", " << j;
+    }
+    EXPECT_EQ(c[kk * n + 2], 0.0f);
+  }
+  // NaN or inf in column 5 of op(b) (row 5 of b^T).
+  for (const float bad : {kNaN, std::numeric_limits<float>::infinity()}) {
+    Operand bt(k, n, Transpose::kYes, 0, 0, 9);
+    bt.data[5 * bt.stride + 3] = bad;
+    PackedB refused;
+    EXPECT_TRUE(test::IsError(
+        PackedB::Pack(bt.view(), Transpose::kYes, &refused, WeightDtype::kInt8),
+        StatusCode::kInvalidArgument, {"column 5 ", "NaN or inf"}));
+    EXPECT_EQ(refused.data(), nullptr);
+    PackedB bf16;
+    ASSERT_TRUE(
+        PackedB::Pack(bt.view(), Transpose::kYes, &bf16, WeightDtype::kBFloat16)
+            .ok());
+    std::vector<float> out(static_cast<size_t>(k * n));
+    ASSERT_TRUE(Matmul(MatrixView<const float>(identity.data(), k, k),
+                       Transpose::kNo, bf16,
+                       MatrixView<float>(out.data(), k, n))
+                    .ok());
+    // As float32: 1 * NaN is NaN, 1 * inf is inf.
+    const float got = out[3 * n + 5];
+    EXPECT_TRUE(std::isnan(bad) ? std::isnan(got) : got == bad) << got;
+  }
+  PackedB bad_dtype;
+  EXPECT_TRUE(test::IsError(PackedB::Pack(b.view(), Transpose::kNo, &bad_dtype,
+                                          static_cast<WeightDtype>(7)),
+                            StatusCode::kInvalidArgument,
+                            {"dtype", "WeightDtype", "got 7"}));
+  const MatrixView<const float> part = b.view();
+  EXPECT_TRUE(test::IsError(
+      PackedB::PackColumns(&part, 1, &bad_dtype, static_cast<WeightDtype>(-1)),
+      StatusCode::kInvalidArgument, {"got -1"}));
+  std::vector<BFloat16> b16(static_cast<size_t>(k * n));
+  EXPECT_TRUE(test::IsError(
+      PackedB::Pack(MatrixView<const BFloat16>(b16.data(), k, n),
+                    Transpose::kNo, &bad_dtype, static_cast<WeightDtype>(3)),
+      StatusCode::kInvalidArgument, {"got 3"}));
 }
 
 HEADWAY_INSTANTIATE_TARGET_TEST(MatmulTest);

@@ -25,6 +25,31 @@ namespace headway {
 // op(X) = X (kNo) or X^T (kYes).
 enum class Transpose : int { kNo = 0, kYes = 1 };
 
+// How a PackedB stores its weights. Matmul reads them as floats and
+// accumulates in float32 whatever the storage.
+//   kFloat32   float, as is
+//   kBFloat16  bfloat16, round to nearest even (as KvDtype::kBFloat16); NaN
+//              stays NaN, +-inf stays +-inf, as in float32
+//   kInt8      int8 q in [-127, 127] with one float scale per column j of
+//              op(b): scale_j = max_k |b[k, j]| / 127 (0 when that is below
+//              127 * FLT_MIN: the column reads as zeros), q = round to
+//              nearest even (b / scale_j); the weight read is scale_j * q.
+//              A column with a NaN or inf cannot be packed (kInvalidArgument).
+enum class WeightDtype : int {
+  kFloat32 = 0,   // 4 bytes
+  kBFloat16 = 1,  // 2 bytes
+  kInt8 = 2,      // 1 byte, plus 4 bytes per column
+};
+
+// Bytes per stored weight of dtype: 4, 2, 1; 0 for an unknown dtype.
+HEADWAY_API size_t WeightDtypeSize(WeightDtype dtype);
+
+// A bfloat16 value (a checkpoint's weights): the top 16 bits of the float32
+// whose low 16 bits are zero.
+struct BFloat16 {
+  uint16_t bits;
+};
+
 // B packed once into the panel layout of the micro-kernel, for reuse by many
 // Matmul calls (a host packs its weights at load time). Owns its memory;
 // move-only.
@@ -45,46 +70,66 @@ class HEADWAY_API PackedB {
   PackedB& operator=(const PackedB&) = delete;
 
   // Packs op(b) [k, n] (b is [k, n] for kNo, [n, k] for kYes) for the current
-  // target into *out (its previous contents are released), from 4 MiB up in
-  // transparent huge pages where the kernel allows (as KvCache's buffers).
-  // Cost: one read of b and one write of bytes().
+  // target into *out (its previous contents are released), stored as dtype,
+  // from 4 MiB up in transparent huge pages where the kernel allows (as
+  // KvCache's buffers).
+  // Cost: one read of b and one write of bytes(); bf16 and int8 also write
+  // and read a float copy of the panels (K * N * 4 bytes, freed on return).
   // Errors (kInvalidArgument, *out unchanged): null out, null data, rows or
-  // cols < 1, a stride < cols, a bad Transpose value; kResourceExhausted: a
-  // byte count that overflows, or no memory for the packed buffer.
-  static Status Pack(MatrixView<const float> b, Transpose tb, PackedB* out);
+  // cols < 1, a stride < cols, a bad Transpose or WeightDtype value, for
+  // kInt8 a NaN or inf in b (the message names the column of op(b));
+  // kResourceExhausted: a byte count that overflows, or no memory.
+  static Status Pack(MatrixView<const float> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype = WeightDtype::kFloat32);
+  // The same from bfloat16 weights: exactly Pack of the same values as floats
+  // (every bfloat16 is a float), through a float copy of b (rows * cols * 4
+  // bytes, freed on return).
+  static Status Pack(MatrixView<const BFloat16> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype);
 
   // Packs the matrix [parts[0] | parts[1] | ...] [k, sum of the parts'
   // columns], the parts side by side (each [k, cols_i], row-major with its own
   // stride), as Pack would pack it, without building it: a layer's fused QKV
   // weight from W_Q, W_K and W_V, say. Bit-identical to Pack of the
-  // concatenation. Errors (kInvalidArgument, *out unchanged): null out or
-  // parts, n_parts not in [1, kMaxColumnParts], a bad part (as for Pack), parts
-  // with different row counts; kResourceExhausted: as for Pack.
+  // concatenation (int8 scales included). Errors (kInvalidArgument, *out
+  // unchanged): null out or parts, n_parts not in [1, kMaxColumnParts], a bad
+  // part or dtype (as for Pack), parts with different row counts;
+  // kResourceExhausted: as for Pack.
   static constexpr int64_t kMaxColumnParts = 16;
   static Status PackColumns(const MatrixView<const float>* parts,
-                            int64_t n_parts, PackedB* out);
+                            int64_t n_parts, PackedB* out,
+                            WeightDtype dtype = WeightDtype::kFloat32);
 
   int64_t rows() const { return rows_; }  // K: rows of op(b)
   int64_t cols() const { return cols_; }  // N: columns of op(b)
-  // Bytes of the packed buffer: K * ceil(N / panel) * panel * 4 (the edge
-  // panel is zero-padded).
-  size_t bytes() const { return floats_ * sizeof(float); }
+  // How the weights are stored.
+  WeightDtype dtype() const { return dtype_; }
+  // Bytes of the packed buffer: K * ceil(N / panel) * panel *
+  // WeightDtypeSize(dtype()) (the edge panel is zero-padded), rounded up to
+  // 64, plus for kInt8 ceil(N / panel) * panel * 4 for the scales.
+  size_t bytes() const { return bytes_; }
   // Columns per panel of the layout (see above).
   int64_t panel_width() const { return panel_width_; }
   // Name of the instruction set it was packed for, e.g. "AVX3"; "" when empty.
   const char* target_name() const { return target_name_; }
 
-  // The packed panels, [K blocks][ceil(N / panel)][block length][panel]: read
-  // by the kernels.
-  const float* data() const { return data_.get(); }
+  // The packed panels, [K blocks][ceil(N / panel)][block length][panel] of
+  // the stored type: read by the kernels.
+  const void* data() const { return data_.get(); }
+  // kInt8: the scales of the columns, [ceil(N / panel) * panel] (0 past N);
+  // null for other dtypes.
+  const float* scales() const { return scales_; }
 
  private:
   // Takes data, an allocation of the library's, with its description.
-  void Reset(float* data, size_t floats, int64_t rows, int64_t cols,
-             int64_t panel_width, const char* target_name);
+  void Reset(void* data, size_t bytes, const float* scales, WeightDtype dtype,
+             int64_t rows, int64_t cols, int64_t panel_width,
+             const char* target_name);
 
-  std::unique_ptr<float, void (*)(float*)> data_{nullptr, nullptr};
-  size_t floats_ = 0;
+  std::unique_ptr<void, void (*)(void*)> data_{nullptr, nullptr};
+  size_t bytes_ = 0;
+  const float* scales_ = nullptr;
+  WeightDtype dtype_ = WeightDtype::kFloat32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
   int64_t panel_width_ = 0;
@@ -112,8 +157,13 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
                           float beta = 0.0f);
 
 // Same with B packed beforehand: C = alpha * op(a) * b + beta * C, b [K, N].
-// Results are bit-identical to Matmul with the unpacked op(b) on the same
-// target. Errors: as above, plus kInvalidArgument for an empty b;
+// float32 b: bit-identical to Matmul with the unpacked op(b) on the same
+// target. bf16 and int8 b: the weights are read as the floats they stand for
+// (WeightDtype) and accumulated in float32 as above; the bound above holds
+// with b the dequantized weights (exact scale_j * q for int8), plus one more
+// 2^-24 * |alpha| sum_k |a| |b| for int8 (the multiply by scale_j, once per
+// K block). Bit-identical for any number of threads, for every dtype.
+// Errors: as above, plus kInvalidArgument for an empty b;
 // kFailedPrecondition when b was packed for an instruction set whose panel
 // width differs from the one dispatch picks now.
 HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,

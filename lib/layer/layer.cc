@@ -848,7 +848,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->ldx = static_cast<size_t>(x.stride);
   step->tokens = t_rows;
   step->d_model = static_cast<size_t>(c.d_model);
-  step->packed_qkv = qkv.data();
+  step->packed_qkv = static_cast<const float*>(qkv.data());
   step->panel_width = static_cast<size_t>(qkv.panel_width());
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
@@ -899,7 +899,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->attn = attn_buf;
   step->ld_attn = lq;
   step->k_o = lq;
-  step->packed_o = o.data();
+  step->packed_o = static_cast<const float*>(o.data());
   step->y = y.data;
   step->ldy = static_cast<size_t>(y.stride);
   step->b_o = b_o.empty() ? nullptr : b_o.data();

@@ -21,6 +21,11 @@
 //   one NC block per task, else into one shared copy (MatmulLazyB). A large B
 //   is thus not written to memory and read back.
 //
+// - A PackedB may store its slices as bf16 or int8 (WeightDtype, same layout,
+//   elements of the stored type; int8 with scales [panels][NR] of the columns):
+//   the kernels, templated on the stored type T, load B through LoadStored and
+//   multiply each int8 column's accumulator by its scale at the store.
+//
 // - A is packed per K block into strips of MR rows, [MR][KC + 16] (row copies;
 //   the padding spreads the rows over L1 sets), in a per-thread buffer.
 //
@@ -106,6 +111,7 @@ struct MatmulKBlocks : EvenBlocks {
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -326,6 +332,74 @@ HWY_INLINE void PackBPanels(const float* b, size_t ldb, bool trans, size_t k,
   PackBPanelsParts(&whole, 1, k, n, dst);
 }
 
+// Converts a packed op(B) [k, n] of floats (src, MatmulPackedLayout) into
+// the same layout with elements of T, panels in parallel. bf16: each element
+// rounded to nearest even (StoreRowVec, storage.h's rule). int8: storage.h's
+// Int8Scale and Int8FromFloat per column instead of per row, scales[j] =
+// Int8Scale(max_k |B[k, j]|) into scales [panels * NR] (0 in the padding).
+// Returns -1, or (int8) the first column with a NaN or inf, dst then unset.
+template <class T>
+HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
+                               size_t n, T* HWY_RESTRICT dst,
+                               float* HWY_RESTRICT scales) {
+  constexpr size_t NR = kMatmulNR;
+  const MatmulPackedLayout layout(k, n);
+  std::atomic<int64_t> first_bad{-1};
+  const size_t grain = std::max<size_t>(1, 16384 / (k * NR));
+  tbb::parallel_for(
+      tbb::blocked_range<size_t>(0, layout.panels, grain),
+      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+        const MatmulTag d;
+        for (size_t p = range.begin(); p < range.end(); ++p) {
+          if constexpr (!internal::kKvScaled<T>) {
+            (void)scales;
+            for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+              const size_t offset = layout.Slice(kb, p);
+              StoreRowVec(d, src + offset, layout.kblocks.Size(kb, k) * NR,
+                          dst + offset, nullptr);
+            }
+          } else {
+            float max_abs[NR] = {};
+            bool finite[NR];
+            std::fill(finite, finite + NR, true);
+            for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+              const float* slice = src + layout.Slice(kb, p);
+              for (size_t kk = 0; kk < layout.kblocks.Size(kb, k); ++kk) {
+                for (size_t j = 0; j < NR; ++j) {
+                  const float x = std::fabs(slice[kk * NR + j]);
+                  finite[j] = finite[j] && x <= hwy::HighestValue<float>();
+                  max_abs[j] = std::fmax(max_abs[j], x);
+                }
+              }
+            }
+            for (size_t j = 0; j < NR; ++j) {
+              if (finite[j]) continue;
+              const int64_t column = static_cast<int64_t>(p * NR + j);
+              int64_t seen = first_bad.load(std::memory_order_relaxed);
+              while ((seen < 0 || column < seen) &&
+                     !first_bad.compare_exchange_weak(seen, column)) {
+              }
+              break;
+            }
+            float* panel_scales = scales + p * NR;
+            for (size_t j = 0; j < NR; ++j) {
+              panel_scales[j] = internal::Int8Scale(max_abs[j]);
+            }
+            for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+              const size_t offset = layout.Slice(kb, p);
+              for (size_t kk = 0; kk < layout.kblocks.Size(kb, k); ++kk) {
+                for (size_t j = 0; j < NR; ++j) {
+                  dst[offset + kk * NR + j] = internal::Int8FromFloat(
+                      src[offset + kk * NR + j], panel_scales[j]);
+                }
+              }
+            }
+          }
+        }
+      });
+  return first_bad.load();
+}
+
 // Row stride of a packed A strip: KC plus one cache line, so that the MR rows
 // of a strip fall into different L1 sets (1088 bytes apart on every target),
 // and the kernel addresses row r with a constant displacement r *
@@ -498,15 +572,34 @@ HWY_INLINE void MatmulChunkPrefetch(size_t chunk, bool last,
   next.Line(chunk, last);
 }
 
+// Multiplies the accumulators of one row of a tile by the scales of its
+// columns (scales [NR], aligned) for int8 B; nothing for float and bf16.
+template <class T, class V>
+HWY_INLINE void MatmulScaleRow(V (&acc)[kMatmulNV],
+                               const float* HWY_RESTRICT scales) {
+  if constexpr (internal::kKvScaled<T>) {
+    const MatmulTag d;
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      acc[v] = hn::Mul(acc[v], hn::Load(d, scales + v * kMatmulLanes));
+    }
+  } else {
+    (void)acc;
+    (void)scales;
+  }
+}
+
 // C tile [kRows, cols] at (i0, j0) of out op= alpha * A strip
-// [MR][kMatmulAStride] * B slice [kc][NR]. Not inlined: on its own the kernel
-// gets all 32 registers (inlined into the loops of the driver, GCC 12 at -O3
-// hoists loop invariants into them and spills a B vector).
-template <size_t kRows>
+// [MR][kMatmulAStride] * B slice [kc][NR] of T (float, bf16 or int8, loaded
+// through LoadStored; int8 accumulators times `scales` [NR] before the store).
+// Not inlined: on its own the kernel gets all 32 registers (inlined into the
+// loops of the driver, GCC 12 at -O3 hoists loop invariants into them and
+// spills a B vector).
+template <size_t kRows, class T>
 HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
-                             const float* HWY_RESTRICT b, const MatmulOut& out,
+                             const T* HWY_RESTRICT b, const MatmulOut& out,
                              size_t i0, size_t j0, size_t cols, float alpha,
-                             float beta, bool first) {
+                             float beta, bool first,
+                             const float* HWY_RESTRICT scales) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
   constexpr size_t AS = kMatmulAStride;
@@ -525,10 +618,10 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   size_t k = 0;
   for (; k + kSets <= kc; k += kSets) {
     for (size_t s = 0; s < kSets; ++s) {
-      const float* bk = b + (k + s) * NR;
+      const T* bk = b + (k + s) * NR;
       const float* ak = a + (k + s);
       V bv[kNV];
-      for (size_t v = 0; v < kNV; ++v) bv[v] = hn::Load(d, bk + v * N);
+      for (size_t v = 0; v < kNV; ++v) bv[v] = LoadStored(d, bk + v * N);
       for (size_t r = 0; r < kRows; ++r) {
         const V ar = hn::Set(d, ak[r * AS]);
         for (size_t v = 0; v < kNV; ++v) {
@@ -541,12 +634,13 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   // indices keep the accumulators in registers).
   for (size_t s = 0; s + 1 < kSets; ++s) {
     if (k + s < kc) {
-      const float* bk = b + (k + s) * NR;
+      const T* bk = b + (k + s) * NR;
       const float* ak = a + k + s;
       for (size_t r = 0; r < kRows; ++r) {
         const V ar = hn::Set(d, ak[r * AS]);
         for (size_t v = 0; v < kNV; ++v) {
-          acc[s][r][v] = hn::MulAdd(ar, hn::Load(d, bk + v * N), acc[s][r][v]);
+          acc[s][r][v] =
+              hn::MulAdd(ar, LoadStored(d, bk + v * N), acc[s][r][v]);
         }
       }
     }
@@ -562,6 +656,7 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
     }
   }
   for (size_t r = 0; r < kRows; ++r) {
+    MatmulScaleRow<T>(acc[0][r], scales);
     if (contiguous) {
       MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
     } else {
@@ -581,6 +676,7 @@ struct MatmulTileStore {
   float alpha;
   float beta;
   bool first;
+  const float* scales;  // int8 B: [NR] scales of the tile's columns
 };
 
 // Where MatmulTileFull<kRows, true> copies its A strip from: kRows rows of
@@ -592,15 +688,15 @@ struct MatmulASource {
 };
 
 // One k of the full tile: acc[r][v] += a[r * kMatmulAStride] * b[v * N].
-template <size_t kRows, class V>
+template <size_t kRows, class T, class V>
 HWY_INLINE void MatmulFullStep(V (&acc)[kRows][kMatmulNV],
                                const float* HWY_RESTRICT a,
-                               const float* HWY_RESTRICT b) {
+                               const T* HWY_RESTRICT b) {
   const MatmulTag d;
   constexpr size_t N = kMatmulLanes;
   V bv[kMatmulNV];
   HWY_UNROLL(4)
-  for (size_t v = 0; v < kMatmulNV; ++v) bv[v] = hn::Load(d, b + v * N);
+  for (size_t v = 0; v < kMatmulNV; ++v) bv[v] = LoadStored(d, b + v * N);
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
     const V ar = hn::Set(d, a[r * kMatmulAStride]);
@@ -635,9 +731,9 @@ HWY_INLINE void MatmulCopyAVector(const float* HWY_RESTRICT src, size_t lda,
 // vector of every row ahead of the FMAs that read it (the loads and stores go
 // into the slots the FMAs leave free), the last kc mod N columns first, for
 // the 4-8% of a call that a separate copy (PackAStrip) costs at N = 128.
-template <size_t kRows, bool kPackA>
+template <size_t kRows, bool kPackA, class T>
 HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
-                                 const float* HWY_RESTRICT b,
+                                 const T* HWY_RESTRICT b,
                                  const MatmulTileStore& store,
                                  const MatmulASource& source,
                                  const MatmulAPrefetch& next) {
@@ -685,21 +781,26 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
   const MatmulTileStore st = store;
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
+    MatmulScaleRow<T>(acc[r], st.scales);
     MatmulStoreRow(acc[r], st.column.At(st.i0 + r), NR, st.alpha, st.beta,
                    st.first);
   }
 }
 
-// Runs the micro-kernel for a strip of `rows` (1..MR) rows. With a source
-// (not null), the strip a is packed from it first (by the full kernel, as it
-// runs, or by PackAStrip).
-HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const float* b,
+// Runs the micro-kernel for a strip of `rows` (1..MR) rows over a slice of B
+// of T, with `scales` [NR] its columns' scales for int8 (else unused). With a
+// source (not null), the strip a is packed from it first (by the full kernel,
+// as it runs, or by PackAStrip).
+template <class T>
+HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
                             const MatmulOut& out, size_t i0, size_t j0,
                             size_t cols, float alpha, float beta, bool first,
+                            const float* scales,
                             const MatmulASource* source = nullptr,
                             const MatmulAPrefetch& next = MatmulAPrefetch()) {
   if (rows == kMatmulMR && cols == kMatmulNR && out.Contiguous(j0, cols)) {
-    const MatmulTileStore store{out.ColumnAt(j0), i0, alpha, beta, first};
+    const MatmulTileStore store{
+        out.ColumnAt(j0), i0, alpha, beta, first, scales};
     if (source != nullptr) {
       MatmulTileFull<kMatmulMR, true>(kc, a, b, store, *source, next);
     } else {
@@ -712,11 +813,11 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const float* b,
     PackAStrip(source->src, source->lda, false, 0, rows, 0, kc, a);
   }
   switch (rows) {
-#define HEADWAY_MATMUL_CASE(R)                                        \
-  case R:                                                             \
-    if constexpr (R <= kMatmulMR) {                                   \
-      MatmulTile<R>(kc, a, b, out, i0, j0, cols, alpha, beta, first); \
-    }                                                                 \
+#define HEADWAY_MATMUL_CASE(R)                                                \
+  case R:                                                                     \
+    if constexpr (R <= kMatmulMR) {                                           \
+      MatmulTile<R>(kc, a, b, out, i0, j0, cols, alpha, beta, first, scales); \
+    }                                                                         \
     break;
     HEADWAY_MATMUL_CASE(1)
     HEADWAY_MATMUL_CASE(2)
@@ -895,15 +996,21 @@ class MatmulOwnB {
 // buffer of its thread, dropped after the block (only for a split of one row
 // block, where a task is the only one to use its slices: a copy of all of a B
 // too large for the caches would be written to memory and never read back).
+//
+// A B packed before the call holds elements of T (float, bf16 or int8, the
+// driver's template argument) and, for int8, scales [panels * NR]; a B packed
+// during the call is float.
 class MatmulB {
  public:
-  static MatmulB Packed(const float* packed) {
-    return MatmulB(packed, nullptr, nullptr, nullptr);
+  static MatmulB Packed(const void* packed, const float* scales = nullptr) {
+    MatmulB b(packed, nullptr, nullptr, nullptr);
+    b.scales_ = scales;
+    return b;
   }
   // Panels [first_panel, first_panel + panels of the call) of a B packed
   // whole with b_panels panels: the call's columns [0, n) are B's columns
   // [first_panel * NR, first_panel * NR + n).
-  static MatmulB PackedPanels(const float* packed, size_t b_panels,
+  static MatmulB PackedPanels(const void* packed, size_t b_panels,
                               size_t first_panel) {
     MatmulB b(packed, nullptr, nullptr, nullptr);
     b.b_panels_ = b_panels;
@@ -923,35 +1030,50 @@ class MatmulB {
   // Whether tasks pack their slices into a window of their own.
   bool Windowed() const { return window_ != nullptr; }
   // A task's B, for the rest of the task (not windowed).
-  const float* Begin() const {
+  const void* Begin() const {
     return own_ != nullptr ? own_->Begin() : packed_;
+  }
+  // The int8 scales of the call's columns [j0, j0 + NR); null for float and
+  // bf16.
+  const float* Scales(size_t j0) const {
+    return scales_ == nullptr ? nullptr
+                              : scales_ + first_panel_ * kMatmulNR + j0;
   }
   // Slice (kb, p) of a task's B at `base` (Begin), or in slot `slot` of its
   // window, packed first if it is packed during the call and `use` may be its
   // first use.
-  HWY_INLINE const float* Slice(const MatmulPackedLayout& layout,
-                                const float* base, float* window, size_t kb,
-                                size_t p, size_t slot, bool use) const {
-    if (window != nullptr) {
-      float* slice = window + slot * layout.kblocks.length * kMatmulNR;
-      if (use) window_->Pack(kb, p, slice);
-      return slice;
+  template <class T>
+  HWY_INLINE const T* Slice(const MatmulPackedLayout& layout, const void* base,
+                            float* window, size_t kb, size_t p, size_t slot,
+                            bool use) const {
+    if constexpr (hwy::IsSame<T, float>()) {
+      if (window != nullptr) {
+        float* slice = window + slot * layout.kblocks.length * kMatmulNR;
+        if (use) window_->Pack(kb, p, slice);
+        return slice;
+      }
+      if (use && lazy_ != nullptr) return lazy_->Slice(kb, p);
+      if (use && own_ != nullptr) return own_->Slice(kb, p);
+    } else {
+      (void)window;
+      (void)slot;
+      (void)use;
     }
-    if (use && lazy_ != nullptr) return lazy_->Slice(kb, p);
-    if (use && own_ != nullptr) return own_->Slice(kb, p);
+    const T* packed = static_cast<const T*>(base);
     if (b_panels_ != 0) {
-      return base + layout.kblocks.Begin(kb) * b_panels_ * kMatmulNR +
+      return packed + layout.kblocks.Begin(kb) * b_panels_ * kMatmulNR +
              (first_panel_ + p) * layout.kblocks.Size(kb, layout.k) * kMatmulNR;
     }
-    return base + layout.Slice(kb, p);
+    return packed + layout.Slice(kb, p);
   }
 
  private:
-  MatmulB(const float* packed, MatmulLazyB* lazy, MatmulOwnB* own,
+  MatmulB(const void* packed, MatmulLazyB* lazy, MatmulOwnB* own,
           const MatmulBSource* window)
       : packed_(packed), lazy_(lazy), own_(own), window_(window) {}
 
-  const float* packed_;  // all of B, or the copy lazy_ packs into
+  const void* packed_;             // all of B, or the copy lazy_ packs into
+  const float* scales_ = nullptr;  // int8: [panels * NR]
   MatmulLazyB* lazy_;
   MatmulOwnB* own_;
   const MatmulBSource* window_;
@@ -999,7 +1121,9 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   return touched * threads <= 2 * groups;
 }
 
-// C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0.
+// C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
+// B's elements of T (MatmulB).
+template <class T = float>
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
@@ -1048,7 +1172,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
         float* window =
             b.Windowed() ? window_scratch.Get(nc_panels * kblocks.length * NR)
                          : nullptr;
-        const float* b_base = b.Begin();
+        const void* b_base = b.Begin();
         for (size_t task = range.begin(); task < range.end(); ++task) {
           // Panel-group major: TBB hands each thread a contiguous range of
           // tasks, so threads mostly work on different panels of B (their own
@@ -1077,14 +1201,15 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
               for (size_t p = p0; p < p1; ++p) {
                 const size_t j0 = p * NR;
                 const size_t cols = std::min(NR, n - j0);
-                const float* slice =
-                    b.Slice(layout, b_base, window, kb, p, 0, true);
+                const T* slice =
+                    b.template Slice<T>(layout, b_base, window, kb, p, 0, true);
                 for (size_t s = 0; s < strips; ++s) {
                   const size_t r0 = i0 + s * MR;
                   MatmulStrip(
                       std::min(MR, i1 - r0), kc,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats,
-                      slice, out, r0, j0, cols, alpha, beta, kb == 0);
+                      slice, out, r0, j0, cols, alpha, beta, kb == 0,
+                      b.Scales(j0));
                 }
               }
             }
@@ -1143,12 +1268,12 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                     next.cols = trans_a ? next_rows : next_kc;
                   }
                   const size_t j0 = p * NR;
-                  const float* slice =
-                      b.Slice(layout, b_base, window, kb, p, p - q0, s == 0);
-                  MatmulStrip(rows, kc, a_strip, slice, out, r0, j0,
-                              std::min(NR, n - j0), alpha, beta, kb == 0,
-                              pack_in_kernel && p == q0 ? &source : nullptr,
-                              next);
+                  const T* slice = b.template Slice<T>(layout, b_base, window,
+                                                       kb, p, p - q0, s == 0);
+                  MatmulStrip(
+                      rows, kc, a_strip, slice, out, r0, j0,
+                      std::min(NR, n - j0), alpha, beta, kb == 0, b.Scales(j0),
+                      pack_in_kernel && p == q0 ? &source : nullptr, next);
                 }
               }
             }
@@ -1158,16 +1283,18 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
       tbb::simple_partitioner());
 }
 
-// MatmulPackedOut for a plain C [m, n] with row stride ldc.
+// MatmulPackedOut for a plain C [m, n] with row stride ldc, B packed with
+// elements of T (and, for int8, scales [panels * NR]).
+template <class T = float>
 HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
-                             const float* packed_b, size_t m, size_t n,
-                             size_t k, float* c, size_t ldc, float alpha,
-                             float beta) {
+                             const T* packed_b, const float* scales, size_t m,
+                             size_t n, size_t k, float* c, size_t ldc,
+                             float alpha, float beta) {
   MatmulOut out;
   out.c = c;
   out.ldc = ldc;
-  MatmulPackedOut(a, lda, trans_a, MatmulB::Packed(packed_b), m, n, k, out,
-                  alpha, beta);
+  MatmulPackedOut<T>(a, lda, trans_a, MatmulB::Packed(packed_b, scales), m, n,
+                     k, out, alpha, beta);
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the

@@ -1,10 +1,14 @@
 // Matmul: argument checks and the one dynamic dispatch per call (kernels:
 // matmul-inl.h).
+#include "headway/matmul.h"
+
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <new>
 
+#include "hwy/aligned_allocator.h"
 #include "lib/core/memory.h"
 #include "tbb/task_arena.h"
 
@@ -19,22 +23,58 @@ HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 
-// Packs op(B) [k, n] = [op(parts[0]) | op(parts[1]) | ...] for this target
-// into a new aligned buffer of *floats floats; null when out of memory.
-// *panel_width and *target describe the layout.
-float* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
-              size_t* floats, size_t* panel_width, int64_t* target) {
+// Packs op(B) [k, n] = [op(parts[0]) | op(parts[1]) | ...] for this target,
+// elements of dtype (a valid WeightDtype), into a new aligned buffer of
+// *bytes bytes: the panels, then for int8 the scales [panels * NR] at byte
+// *scales_offset (64-byte aligned). Null when out of memory (*bytes says how
+// much was asked), or for int8 when column *bad_column (else -1) holds a NaN
+// or inf. *panel_width and *target describe the layout.
+void* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
+             int dtype, size_t* bytes, size_t* scales_offset,
+             size_t* panel_width, int64_t* target, int64_t* bad_column) {
+  const WeightDtype weight_dtype = static_cast<WeightDtype>(dtype);
+  const MatmulPackedLayout layout(k, n);
+  const size_t floats = layout.Floats();
+  const bool int8 = weight_dtype == WeightDtype::kInt8;
+  const size_t data_bytes =
+      (floats * WeightDtypeSize(weight_dtype) + 63) / 64 * 64;
   *panel_width = kMatmulNR;
   *target = HWY_TARGET;
-  *floats = PackedBFloats(k, n);
-  float* packed =
-      static_cast<float*>(internal::AllocateLarge(*floats * sizeof(float)));
+  *bad_column = -1;
+  *scales_offset = int8 ? data_bytes : 0;
+  *bytes = data_bytes +
+           (int8 ? layout.panels * kMatmulNR * sizeof(float) : size_t{0});
+  void* packed = internal::AllocateLarge(*bytes);
   if (packed == nullptr) return nullptr;
+  // Zeros up to the scales: the buffer's bytes are all defined.
+  const size_t panel_bytes = floats * WeightDtypeSize(weight_dtype);
+  memset(static_cast<char*>(packed) + panel_bytes, 0, data_bytes - panel_bytes);
   try {
-    PackBPanelsParts(parts, n_parts, k, n, packed);
+    if (weight_dtype == WeightDtype::kFloat32) {
+      PackBPanelsParts(parts, n_parts, k, n, static_cast<float*>(packed));
+      return packed;
+    }
+    // Packed as floats first, then converted: Pack holds a float copy of B
+    // while it runs.
+    hwy::AlignedFreeUniquePtr<float[]> as_float =
+        hwy::AllocateAligned<float>(floats);
+    if (!as_float) throw std::bad_alloc();
+    PackBPanelsParts(parts, n_parts, k, n, as_float.get());
+    if (int8) {
+      *bad_column = PackBStored(
+          as_float.get(), k, n, static_cast<int8_t*>(packed),
+          reinterpret_cast<float*>(static_cast<char*>(packed) + data_bytes));
+    } else {
+      PackBStored(as_float.get(), k, n, static_cast<hwy::bfloat16_t*>(packed),
+                  nullptr);
+    }
   } catch (...) {
     internal::FreeLarge(packed);
     throw;
+  }
+  if (*bad_column >= 0) {
+    internal::FreeLarge(packed);
+    return nullptr;
   }
   return packed;
 }
@@ -68,18 +108,32 @@ void MatmulUnpackedT(const float* a, size_t lda, bool trans_a, const float* b,
                  beta);
 }
 
-// The same with B packed by PackBT. Returns 0, or this target's panel width
-// when it differs from panel_width (nothing written).
+// The same with B packed by PackBT, elements of dtype (and int8 scales).
+// Returns 0, or this target's panel width when it differs from panel_width
+// (nothing written).
 size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
-                     const float* packed_b, size_t panel_width, size_t m,
-                     size_t n, size_t k, float* c, size_t ldc, float alpha,
-                     float beta) {
+                     const void* packed_b, const float* scales, int dtype,
+                     size_t panel_width, size_t m, size_t n, size_t k, float* c,
+                     size_t ldc, float alpha, float beta) {
   if (panel_width != kMatmulNR) return kMatmulNR;
   if (alpha == 0.0f) {
     MatmulScaleC(c, ldc, m, n, beta);
     return 0;
   }
-  MatmulPacked(a, lda, trans_a, packed_b, m, n, k, c, ldc, alpha, beta);
+  switch (static_cast<WeightDtype>(dtype)) {
+    case WeightDtype::kBFloat16:
+      MatmulPacked(a, lda, trans_a,
+                   static_cast<const hwy::bfloat16_t*>(packed_b), nullptr, m, n,
+                   k, c, ldc, alpha, beta);
+      break;
+    case WeightDtype::kInt8:
+      MatmulPacked(a, lda, trans_a, static_cast<const int8_t*>(packed_b),
+                   scales, m, n, k, c, ldc, alpha, beta);
+      break;
+    default:
+      MatmulPacked(a, lda, trans_a, static_cast<const float*>(packed_b),
+                   nullptr, m, n, k, c, ldc, alpha, beta);
+  }
   return 0;
 }
 
@@ -92,12 +146,14 @@ HWY_AFTER_NAMESPACE();
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "hwy/targets.h"
 #include "lib/core/init.h"
 #include "lib/core/message.h"
+#include "lib/core/storage.h"
 #include "lib/core/validate.h"
 
 namespace headway {
@@ -192,27 +248,45 @@ Status Guarded(const char* fn, const Body& body) {
   }
 }
 
-void FreePacked(float* data) { internal::FreeLarge(data); }
+void FreePacked(void* data) { internal::FreeLarge(data); }
 
-// Packs op(B) [k, n] from its parts (validated by the caller) and hands the
-// buffer to adopt(data, floats, panel_width, target_name), which owns it.
+Status CheckWeightDtype(const char* fn, WeightDtype dtype) {
+  if (WeightDtypeSize(dtype) != 0) return Status::Ok();
+  return Fail(StatusCode::kInvalidArgument, fn,
+              "dtype is not WeightDtype::kFloat32, kBFloat16 or kInt8 (got ",
+              static_cast<int>(dtype), ")");
+}
+
+// Packs op(B) [k, n] from its parts (validated by the caller) as dtype and
+// hands the buffer to adopt(data, bytes, scales, panel_width, target_name),
+// which owns it.
 template <class Adopt>
 Status PackParts(const char* fn, const MatmulBPart* parts, size_t n_parts,
-                 int64_t k, int64_t n, const Adopt& adopt) {
+                 int64_t k, int64_t n, WeightDtype dtype, const Adopt& adopt) {
   Status status = CheckPackedSize(fn, k, n);
+  if (status.ok()) status = CheckWeightDtype(fn, dtype);
   if (!status.ok()) return status;
   internal::InitOnce();
   return Guarded(fn, [&]() -> Status {
-    size_t floats = 0, panel_width = 0;
-    int64_t target = 0;
-    float* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
-        parts, n_parts, static_cast<size_t>(k), static_cast<size_t>(n), &floats,
-        &panel_width, &target);
-    if (packed == nullptr) {
-      return Fail(StatusCode::kResourceExhausted, fn, "no memory for ",
-                  floats * sizeof(float), " bytes");
+    size_t bytes = 0, scales_offset = 0, panel_width = 0;
+    int64_t target = 0, bad_column = -1;
+    void* packed = HWY_DYNAMIC_DISPATCH(PackBT)(
+        parts, n_parts, static_cast<size_t>(k), static_cast<size_t>(n),
+        static_cast<int>(dtype), &bytes, &scales_offset, &panel_width, &target,
+        &bad_column);
+    if (bad_column >= 0) {
+      return Fail(StatusCode::kInvalidArgument, fn, "column ", bad_column,
+                  " of op(b) holds a NaN or inf, which int8 cannot store");
     }
-    adopt(packed, floats, static_cast<int64_t>(panel_width),
+    if (packed == nullptr) {
+      return Fail(StatusCode::kResourceExhausted, fn, "no memory for ", bytes,
+                  " bytes");
+    }
+    const float* scales = dtype == WeightDtype::kInt8
+                              ? reinterpret_cast<const float*>(
+                                    static_cast<char*>(packed) + scales_offset)
+                              : nullptr;
+    adopt(packed, bytes, scales, static_cast<int64_t>(panel_width),
           hwy::TargetName(target));
     return Status::Ok();
   });
@@ -220,11 +294,25 @@ Status PackParts(const char* fn, const MatmulBPart* parts, size_t n_parts,
 
 }  // namespace
 
+size_t WeightDtypeSize(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::kFloat32:
+      return 4;
+    case WeightDtype::kBFloat16:
+      return 2;
+    case WeightDtype::kInt8:
+      return 1;
+  }
+  return 0;
+}
+
 PackedB::PackedB() = default;
 PackedB::~PackedB() = default;
 PackedB::PackedB(PackedB&& other) noexcept
     : data_(std::move(other.data_)),
-      floats_(std::exchange(other.floats_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      scales_(std::exchange(other.scales_, nullptr)),
+      dtype_(std::exchange(other.dtype_, WeightDtype::kFloat32)),
       rows_(std::exchange(other.rows_, 0)),
       cols_(std::exchange(other.cols_, 0)),
       panel_width_(std::exchange(other.panel_width_, 0)),
@@ -232,7 +320,9 @@ PackedB::PackedB(PackedB&& other) noexcept
 PackedB& PackedB::operator=(PackedB&& other) noexcept {
   if (this != &other) {
     data_ = std::move(other.data_);
-    floats_ = std::exchange(other.floats_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
+    scales_ = std::exchange(other.scales_, nullptr);
+    dtype_ = std::exchange(other.dtype_, WeightDtype::kFloat32);
     rows_ = std::exchange(other.rows_, 0);
     cols_ = std::exchange(other.cols_, 0);
     panel_width_ = std::exchange(other.panel_width_, 0);
@@ -241,17 +331,21 @@ PackedB& PackedB::operator=(PackedB&& other) noexcept {
   return *this;
 }
 
-void PackedB::Reset(float* data, size_t floats, int64_t rows, int64_t cols,
+void PackedB::Reset(void* data, size_t bytes, const float* scales,
+                    WeightDtype dtype, int64_t rows, int64_t cols,
                     int64_t panel_width, const char* target_name) {
-  data_ = std::unique_ptr<float, void (*)(float*)>(data, &FreePacked);
-  floats_ = floats;
+  data_ = std::unique_ptr<void, void (*)(void*)>(data, &FreePacked);
+  bytes_ = bytes;
+  scales_ = scales;
+  dtype_ = dtype;
   rows_ = rows;
   cols_ = cols;
   panel_width_ = panel_width;
   target_name_ = target_name;
 }
 
-Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
+Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype) {
   constexpr const char* kFn = "PackedB::Pack";
   if (out == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
@@ -261,15 +355,44 @@ Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out) {
   if (!status.ok()) return status;
   const MatmulBPart whole{b.data, static_cast<size_t>(b.stride),
                           tb == Transpose::kYes, 0, static_cast<size_t>(n)};
-  return PackParts(kFn, &whole, 1, k, n,
-                   [&](float* data, size_t floats, int64_t panel_width,
-                       const char* target_name) {
-                     out->Reset(data, floats, k, n, panel_width, target_name);
+  return PackParts(kFn, &whole, 1, k, n, dtype,
+                   [&](void* data, size_t bytes, const float* scales,
+                       int64_t panel_width, const char* target_name) {
+                     out->Reset(data, bytes, scales, dtype, k, n, panel_width,
+                                target_name);
                    });
 }
 
+Status PackedB::Pack(MatrixView<const BFloat16> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype) {
+  constexpr const char* kFn = "PackedB::Pack";
+  if (out == nullptr) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
+  }
+  Status status = internal::CheckMatrix(kFn, "b", b);
+  if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
+  if (status.ok()) status = CheckWeightDtype(kFn, dtype);
+  if (!status.ok()) return status;
+  return Guarded(kFn, [&]() -> Status {
+    // [rows, cols] floats, dense.
+    std::vector<float> as_float(static_cast<size_t>(b.rows) *
+                                static_cast<size_t>(b.cols));
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const BFloat16* row = b.data + r * b.stride;
+      float* dst = as_float.data() + r * b.cols;
+      for (int64_t c = 0; c < b.cols; ++c) {
+        hwy::bfloat16_t x;
+        x.bits = row[c].bits;
+        dst[c] = internal::FloatFromBF16(x);
+      }
+    }
+    return Pack(MatrixView<const float>(as_float.data(), b.rows, b.cols), tb,
+                out, dtype);
+  });
+}
+
 Status PackedB::PackColumns(const MatrixView<const float>* parts,
-                            int64_t n_parts, PackedB* out) {
+                            int64_t n_parts, PackedB* out, WeightDtype dtype) {
   constexpr const char* kFn = "PackedB::PackColumns";
   if (out == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
@@ -300,10 +423,11 @@ Status PackedB::PackColumns(const MatrixView<const float>* parts,
                  static_cast<size_t>(parts[i].cols)};
   }
   const int64_t k = parts[0].rows;
-  return PackParts(kFn, pieces, static_cast<size_t>(n_parts), k, n,
-                   [&](float* data, size_t floats, int64_t panel_width,
-                       const char* target_name) {
-                     out->Reset(data, floats, k, n, panel_width, target_name);
+  return PackParts(kFn, pieces, static_cast<size_t>(n_parts), k, n, dtype,
+                   [&](void* data, size_t bytes, const float* scales,
+                       int64_t panel_width, const char* target_name) {
+                     out->Reset(data, bytes, scales, dtype, k, n, panel_width,
+                                target_name);
                    });
 }
 
@@ -353,10 +477,11 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
   const bool trans_a = ta == Transpose::kYes;
   return Guarded(kFn, [&]() -> Status {
     const size_t want = HWY_DYNAMIC_DISPATCH(MatmulPackedT)(
-        a.data, static_cast<size_t>(a.stride), trans_a, b.data(),
-        static_cast<size_t>(b.panel_width()), static_cast<size_t>(c.rows),
-        static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
-        static_cast<size_t>(c.stride), alpha, beta);
+        a.data, static_cast<size_t>(a.stride), trans_a, b.data(), b.scales(),
+        static_cast<int>(b.dtype()), static_cast<size_t>(b.panel_width()),
+        static_cast<size_t>(c.rows), static_cast<size_t>(c.cols),
+        static_cast<size_t>(b.rows()), c.data, static_cast<size_t>(c.stride),
+        alpha, beta);
     if (want != 0) {
       return Fail(StatusCode::kFailedPrecondition, kFn, "b was packed for ",
                   b.target_name(), " (panels of ", b.panel_width(),
