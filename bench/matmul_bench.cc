@@ -14,8 +14,12 @@
 //   per head:  32 x (1024 x 1024 x 128, B^T) (scores Q K^T) and 32 x (1024 x
 //   128 x 1024)
 //              (values P V): one call per head, 32 heads per iteration.
+//   weights:   1 x 4096 x 4096 and 1 x 4096 x 14336 (GEMV, decode) with B
+//              packed as float32, bf16 and int8 (packed:1, 2, 3: 1 +
+//              WeightDtype), %read over the bytes stored.
 // Every row counts 2 * m * n * k * batch flops and the bytes it must move, 4 *
-// batch * (m * k + k * n + m * n) (A and B read, C written), and reports the
+// batch * (m * k + m * n) plus B's stored bytes (A and B read, C written),
+// and reports the
 // percentage of the ceiling that bounds it at that arithmetic intensity: the
 // DRAM read bandwidth for the decode shapes (about 0.5 and 4 flops per byte),
 // the target's FMA peak for the others (the peers: the best target's, since
@@ -46,16 +50,30 @@ namespace {
 // Arguments of every matmul benchmark.
 struct Shape {
   int64_t m, n, k;
-  int64_t batch;  // independent products per iteration (attention heads)
-  bool trans_b;   // B given as [N, K]
-  bool packed;    // B pre-packed (Headway only)
+  int64_t batch;      // independent products per iteration (attention heads)
+  bool trans_b;       // B given as [N, K]
+  bool packed;        // B pre-packed (Headway only)
+  WeightDtype dtype;  // how pre-packed B stores its weights
   static Shape From(const benchmark::State& state) {
-    return Shape{state.range(0), state.range(1),      state.range(2),
-                 state.range(3), state.range(4) != 0, state.range(5) != 0};
+    const int64_t packed = state.range(5);
+    return Shape{state.range(0),
+                 state.range(1),
+                 state.range(2),
+                 state.range(3),
+                 state.range(4) != 0,
+                 packed != 0,
+                 static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
   }
   double Flops() const { return 2.0 * m * n * k * batch; }
-  // A and B read, C written (beta is 0).
-  double Bytes() const { return 4.0 * batch * (m * k + k * n + m * n); }
+  // A and B read, C written (beta is 0); B's bytes as stored (int8: one float
+  // scale per column).
+  double Bytes() const {
+    const double b_bytes =
+        packed ? static_cast<double>(WeightDtypeSize(dtype)) * k * n +
+                     (dtype == WeightDtype::kInt8 ? 4.0 * n : 0.0)
+               : 4.0 * k * n;
+    return batch * (4.0 * (m * k + m * n) + b_bytes);
+  }
   // Decode shapes: bound by reading B, which rotates through copies.
   bool MemoryBound() const { return m <= 16; }
 };
@@ -77,6 +95,16 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
     shapes.push_back({128, 4096, 4096, 1, 0, 1});
     shapes.push_back({512, 512, 512, 1, 0, 1});
     shapes.push_back({2048, 2048, 2048, 1, 0, 1});
+    // GEMV over weights stored as float32, bf16 and int8 (packed = 1 +
+    // WeightDtype); 1 x 4096 x 4096 in float32 is the first shape.
+    for (const int64_t k : {int64_t{4096}, int64_t{14336}}) {
+      for (const WeightDtype dtype :
+           {WeightDtype::kFloat32, WeightDtype::kBFloat16,
+            WeightDtype::kInt8}) {
+        if (k == 4096 && dtype == WeightDtype::kFloat32) continue;
+        shapes.push_back({1, 4096, k, 1, 0, 1 + static_cast<int64_t>(dtype)});
+      }
+    }
   }
   return shapes;
 }
@@ -140,8 +168,14 @@ const std::vector<PackedB>* SharedPacked(benchmark::State& state,
                                          const Target& target) {
   static std::vector<int64_t> key;
   static std::vector<PackedB> packed;
-  const std::vector<int64_t> wanted = {s.m,     s.n,       s.k,
-                                       s.batch, s.trans_b, target.bits};
+  const std::vector<int64_t> wanted = {
+      s.m,
+      s.n,
+      s.k,
+      s.batch,
+      s.trans_b,
+      target.bits,
+      s.packed ? 1 + static_cast<int64_t>(s.dtype) : 0};
   if (s.packed && key == wanted) return &packed;
   key.clear();
   packed.clear();
@@ -154,7 +188,7 @@ const std::vector<PackedB>* SharedPacked(benchmark::State& state,
     const float* b =
         ops.b.get() + (i / s.batch) * ops.b_size + (i % s.batch) * s.k * s.n;
     if (!Check(state, PackedB::Pack(MatrixView<const float>(b, b_rows, b_cols),
-                                    tb, &packed[i]))) {
+                                    tb, &packed[i], s.dtype))) {
       packed.clear();
       return nullptr;
     }
