@@ -54,6 +54,21 @@ HEADWAY_API Status SetMaxTarget(std::string_view name);
 // target again.
 HEADWAY_API void ResetMaxTarget();
 
+// Whether this CPU has AVX512_BF16 (the native bf16 dot product vdpbf16ps),
+// detected once.
+HEADWAY_API bool CpuHasNativeBFloat16();
+
+// Whether Matmul's bf16 compute mode (MatmulCompute::kBFloat16) runs
+// vdpbf16ps now: the CPU has it, the active target is AVX3 or AVX3_DL, and
+// AllowNativeBFloat16(false) has not turned it off. Otherwise it runs a
+// fallback kernel with the same contract.
+HEADWAY_API bool NativeBFloat16Active();
+
+// Allows (the default) or forbids the native bf16 dot product: tests and
+// benchmarks run the fallback kernel on a CPU that has it. Process-wide, like
+// SetMaxTarget: change it while no Headway call runs.
+HEADWAY_API void AllowNativeBFloat16(bool allow);
+
 }  // namespace headway
 
 #endif  // HEADWAY_TARGETS_H_

@@ -34,17 +34,18 @@ namespace HWY_NAMESPACE {
 size_t MatmulPanelWidthT();
 
 // matmul.cc. out [m, n] = alpha * op(A) [m, k] * B + beta * out, B [k, n]
-// packed for this target (PackedB::data()). alpha != 0.
+// packed for this target (PackedB's data, dtype and scales). alpha != 0.
 void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
-                      const float* packed_b, size_t m, size_t n, size_t k,
-                      const MatmulOut& out, float alpha, float beta);
+                      const MatmulPackedWeights& b, size_t m, size_t n,
+                      size_t k, const MatmulOut& out, float alpha, float beta);
 
 // matmul.cc. c [m, n] (row stride ldc) = a [m, k] * B's columns [first_panel *
 // NR, first_panel * NR + n), B [k, b_n] packed for this target, NR its panel
 // width; first_panel * NR + n <= b_n.
-void MatmulPackedPanelsT(const float* a, size_t lda, const float* packed_b,
-                         size_t b_n, size_t first_panel, size_t m, size_t n,
-                         size_t k, float* c, size_t ldc);
+void MatmulPackedPanelsT(const float* a, size_t lda,
+                         const MatmulPackedWeights& b, size_t b_n,
+                         size_t first_panel, size_t m, size_t n, size_t k,
+                         float* c, size_t ldc);
 
 // matmul.cc. C = alpha * op(A) [m, k] * op(B) [k, n] + beta * C, B packed
 // during the call.

@@ -9,6 +9,11 @@
 // those calls.
 #include "headway/targets.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
@@ -134,6 +139,39 @@ Status SetMaxTarget(std::string_view name) {
 void ResetMaxTarget() {
   internal::InitOnce();
   hwy::SetSupportedTargetsForTest(0);
+}
+
+bool CpuHasNativeBFloat16() {
+#if defined(__x86_64__) || defined(__i386__)
+  // CPUID leaf 7, sub-leaf 1: EAX bit 5 is AVX512_BF16.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 &&
+           ((eax >> 5) & 1u) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> g_allow_native_bf16{true};
+}  // namespace
+
+bool NativeBFloat16Active() {
+#if HWY_ARCH_X86
+  const int64_t active = ActiveTarget().bits;
+  return g_allow_native_bf16.load(std::memory_order_relaxed) &&
+         CpuHasNativeBFloat16() &&
+         (active == HWY_AVX3 || active == HWY_AVX3_DL);
+#else
+  return false;
+#endif
+}
+
+void AllowNativeBFloat16(bool allow) {
+  g_allow_native_bf16.store(allow, std::memory_order_relaxed);
 }
 
 }  // namespace headway

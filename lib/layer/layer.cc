@@ -42,7 +42,7 @@ struct LayerStep {
   size_t ldx;
   size_t tokens;
   size_t d_model;
-  const float* packed_qkv;
+  MatmulPackedWeights packed_qkv;
   size_t panel_width;  // of both packed matrices
   size_t n_qkv;
   const float* b_qkv;  // [n_qkv] or null
@@ -84,7 +84,7 @@ struct LayerStep {
   const float* attn;
   size_t ld_attn;
   size_t k_o;
-  const float* packed_o;
+  MatmulPackedWeights packed_o;
   float* y;
   size_t ldy;
   const float* b_o;  // [d_model] or null
@@ -848,7 +848,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->ldx = static_cast<size_t>(x.stride);
   step->tokens = t_rows;
   step->d_model = static_cast<size_t>(c.d_model);
-  step->packed_qkv = static_cast<const float*>(qkv.data());
+  step->packed_qkv = PackedWeights(qkv);
   step->panel_width = static_cast<size_t>(qkv.panel_width());
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
@@ -899,7 +899,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->attn = attn_buf;
   step->ld_attn = lq;
   step->k_o = lq;
-  step->packed_o = static_cast<const float*>(o.data());
+  step->packed_o = PackedWeights(o);
   step->y = y.data;
   step->ldy = static_cast<size_t>(y.stride);
   step->b_o = b_o.empty() ? nullptr : b_o.data();

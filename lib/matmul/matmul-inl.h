@@ -1010,9 +1010,10 @@ class MatmulB {
   // Panels [first_panel, first_panel + panels of the call) of a B packed
   // whole with b_panels panels: the call's columns [0, n) are B's columns
   // [first_panel * NR, first_panel * NR + n).
-  static MatmulB PackedPanels(const void* packed, size_t b_panels,
-                              size_t first_panel) {
+  static MatmulB PackedPanels(const void* packed, const float* scales,
+                              size_t b_panels, size_t first_panel) {
     MatmulB b(packed, nullptr, nullptr, nullptr);
+    b.scales_ = scales;
     b.b_panels_ = b_panels;
     b.first_panel_ = first_panel;
     return b;

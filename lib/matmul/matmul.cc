@@ -81,23 +81,44 @@ void* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
 
 size_t MatmulPanelWidthT() { return kMatmulNR; }
 
-void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
-                      const float* packed_b, size_t m, size_t n, size_t k,
-                      const MatmulOut& out, float alpha, float beta) {
-  MatmulPackedOut(a, lda, trans_a, MatmulB::Packed(packed_b), m, n, k, out,
-                  alpha, beta);
+// out = alpha * op(A) * B + beta * out with the kernels for w's stored type
+// and compute mode, B's panels as `b` gives them (w's data).
+HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
+                                const MatmulPackedWeights& w, const MatmulB& b,
+                                size_t m, size_t n, size_t k,
+                                const MatmulOut& out, float alpha, float beta) {
+  switch (static_cast<WeightDtype>(w.dtype)) {
+    case WeightDtype::kBFloat16:
+      MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out, alpha,
+                                       beta);
+      break;
+    case WeightDtype::kInt8:
+      MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+      break;
+    default:
+      MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+  }
 }
 
-void MatmulPackedPanelsT(const float* a, size_t lda, const float* packed_b,
-                         size_t b_n, size_t first_panel, size_t m, size_t n,
-                         size_t k, float* c, size_t ldc) {
+void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
+                      const MatmulPackedWeights& b, size_t m, size_t n,
+                      size_t k, const MatmulOut& out, float alpha, float beta) {
+  MatmulStoredOut(a, lda, trans_a, b, MatmulB::Packed(b.data, b.scales), m, n,
+                  k, out, alpha, beta);
+}
+
+void MatmulPackedPanelsT(const float* a, size_t lda,
+                         const MatmulPackedWeights& b, size_t b_n,
+                         size_t first_panel, size_t m, size_t n, size_t k,
+                         float* c, size_t ldc) {
   MatmulOut out;
   out.c = c;
   out.ldc = ldc;
-  MatmulPackedOut(a, lda, /*trans_a=*/false,
-                  MatmulB::PackedPanels(
-                      packed_b, (b_n + kMatmulNR - 1) / kMatmulNR, first_panel),
-                  m, n, k, out, 1.0f, 0.0f);
+  MatmulStoredOut(
+      a, lda, /*trans_a=*/false, b,
+      MatmulB::PackedPanels(b.data, b.scales, (b_n + kMatmulNR - 1) / kMatmulNR,
+                            first_panel),
+      m, n, k, out, 1.0f, 0.0f);
 }
 
 // B packed into a buffer of the calling thread (MatmulUnpacked).
@@ -108,32 +129,22 @@ void MatmulUnpackedT(const float* a, size_t lda, bool trans_a, const float* b,
                  beta);
 }
 
-// The same with B packed by PackBT, elements of dtype (and int8 scales).
-// Returns 0, or this target's panel width when it differs from panel_width
-// (nothing written).
+// The same with B packed by PackBT (w). Returns 0, or this target's panel
+// width when it differs from panel_width (nothing written).
 size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
-                     const void* packed_b, const float* scales, int dtype,
-                     size_t panel_width, size_t m, size_t n, size_t k, float* c,
-                     size_t ldc, float alpha, float beta) {
+                     const MatmulPackedWeights& w, size_t panel_width, size_t m,
+                     size_t n, size_t k, float* c, size_t ldc, float alpha,
+                     float beta) {
   if (panel_width != kMatmulNR) return kMatmulNR;
   if (alpha == 0.0f) {
     MatmulScaleC(c, ldc, m, n, beta);
     return 0;
   }
-  switch (static_cast<WeightDtype>(dtype)) {
-    case WeightDtype::kBFloat16:
-      MatmulPacked(a, lda, trans_a,
-                   static_cast<const hwy::bfloat16_t*>(packed_b), nullptr, m, n,
-                   k, c, ldc, alpha, beta);
-      break;
-    case WeightDtype::kInt8:
-      MatmulPacked(a, lda, trans_a, static_cast<const int8_t*>(packed_b),
-                   scales, m, n, k, c, ldc, alpha, beta);
-      break;
-    default:
-      MatmulPacked(a, lda, trans_a, static_cast<const float*>(packed_b),
-                   nullptr, m, n, k, c, ldc, alpha, beta);
-  }
+  MatmulOut out;
+  out.c = c;
+  out.ldc = ldc;
+  MatmulStoredOut(a, lda, trans_a, w, MatmulB::Packed(w.data, w.scales), m, n,
+                  k, out, alpha, beta);
   return 0;
 }
 
@@ -460,11 +471,15 @@ Status Matmul(MatrixView<const float> a, Transpose ta,
 }
 
 Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
-              MatrixView<float> c, float alpha, float beta) {
+              MatrixView<float> c, float alpha, float beta,
+              MatmulCompute compute) {
   constexpr const char* kFn = "Matmul";
   if (b.data() == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn,
                 "b is empty (PackedB::Pack it first)");
+  }
+  if (compute != MatmulCompute::kFloat32) {
+    return Fail(StatusCode::kInvalidArgument, kFn, "compute mode not yet");
   }
   Status status = CheckMatmul(kFn, a, ta, b.rows(), b.cols(), c, alpha, beta);
   if (status.ok() &&
@@ -476,12 +491,12 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
   internal::InitOnce();
   const bool trans_a = ta == Transpose::kYes;
   return Guarded(kFn, [&]() -> Status {
+    const MatmulPackedWeights w = PackedWeights(b, compute);
     const size_t want = HWY_DYNAMIC_DISPATCH(MatmulPackedT)(
-        a.data, static_cast<size_t>(a.stride), trans_a, b.data(), b.scales(),
-        static_cast<int>(b.dtype()), static_cast<size_t>(b.panel_width()),
-        static_cast<size_t>(c.rows), static_cast<size_t>(c.cols),
-        static_cast<size_t>(b.rows()), c.data, static_cast<size_t>(c.stride),
-        alpha, beta);
+        a.data, static_cast<size_t>(a.stride), trans_a, w,
+        static_cast<size_t>(b.panel_width()), static_cast<size_t>(c.rows),
+        static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
+        static_cast<size_t>(c.stride), alpha, beta);
     if (want != 0) {
       return Fail(StatusCode::kFailedPrecondition, kFn, "b was packed for ",
                   b.target_name(), " (panels of ", b.panel_width(),

@@ -6,6 +6,9 @@
 
 #include <stddef.h>
 
+#include "headway/matmul.h"
+#include "headway/targets.h"
+
 namespace headway {
 
 // Kinds of destination a segmented MatmulOut may have (Q, K, V).
@@ -63,6 +66,32 @@ struct MatmulBPart {
   size_t begin;
   size_t cols;
 };
+
+// A B packed beforehand (PackedB, or a layer's weights) as the kernels read
+// it: its panels of the stored type and how to multiply them.
+struct MatmulPackedWeights {
+  const void* data = nullptr;     // PackedB::data()
+  const float* scales = nullptr;  // int8: PackedB::scales()
+  int dtype = 0;                  // WeightDtype
+  // MatmulCompute::kBFloat16 (dtype kBFloat16 only): op(A) rounded to bf16,
+  // pairs of products summed; `native`: with vdpbf16ps (NativeBFloat16Active
+  // at the call, AVX3 targets only).
+  bool bf16_compute = false;
+  bool native = false;
+};
+
+// How the kernels read b, multiplied in `compute` (checked by the caller: bf16
+// compute needs bf16 weights).
+inline MatmulPackedWeights PackedWeights(
+    const PackedB& b, MatmulCompute compute = MatmulCompute::kFloat32) {
+  MatmulPackedWeights w;
+  w.data = b.data();
+  w.scales = b.scales();
+  w.dtype = static_cast<int>(b.dtype());
+  w.bf16_compute = compute == MatmulCompute::kBFloat16;
+  w.native = w.bf16_compute && NativeBFloat16Active();
+  return w;
+}
 
 }  // namespace headway
 
