@@ -299,13 +299,15 @@ TEST_P(MatmulTest, GuardPages) {
 // Multiplies with fresh C buffers, returns C.
 std::vector<float> RunMatmul(const Operand& a, Transpose ta, const Operand& b,
                              Transpose tb, int64_t m, int64_t n,
-                             const PackedB* packed, float beta) {
+                             const PackedB* packed, float beta,
+                             MatmulCompute compute = MatmulCompute::kFloat32) {
   std::vector<float> c(static_cast<size_t>(m * n));
   test::FillRandom(c.data(), c.size(), 77);
   const MatrixView<float> cv(c.data(), m, n);
   const Status status =
-      packed != nullptr ? Matmul(a.view(), ta, *packed, cv, 0.75f, beta)
-                        : Matmul(a.view(), ta, b.view(), tb, cv, 0.75f, beta);
+      packed != nullptr
+          ? Matmul(a.view(), ta, *packed, cv, 0.75f, beta, compute)
+          : Matmul(a.view(), ta, b.view(), tb, cv, 0.75f, beta);
   EXPECT_TRUE(status.ok()) << status.ToString();
   return c;
 }
@@ -517,8 +519,28 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
 // ---------------------------------------------------------------------------
 // B stored as bf16 or int8 (WeightDtype).
 
-constexpr WeightDtype kStoredDtypes[2] = {WeightDtype::kBFloat16,
-                                          WeightDtype::kInt8};
+// A B stored as dtype, multiplied in `compute`; bf16 compute with the native
+// kernel allowed (it runs where NativeBFloat16Active()) or not (the fallback
+// kernel runs on every target).
+struct StoredMode {
+  WeightDtype dtype;
+  MatmulCompute compute = MatmulCompute::kFloat32;
+  bool allow_native = true;
+};
+constexpr StoredMode kStoredModes[] = {
+    {WeightDtype::kBFloat16},
+    {WeightDtype::kInt8},
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, true},
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, false}};
+
+// Allows or forbids the native bf16 kernel for a scope.
+class NativeBF16Scope {
+ public:
+  explicit NativeBF16Scope(bool allow) { AllowNativeBFloat16(allow); }
+  ~NativeBF16Scope() { AllowNativeBFloat16(true); }
+  NativeBF16Scope(const NativeBF16Scope&) = delete;
+  NativeBF16Scope& operator=(const NativeBF16Scope&) = delete;
+};
 
 // x rounded to bfloat16, nearest even (finite x).
 float RoundToBF16(float x) {
@@ -566,17 +588,25 @@ struct StoredWeights {
   std::vector<float> scales;
 };
 
-// Matmul with B packed as dtype against the float64 product with the weights
-// it stands for, within the documented bound (K + K / 512 + 3 roundings, one
-// more for int8's scale). C has row stride n + pad, sentinels in the padding.
+// Matmul with B packed as mode.dtype against the float64 product with the
+// weights it stands for (and, in bf16 compute, op(a) rounded to bf16), within
+// the documented bound (K + K / 512 + 3 roundings, one more for int8's
+// scale): vdpbf16ps rounds at most once per product as an FMA does (its
+// products of bf16 values are exact in float). C has row stride n + pad,
+// sentinels in the padding.
 void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
-                 float alpha, float beta, WeightDtype dtype, int64_t pad = 0,
+                 float alpha, float beta, StoredMode mode, int64_t pad = 0,
                  int64_t offset = 0, uint64_t seed = 1) {
+  const WeightDtype dtype = mode.dtype;
+  const bool bf16_compute = mode.compute == MatmulCompute::kBFloat16;
+  const NativeBF16Scope native(mode.allow_native);
   SCOPED_TRACE(testing::Message()
-               << "m=" << m << " n=" << n << " k=" << k << " ta="
-               << static_cast<int>(ta) << " tb=" << static_cast<int>(tb)
-               << " alpha=" << alpha << " beta=" << beta
-               << " dtype=" << static_cast<int>(dtype) << " pad=" << pad);
+               << "m=" << m << " n=" << n << " k=" << k
+               << " ta=" << static_cast<int>(ta)
+               << " tb=" << static_cast<int>(tb) << " alpha=" << alpha
+               << " beta=" << beta << " dtype=" << static_cast<int>(dtype)
+               << " compute=" << static_cast<int>(mode.compute)
+               << " native=" << NativeBFloat16Active() << " pad=" << pad);
   const Operand a(m, k, ta, pad, offset, seed * 3 + 1);
   const Operand b(k, n, tb, pad, offset, seed * 3 + 2);
   const StoredWeights stored(b, tb, k, n, dtype);
@@ -602,7 +632,8 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
   }
   const std::vector<float> c_old = c;
   ASSERT_TRUE(Matmul(a.view(), ta, packed,
-                     MatrixView<float>(c.data(), m, n, ldc), alpha, beta)
+                     MatrixView<float>(c.data(), m, n, ldc), alpha, beta,
+                     mode.compute)
                   .ok());
   const double rounds = dtype == WeightDtype::kInt8 ? 4.0 : 3.0;
   int failures = 0;
@@ -610,8 +641,9 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
     for (int64_t j = 0; j < n && failures < 5; ++j) {
       double sum = 0.0, abs_sum = 0.0;
       for (int64_t kk = 0; kk < k; ++kk) {
-        const double x = ta == Transpose::kNo ? a.data[i * a.stride + kk]
-                                              : a.data[kk * a.stride + i];
+        const float a_ik = ta == Transpose::kNo ? a.data[i * a.stride + kk]
+                                                : a.data[kk * a.stride + i];
+        const double x = bf16_compute ? RoundToBF16(a_ik) : a_ik;
         sum += x * stored.w[kk * n + j];
         abs_sum += std::fabs(x * stored.w[kk * n + j]);
       }
@@ -644,14 +676,14 @@ TEST_P(MatmulTest, StoredTileEdges) {
   const std::vector<int64_t> sizes = {
       1,        2,        t.lanes - 1, t.lanes,  t.lanes + 1, t.mr,
       t.mr + 1, t.nr - 1, t.nr,        t.nr + 1, 17};
-  for (WeightDtype dtype : kStoredDtypes) {
+  for (const StoredMode& mode : kStoredModes) {
     for (Transpose tb : kOps) {
       for (int64_t s : sizes) {
         if (s < 1) continue;
-        CheckStored(s, t.nr + 3, 19, Transpose::kNo, tb, 1.0f, 0.0f, dtype);
-        CheckStored(t.mr + 2, s, 23, Transpose::kYes, tb, 1.0f, 0.0f, dtype);
+        CheckStored(s, t.nr + 3, 19, Transpose::kNo, tb, 1.0f, 0.0f, mode);
+        CheckStored(t.mr + 2, s, 23, Transpose::kYes, tb, 1.0f, 0.0f, mode);
         CheckStored(t.mr - 1 > 0 ? t.mr - 1 : 1, t.nr - 1 > 0 ? t.nr - 1 : 1, s,
-                    Transpose::kNo, tb, 1.0f, 0.0f, dtype);
+                    Transpose::kNo, tb, 1.0f, 0.0f, mode);
       }
     }
   }
@@ -660,32 +692,31 @@ TEST_P(MatmulTest, StoredTileEdges) {
 // K blocks, the small-M (GEMV) path, primes, alpha/beta, strides and offsets.
 TEST_P(MatmulTest, StoredShapes) {
   const Tile t = ActiveTile();
-  for (WeightDtype dtype : kStoredDtypes) {
+  for (const StoredMode& mode : kStoredModes) {
     for (int64_t k : {t.kc - 1, t.kc + 1, 2 * t.kc + 3}) {
       CheckStored(1, 2 * t.nr + 1, k, Transpose::kNo, Transpose::kNo, 1.0f,
-                  0.0f, dtype);
+                  0.0f, mode);
       CheckStored(2 * t.mr - 1, 2 * t.nr - 3, k, Transpose::kYes,
-                  Transpose::kYes, -1.5f, 0.5f, dtype);
+                  Transpose::kYes, -1.5f, 0.5f, mode);
     }
     for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}}) {
       CheckStored(m, 5 * t.nr + 3, 300, Transpose::kNo, Transpose::kNo, 1.0f,
-                  0.0f, dtype);
+                  0.0f, mode);
     }
     CheckStored(1, 1021, 509, Transpose::kNo, Transpose::kYes, 1.0f, 1.0f,
-                dtype);
+                mode);
     CheckStored(127, 251, 509, Transpose::kNo, Transpose::kNo, 1.0f, 0.0f,
-                dtype);
-    CheckStored(97, 131, 61, Transpose::kYes, Transpose::kNo, 1.0f, 0.5f,
-                dtype);
+                mode);
+    CheckStored(97, 131, 61, Transpose::kYes, Transpose::kNo, 1.0f, 0.5f, mode);
     const float cases[][2] = {{2.5f, 0}, {1, 1}, {-0.5f, 0.75f}, {1, -1}};
     for (const auto& ab : cases) {
       CheckStored(t.mr + 3, t.nr + 5, 37, Transpose::kNo, Transpose::kYes,
-                  ab[0], ab[1], dtype);
+                  ab[0], ab[1], mode);
     }
     for (int64_t pad : {1, 17}) {
       for (int64_t offset : {1, 3}) {
         CheckStored(2 * t.mr + 1, 2 * t.nr + 1, 45, Transpose::kNo,
-                    Transpose::kNo, 1.0f, 0.5f, dtype, pad, offset);
+                    Transpose::kNo, 1.0f, 0.5f, mode, pad, offset);
       }
     }
   }
@@ -696,24 +727,27 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
   struct Shape {
     int64_t m, n, k;
   };
-  for (WeightDtype dtype : kStoredDtypes) {
+  for (const StoredMode& mode : kStoredModes) {
+    const NativeBF16Scope native(mode.allow_native);
     for (const Shape& s :
-         {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 700}}) {
+         {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 701}}) {
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
       const Operand b(s.k, s.n, Transpose::kYes, 0, 0, 22);
       PackedB packed;
       ASSERT_TRUE(
-          PackedB::Pack(b.view(), Transpose::kYes, &packed, dtype).ok());
+          PackedB::Pack(b.view(), Transpose::kYes, &packed, mode.dtype).ok());
       std::vector<float> results[3];
       const int threads[3] = {1, 2, 7};
       for (int i = 0; i < 3; ++i) {
         tbb::task_arena arena(threads[i]);
         arena.execute([&] {
           results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kYes, s.m,
-                                 s.n, &packed, 0.5f);
+                                 s.n, &packed, 0.5f, mode.compute);
         });
         EXPECT_TRUE(BitIdentical(results[0], results[i]))
-            << threads[i] << " threads, dtype " << static_cast<int>(dtype);
+            << threads[i] << " threads, dtype " << static_cast<int>(mode.dtype)
+            << " compute " << static_cast<int>(mode.compute) << " native "
+            << NativeBFloat16Active();
       }
     }
   }
@@ -853,6 +887,83 @@ TEST_P(MatmulTest, StoredInt8Columns) {
       PackedB::Pack(MatrixView<const BFloat16>(b16.data(), k, n),
                     Transpose::kNo, &bad_dtype, static_cast<WeightDtype>(3)),
       StatusCode::kInvalidArgument, {"got 3"}));
+}
+
+// The bf16 compute mode runs the native kernel exactly where the CPU has
+// AVX512_BF16 and the target is AVX3 or AVX3_DL (unless forbidden), and the
+// native and fallback kernels agree within the bound both meet (twice it).
+TEST_P(MatmulTest, BF16NativeAndFallback) {
+  const Target active = ActiveTarget();
+  const bool avx3 = std::string(active.name).rfind("AVX3", 0) == 0;
+  EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
+  {
+    const NativeBF16Scope forbid(false);
+    EXPECT_FALSE(NativeBFloat16Active());
+  }
+  const Tile t = ActiveTile();
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
+                         Shape{2 * t.mr + 5, 3 * t.nr - 1, 777}}) {
+    const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
+    const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);
+    PackedB packed;
+    ASSERT_TRUE(
+        PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kBFloat16)
+            .ok());
+    std::vector<float> native, fallback;
+    {
+      const NativeBF16Scope allow(true);
+      native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
+                         &packed, 0.0f, MatmulCompute::kBFloat16);
+    }
+    {
+      const NativeBF16Scope forbid(false);
+      fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
+                           &packed, 0.0f, MatmulCompute::kBFloat16);
+    }
+    double worst = 0.0;
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t j = 0; j < s.n; ++j) {
+        double abs_sum = 0.0;
+        for (int64_t kk = 0; kk < s.k; ++kk) {
+          abs_sum += std::fabs(
+              static_cast<double>(RoundToBF16(a.data[i * a.stride + kk])) *
+              RoundToBF16(b.data[kk * b.stride + j]));
+        }
+        const double tol = 2.0 * 0.75 * Tolerance(s.k, abs_sum);
+        const double diff = std::fabs(static_cast<double>(native[i * s.n + j]) -
+                                      fallback[i * s.n + j]);
+        worst = std::max(worst, diff / tol);
+        ASSERT_LE(diff, tol) << "c[" << i << ", " << j << "] m=" << s.m;
+      }
+    }
+    RecordProperty("worst_native_vs_fallback_" + std::to_string(s.k),
+                   std::to_string(worst));
+  }
+}
+
+// The compute mode is checked: a bad value, and bf16 compute over weights not
+// stored as bf16.
+TEST_P(MatmulTest, BF16ComputeErrors) {
+  const Operand a(3, 5, Transpose::kNo, 0, 0, 41);
+  const Operand b(5, 4, Transpose::kNo, 0, 0, 42);
+  std::vector<float> c(12, 9.0f);
+  const MatrixView<float> cv(c.data(), 3, 4);
+  for (WeightDtype dtype : {WeightDtype::kFloat32, WeightDtype::kInt8}) {
+    PackedB packed;
+    ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, dtype).ok());
+    EXPECT_TRUE(test::IsError(Matmul(a.view(), Transpose::kNo, packed, cv, 1.0f,
+                                     0.0f, MatmulCompute::kBFloat16),
+                              StatusCode::kInvalidArgument,
+                              {"MatmulCompute::kBFloat16", "b.dtype()"}));
+    EXPECT_TRUE(test::IsError(Matmul(a.view(), Transpose::kNo, packed, cv, 1.0f,
+                                     0.0f, static_cast<MatmulCompute>(2)),
+                              StatusCode::kInvalidArgument,
+                              {"compute", "got 2"}));
+  }
+  for (float x : c) EXPECT_EQ(x, 9.0f);
 }
 
 HEADWAY_INSTANTIATE_TARGET_TEST(MatmulTest);

@@ -334,7 +334,8 @@ HWY_INLINE void PackBPanels(const float* b, size_t ldb, bool trans, size_t k,
 
 // Converts a packed op(B) [k, n] of floats (src, MatmulPackedLayout) into
 // the same layout with elements of T, panels in parallel. bf16: each element
-// rounded to nearest even (StoreRowVec, storage.h's rule). int8: storage.h's
+// rounded to nearest even (StoreRowVec, storage.h's rule), slices in pairs of
+// rows (MatmulBPairs). int8: storage.h's
 // Int8Scale and Int8FromFloat per column instead of per row, scales[j] =
 // Int8Scale(max_k |B[k, j]|) into scales [panels * NR] (0 in the padding).
 // Returns -1, or (int8) the first column with a NaN or inf, dst then unset.
@@ -353,10 +354,22 @@ HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
         for (size_t p = range.begin(); p < range.end(); ++p) {
           if constexpr (!internal::kKvScaled<T>) {
             (void)scales;
+            // Rounded row by row into `rows`, then pairs of rows interleaved
+            // (MatmulBPairs).
+            thread_local std::vector<T> rows;
+            rows.resize(kMatmulMaxKC * NR);
             for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
               const size_t offset = layout.Slice(kb, p);
-              StoreRowVec(d, src + offset, layout.kblocks.Size(kb, k) * NR,
-                          dst + offset, nullptr);
+              const size_t kc = layout.kblocks.Size(kb, k);
+              StoreRowVec(d, src + offset, kc * NR, rows.data(), nullptr);
+              T* slice = dst + offset;
+              for (size_t kk = 0; kk < kc / 2 * 2; ++kk) {
+                for (size_t j = 0; j < NR; ++j) {
+                  slice[(kk / 2 * NR + j) * 2 + kk % 2] = rows[kk * NR + j];
+                }
+              }
+              std::copy(rows.data() + kc / 2 * 2 * NR, rows.data() + kc * NR,
+                        slice + kc / 2 * 2 * NR);
             }
           } else {
             float max_abs[NR] = {};
@@ -428,6 +441,61 @@ HWY_INLINE void PackAStrip(const float* HWY_RESTRICT a, size_t lda, bool trans,
   }
 }
 
+// How a call multiplies (MatmulCompute with the kernel that runs it):
+//   kMatmulFloat32      op(A) as is, float FMAs;
+//   kMatmulBF16Fallback op(A) rounded to bf16 (nearest even), float FMAs (the
+//                       products of bf16 values are exact in float);
+//   kMatmulBF16Native   op(A) rounded to bf16, vdpbf16ps on pairs of k (AVX3
+//                       targets on CPUs with AVX512_BF16 only).
+enum MatmulMode : int {
+  kMatmulFloat32 = 0,
+  kMatmulBF16Fallback = 1,
+  kMatmulBF16Native = 2,
+};
+
+// PackAStrip for `mode`: kMatmulBF16Fallback rounds the floats to bf16 (and
+// back); kMatmulBF16Native stores each row as bf16, [kMatmulAStride / 2]
+// pairs of k as uint32 (k even in the low half), with a zero after the last k
+// of an odd kc.
+template <int kMode>
+HWY_INLINE void PackAStripMode(const float* HWY_RESTRICT a, size_t lda,
+                               bool trans, size_t i0, size_t rows, size_t k0,
+                               size_t kc, float* HWY_RESTRICT dst) {
+  if constexpr (kMode == kMatmulFloat32) {
+    PackAStrip(a, lda, trans, i0, rows, k0, kc, dst);
+  } else {
+    constexpr size_t S = kMatmulAStride;
+    const MatmulTag d;
+    const hn::RebindToUnsigned<MatmulTag> du;
+    const size_t lanes = hn::Lanes(d);
+    HWY_ALIGN float row[kMatmulMaxKC];
+    for (size_t r = 0; r < rows; ++r) {
+      if (trans) {
+        for (size_t kk = 0; kk < kc; ++kk)
+          row[kk] = a[(k0 + kk) * lda + i0 + r];
+      } else {
+        memcpy(row, a + (i0 + r) * lda + k0, kc * sizeof(float));
+      }
+      float* out = dst + r * S;
+      if constexpr (kMode == kMatmulBF16Native) {
+        hwy::bfloat16_t* pairs = reinterpret_cast<hwy::bfloat16_t*>(out);
+        StoreRowVec(d, row, kc, pairs, nullptr);
+        if (kc % 2 != 0) pairs[kc].bits = 0;
+      } else {
+        size_t kk = 0;
+        for (; kk + lanes <= kc; kk += lanes) {
+          const auto bits =
+              hn::PromoteTo(du, BF16Bits(d, hn::Load(d, row + kk)));
+          hn::Store(hn::BitCast(d, hn::ShiftLeft<16>(bits)), d, out + kk);
+        }
+        for (; kk < kc; ++kk) {
+          out[kk] = internal::FloatFromBF16(internal::BF16FromFloat(row[kk]));
+        }
+      }
+    }
+  }
+}
+
 // Part of what PackAStrip reads for the next strip of A, which one kernel
 // prefetches as it runs: `rows` rows in memory of `cols` floats, the first at
 // row0, lda apart (rows == 0: none); MR rows of kc floats for op(A) = A, kc
@@ -461,6 +529,43 @@ struct MatmulAPrefetch {
 // ---------------------------------------------------------------------------------------------
 // Micro-kernel.
 
+// A bf16 slice [kc][NR] holds its rows in pairs: [kc / 2][NR][2], element
+// (kk, j) at (kk / 2 * NR + j) * 2 + kk % 2, then for odd kc the last row as
+// is, [NR]. One aligned load of 2N bf16 gives rows kk and kk + 1 of N columns
+// as floats with a shift and a mask (MatmulLoadBPair), where a row on its own
+// takes a widening shuffle; and it is the operand layout of vdpbf16ps.
+template <class T>
+inline constexpr bool kMatmulBPairs = hwy::IsSame<T, hwy::bfloat16_t>();
+
+// Rows 2 kp and 2 kp + 1, columns [v N, v N + N), of a bf16 slice as floats.
+template <class V>
+HWY_INLINE void MatmulLoadBPair(const hwy::bfloat16_t* HWY_RESTRICT slice,
+                                size_t kp, size_t v, V* even, V* odd) {
+  const MatmulTag d;
+  const hn::RebindToUnsigned<MatmulTag> du;
+  const auto bits = hn::Load(du, reinterpret_cast<const uint32_t*>(slice) +
+                                     kp * kMatmulNR + v * kMatmulLanes);
+  *even = hn::BitCast(d, hn::ShiftLeft<16>(bits));
+  *odd = hn::BitCast(d, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
+}
+
+// Row kk (of kc), columns [v N, v N + N), of a slice of T as floats.
+template <class T>
+HWY_INLINE hn::Vec<MatmulTag> MatmulLoadBRow(const T* HWY_RESTRICT slice,
+                                             size_t kk, size_t kc, size_t v) {
+  const MatmulTag d;
+  if constexpr (kMatmulBPairs<T>) {
+    if (kk < kc / 2 * 2) {
+      hn::Vec<MatmulTag> even, odd;
+      MatmulLoadBPair(slice, kk / 2, v, &even, &odd);
+      return kk % 2 == 0 ? even : odd;
+    }
+  } else {
+    (void)kc;
+  }
+  return LoadStored(d, slice + kk * kMatmulNR + v * kMatmulLanes);
+}
+
 // Independent accumulator sets: FMA latency (4 cycles) x 2 pipes needs >= 8
 // independent chains, so tiles with fewer than 8 accumulators split k over
 // several sets (k mod sets), summed in a fixed order at the end.
@@ -468,6 +573,22 @@ template <size_t kRows>
 constexpr size_t MatmulSets() {
   constexpr size_t chains = kRows * kMatmulNV;
   return chains >= 8 ? 1 : (chains >= 4 ? 2 : 4);
+}
+
+// One k of a tile: acc[r][v] += a[r * kMatmulAStride] * bv[v].
+template <size_t kRows, class V>
+HWY_INLINE void MatmulFma(V (&acc)[kRows][kMatmulNV],
+                          const float* HWY_RESTRICT a,
+                          const V (&bv)[kMatmulNV]) {
+  const MatmulTag d;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    const V ar = hn::Set(d, a[r * kMatmulAStride]);
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      acc[r][v] = hn::MulAdd(ar, bv[v], acc[r][v]);
+    }
+  }
 }
 
 // MatmulStoreRow's operations one lane at a time, column j at ptr(j): for the
@@ -602,7 +723,6 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
                              const float* HWY_RESTRICT scales) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
-  constexpr size_t AS = kMatmulAStride;
   constexpr size_t NR = kMatmulNR;
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
@@ -615,34 +735,38 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
       for (size_t v = 0; v < kNV; ++v) acc[s][r][v] = hn::Zero(d);
     }
   }
+  // k per pass of the main loop: kSets, and at least a pair of bf16 rows.
+  // Set s takes k = s mod kSets.
+  constexpr size_t kStep = kMatmulBPairs<T> && kSets == 1 ? 2 : kSets;
+  const size_t kc_main = kMatmulBPairs<T> ? kc / 2 * 2 : kc;
   size_t k = 0;
-  for (; k + kSets <= kc; k += kSets) {
-    for (size_t s = 0; s < kSets; ++s) {
-      const T* bk = b + (k + s) * NR;
-      const float* ak = a + (k + s);
-      V bv[kNV];
-      for (size_t v = 0; v < kNV; ++v) bv[v] = LoadStored(d, bk + v * N);
-      for (size_t r = 0; r < kRows; ++r) {
-        const V ar = hn::Set(d, ak[r * AS]);
+  for (; k + kStep <= kc_main; k += kStep) {
+    if constexpr (kMatmulBPairs<T>) {
+      for (size_t s = 0; s < kStep; s += 2) {
+        V even[kNV], odd[kNV];
         for (size_t v = 0; v < kNV; ++v) {
-          acc[s][r][v] = hn::MulAdd(ar, bv[v], acc[s][r][v]);
+          MatmulLoadBPair(b, (k + s) / 2, v, &even[v], &odd[v]);
         }
+        MatmulFma<kRows>(acc[s % kSets], a + k + s, even);
+        MatmulFma<kRows>(acc[(s + 1) % kSets], a + k + s + 1, odd);
+      }
+    } else {
+      for (size_t s = 0; s < kStep; ++s) {
+        V bv[kNV];
+        for (size_t v = 0; v < kNV; ++v) {
+          bv[v] = LoadStored(d, b + (k + s) * NR + v * N);
+        }
+        MatmulFma<kRows>(acc[s], a + k + s, bv);
       }
     }
   }
-  // The last kc mod kSets k, set s taking k = kc - (kc mod kSets) + s (constant
-  // indices keep the accumulators in registers).
-  for (size_t s = 0; s + 1 < kSets; ++s) {
+  // The last kc - k < kStep k (constant indices keep the accumulators in
+  // registers).
+  for (size_t s = 0; s + 1 < kStep; ++s) {
     if (k + s < kc) {
-      const T* bk = b + (k + s) * NR;
-      const float* ak = a + k + s;
-      for (size_t r = 0; r < kRows; ++r) {
-        const V ar = hn::Set(d, ak[r * AS]);
-        for (size_t v = 0; v < kNV; ++v) {
-          acc[s][r][v] =
-              hn::MulAdd(ar, LoadStored(d, bk + v * N), acc[s][r][v]);
-        }
-      }
+      V bv[kNV];
+      for (size_t v = 0; v < kNV; ++v) bv[v] = MatmulLoadBRow(b, k + s, kc, v);
+      MatmulFma<kRows>(acc[s % kSets], a + k + s, bv);
     }
   }
   // Pairwise sum of the sets, in a fixed order.
@@ -687,23 +811,39 @@ struct MatmulASource {
   size_t lda;
 };
 
-// One k of the full tile: acc[r][v] += a[r * kMatmulAStride] * b[v * N].
+// k [k0, k1) of a full tile, B a slice of T with kc rows.
 template <size_t kRows, class T, class V>
-HWY_INLINE void MatmulFullStep(V (&acc)[kRows][kMatmulNV],
-                               const float* HWY_RESTRICT a,
-                               const T* HWY_RESTRICT b) {
-  const MatmulTag d;
-  constexpr size_t N = kMatmulLanes;
-  V bv[kMatmulNV];
-  HWY_UNROLL(4)
-  for (size_t v = 0; v < kMatmulNV; ++v) bv[v] = LoadStored(d, b + v * N);
-  HWY_UNROLL(16)
-  for (size_t r = 0; r < kRows; ++r) {
-    const V ar = hn::Set(d, a[r * kMatmulAStride]);
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < kMatmulNV; ++v) {
-      acc[r][v] = hn::MulAdd(ar, bv[v], acc[r][v]);
+HWY_INLINE void MatmulFullSteps(V (&acc)[kRows][kMatmulNV],
+                                const float* HWY_RESTRICT a,
+                                const T* HWY_RESTRICT b, size_t k0, size_t k1,
+                                size_t kc) {
+  constexpr size_t kNV = kMatmulNV;
+  size_t k = k0;
+  if constexpr (kMatmulBPairs<T>) {
+    // Chunks start at even k where N is even (every target but SCALAR).
+    if (k % 2 != 0 && k < k1) {
+      V bv[kNV];
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) bv[v] = MatmulLoadBRow(b, k, kc, v);
+      MatmulFma<kRows>(acc, a + k, bv);
+      ++k;
     }
+    const size_t pairs_end = HWY_MIN(k1, kc / 2 * 2);
+    for (; k + 2 <= pairs_end; k += 2) {
+      V even[kNV], odd[kNV];
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) {
+        MatmulLoadBPair(b, k / 2, v, &even[v], &odd[v]);
+      }
+      MatmulFma<kRows>(acc, a + k, even);
+      MatmulFma<kRows>(acc, a + k + 1, odd);
+    }
+  }
+  for (; k < k1; ++k) {
+    V bv[kNV];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kNV; ++v) bv[v] = MatmulLoadBRow(b, k, kc, v);
+    MatmulFma<kRows>(acc, a + k, bv);
   }
 }
 
@@ -754,10 +894,7 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
   if constexpr (!kPackA) {
     for (size_t k0 = 0; k0 < kc; k0 += N) {
       MatmulChunkPrefetch<kRows>(k0 / N, k0 + N >= kc, column, i0, next);
-      const size_t k1 = HWY_MIN(kc, k0 + N);
-      for (size_t k = k0; k < k1; ++k) {
-        MatmulFullStep<kRows>(acc, a + k, b + k * NR);
-      }
+      MatmulFullSteps<kRows>(acc, a, b, k0, HWY_MIN(kc, k0 + N), kc);
     }
   } else {
     const float* HWY_RESTRICT src = source.src;
@@ -772,10 +909,7 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
     for (size_t k0 = 0; k0 < kc; k0 += N) {
       if (k0 + 2 * N <= kc) MatmulCopyAVector<kRows>(src, lda, k0 + N, a);
       MatmulChunkPrefetch<kRows>(k0 / N, k0 + N >= kc, column, i0, next);
-      const size_t k1 = HWY_MIN(kc, k0 + N);
-      for (size_t k = k0; k < k1; ++k) {
-        MatmulFullStep<kRows>(acc, a + k, b + k * NR);
-      }
+      MatmulFullSteps<kRows>(acc, a, b, k0, HWY_MIN(kc, k0 + N), kc);
     }
   }
   const MatmulTileStore st = store;
@@ -837,6 +971,173 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
   }
 }
 static_assert(kMatmulMR <= 12, "MatmulStrip has cases up to 12 rows");
+
+// Per target: whether this target has the native kernel.
+#undef HEADWAY_MATMUL_NATIVE_BF16
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define HEADWAY_MATMUL_NATIVE_BF16 1
+
+// acc + a.lo * b.lo + a.hi * b.hi per float lane, a and b pairs of bf16:
+// vdpbf16ps (AVX512_BF16), the one place Headway emits it. Highway 1.0.3 has
+// no op for it; the inline assembly needs no target attribute, and callers
+// run it only where NativeBFloat16Active().
+HWY_INLINE hn::Vec<MatmulTag> DotBF16Pairs(
+    hn::Vec<MatmulTag> acc, hn::Vec<hn::RebindToUnsigned<MatmulTag>> a,
+    hn::Vec<hn::RebindToUnsigned<MatmulTag>> b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+
+// MatmulTile for kMatmulBF16Native: C tile [kRows, cols] at (i0, j0) op=
+// alpha * A strip of bf16 pairs (PackAStripMode) * bf16 B slice (pairs,
+// MatmulBPairs; the odd last row read as pairs (b, 0)). Sets as MatmulTile's;
+// every loop unrolled, so that the accumulators stay in registers.
+template <size_t kRows>
+HWY_NOINLINE void MatmulTileNative(size_t kc, const uint32_t* HWY_RESTRICT a,
+                                   const hwy::bfloat16_t* HWY_RESTRICT b,
+                                   const MatmulOut& out, size_t i0, size_t j0,
+                                   size_t cols, float alpha, float beta,
+                                   bool first) {
+  const MatmulTag d;
+  const hn::RebindToUnsigned<MatmulTag> du;
+  const hn::Rebind<uint16_t, decltype(du)> du16;
+  using V = hn::Vec<MatmulTag>;
+  using VU = hn::Vec<decltype(du)>;
+  constexpr size_t AS = kMatmulAStride;
+  constexpr size_t NR = kMatmulNR;
+  constexpr size_t N = kMatmulLanes;
+  constexpr size_t kNV = kMatmulNV;
+  constexpr size_t kSets = MatmulSets<kRows>();
+  const bool contiguous = out.Contiguous(j0, cols);
+  if (contiguous) MatmulPrefetchC(out.ColumnAt(j0), i0, kRows, cols);
+  const uint32_t* HWY_RESTRICT bp = reinterpret_cast<const uint32_t*>(b);
+  V acc[kSets][kRows][kNV];
+  HWY_UNROLL(4)
+  for (size_t s = 0; s < kSets; ++s) {
+    HWY_UNROLL(16)
+    for (size_t r = 0; r < kRows; ++r) {
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) acc[s][r][v] = hn::Zero(d);
+    }
+  }
+  const size_t full_pairs = kc / 2;
+  size_t kp = 0;
+  for (; kp + kSets <= full_pairs; kp += kSets) {
+    HWY_UNROLL(4)
+    for (size_t s = 0; s < kSets; ++s) {
+      VU bv[kNV];
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) {
+        bv[v] = hn::Load(du, bp + (kp + s) * NR + v * N);
+      }
+      HWY_UNROLL(16)
+      for (size_t r = 0; r < kRows; ++r) {
+        const VU ar = hn::Set(du, a[r * AS + kp + s]);
+        HWY_UNROLL(4)
+        for (size_t v = 0; v < kNV; ++v) {
+          acc[s][r][v] = DotBF16Pairs(acc[s][r][v], ar, bv[v]);
+        }
+      }
+    }
+  }
+  // The last full_pairs - kp < kSets pairs, then for odd kc the last row.
+  HWY_UNROLL(4)
+  for (size_t s = 0; s < kSets; ++s) {
+    const size_t q = kp + s;
+    if (q > full_pairs || (q == full_pairs && kc % 2 == 0)) break;
+    VU bv[kNV];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kNV; ++v) {
+      bv[v] =
+          q < full_pairs
+              ? hn::Load(du, bp + q * NR + v * N)
+              : hn::PromoteTo(
+                    du, hn::Load(du16, reinterpret_cast<const uint16_t*>(b) +
+                                           q * 2 * NR + v * N));
+    }
+    HWY_UNROLL(16)
+    for (size_t r = 0; r < kRows; ++r) {
+      const VU ar = hn::Set(du, a[r * AS + q]);
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < kNV; ++v) {
+        acc[s][r][v] = DotBF16Pairs(acc[s][r][v], ar, bv[v]);
+      }
+    }
+  }
+  HWY_UNROLL(4)
+  for (size_t step = kSets / 2; step >= 1; step /= 2) {
+    for (size_t s = 0; s < step; ++s) {
+      for (size_t r = 0; r < kRows; ++r) {
+        for (size_t v = 0; v < kNV; ++v) {
+          acc[s][r][v] = hn::Add(acc[s][r][v], acc[s + step][r][v]);
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < kRows; ++r) {
+    if (contiguous) {
+      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
+    } else {
+      MatmulStoreLanes(
+          acc[0][r],
+          [&out, i0, j0, r](size_t j)
+              HWY_ATTR { return out.At(i0 + r, j0 + j); },
+          cols, alpha, beta, first);
+    }
+  }
+}
+#else
+#define HEADWAY_MATMUL_NATIVE_BF16 0
+#endif
+
+// MatmulStrip for `mode` (A packed by PackAStripMode, or, for kMatmulFloat32
+// with a source, by the kernel): the native kernel, or MatmulStrip.
+template <int kMode, class T>
+HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
+                                const MatmulOut& out, size_t i0, size_t j0,
+                                size_t cols, float alpha, float beta,
+                                bool first, const float* scales,
+                                const MatmulASource* source,
+                                const MatmulAPrefetch& next) {
+#if HEADWAY_MATMUL_NATIVE_BF16
+  if constexpr (kMode == kMatmulBF16Native) {
+    static_assert(kMatmulBPairs<T>, "native bf16 needs bf16 B");
+    (void)scales;
+    (void)source;
+    next.All();
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(a);
+    switch (rows) {
+#define HEADWAY_MATMUL_CASE(R)                                          \
+  case R:                                                               \
+    if constexpr (R <= kMatmulMR) {                                     \
+      MatmulTileNative<R>(kc, pairs, b, out, i0, j0, cols, alpha, beta, \
+                          first);                                       \
+    }                                                                   \
+    break;
+      HEADWAY_MATMUL_CASE(1)
+      HEADWAY_MATMUL_CASE(2)
+      HEADWAY_MATMUL_CASE(3)
+      HEADWAY_MATMUL_CASE(4)
+      HEADWAY_MATMUL_CASE(5)
+      HEADWAY_MATMUL_CASE(6)
+      HEADWAY_MATMUL_CASE(7)
+      HEADWAY_MATMUL_CASE(8)
+      HEADWAY_MATMUL_CASE(9)
+      HEADWAY_MATMUL_CASE(10)
+      HEADWAY_MATMUL_CASE(11)
+      HEADWAY_MATMUL_CASE(12)
+#undef HEADWAY_MATMUL_CASE
+      default:
+        HWY_DASSERT(false);
+    }
+    return;
+  }
+#endif
+  static_assert(kMode != kMatmulBF16Native || HEADWAY_MATMUL_NATIVE_BF16,
+                "native bf16 on an AVX3 target only");
+  MatmulStrip(rows, kc, a, b, out, i0, j0, cols, alpha, beta, first, scales,
+              kMode == kMatmulFloat32 ? source : nullptr, next);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Driver.
@@ -1124,7 +1425,7 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
 // B's elements of T (MatmulB).
-template <class T = float>
+template <class T = float, int kMode = kMatmulFloat32>
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
@@ -1154,9 +1455,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
       kMatmulAStripFloats * (small_m ? kblocks.count : 1);
   const size_t tasks = row_blocks * panel_blocks;
   // Panels per NC block: kc x NC of B in a quarter of the 1 MiB L2 (128
-  // columns on AVX3 for kc = 512).
+  // columns of float32 on AVX3 for kc = 512, 256 of bf16): each strip of A
+  // is read once per NC block.
   const size_t nc_panels = std::max<size_t>(
-      1, kMatmulL2Bytes / kMatmulNCDiv / (kblocks.length * NR * sizeof(float)));
+      1, kMatmulL2Bytes / kMatmulNCDiv / (kblocks.length * NR * sizeof(T)));
   // Where a task's panels fit one NC block, each strip of A serves that block
   // only, and all strips share one buffer, which stays in L1: 1.2% faster than
   // a buffer per strip (per-head 1024 x 128 x 1024).
@@ -1192,9 +1494,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
             for (size_t s = 0; s < strips; ++s) {
               const size_t r0 = i0 + s * MR;
               for (size_t kb = 0; kb < kblocks.count; ++kb) {
-                PackAStrip(a, lda, trans_a, r0, std::min(MR, i1 - r0),
-                           kblocks.Begin(kb), kblocks.Size(kb, k),
-                           a_buf + s * strip_floats + kb * kMatmulAStripFloats);
+                PackAStripMode<kMode>(
+                    a, lda, trans_a, r0, std::min(MR, i1 - r0),
+                    kblocks.Begin(kb), kblocks.Size(kb, k),
+                    a_buf + s * strip_floats + kb * kMatmulAStripFloats);
               }
             }
             for (size_t kb = 0; kb < kblocks.count; ++kb) {
@@ -1206,11 +1509,11 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                     b.template Slice<T>(layout, b_base, window, kb, p, 0, true);
                 for (size_t s = 0; s < strips; ++s) {
                   const size_t r0 = i0 + s * MR;
-                  MatmulStrip(
+                  MatmulStripMode<kMode>(
                       std::min(MR, i1 - r0), kc,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats,
                       slice, out, r0, j0, cols, alpha, beta, kb == 0,
-                      b.Scales(j0));
+                      b.Scales(j0), nullptr, MatmulAPrefetch());
                 }
               }
             }
@@ -1234,14 +1537,16 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                 // one, or the first of the next K block.
                 size_t next_r0 = 0, next_rows = 0, next_kb = kb;
                 // The strip is packed with its first kernel (by that kernel,
-                // in the common case), or here for A^T.
+                // in the common case), or here for A^T and the bf16 modes.
                 const bool pack_a = q0 == p0;
-                const bool pack_in_kernel = pack_a && !trans_a;
+                const bool pack_in_kernel =
+                    pack_a && !trans_a && kMode == kMatmulFloat32;
                 const MatmulASource source{
                     pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
                 if (pack_a) {
-                  if (trans_a) {
-                    PackAStrip(a, lda, trans_a, r0, rows, k0, kc, a_strip);
+                  if (!pack_in_kernel) {
+                    PackAStripMode<kMode>(a, lda, trans_a, r0, rows, k0, kc,
+                                          a_strip);
                   }
                   if (s + 1 < strips) {
                     next_r0 = r0 + MR;
@@ -1271,7 +1576,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                   const size_t j0 = p * NR;
                   const T* slice = b.template Slice<T>(layout, b_base, window,
                                                        kb, p, p - q0, s == 0);
-                  MatmulStrip(
+                  MatmulStripMode<kMode>(
                       rows, kc, a_strip, slice, out, r0, j0,
                       std::min(NR, n - j0), alpha, beta, kb == 0, b.Scales(j0),
                       pack_in_kernel && p == q0 ? &source : nullptr, next);
@@ -1282,20 +1587,6 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
         }
       },
       tbb::simple_partitioner());
-}
-
-// MatmulPackedOut for a plain C [m, n] with row stride ldc, B packed with
-// elements of T (and, for int8, scales [panels * NR]).
-template <class T = float>
-HWY_INLINE void MatmulPacked(const float* a, size_t lda, bool trans_a,
-                             const T* packed_b, const float* scales, size_t m,
-                             size_t n, size_t k, float* c, size_t ldc,
-                             float alpha, float beta) {
-  MatmulOut out;
-  out.c = c;
-  out.ldc = ldc;
-  MatmulPackedOut<T>(a, lda, trans_a, MatmulB::Packed(packed_b, scales), m, n,
-                     k, out, alpha, beta);
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the

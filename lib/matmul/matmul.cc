@@ -89,8 +89,18 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
                                 const MatmulOut& out, float alpha, float beta) {
   switch (static_cast<WeightDtype>(w.dtype)) {
     case WeightDtype::kBFloat16:
-      MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out, alpha,
-                                       beta);
+      if (!w.bf16_compute) {
+        MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
+                                         alpha, beta);
+#if HEADWAY_MATMUL_NATIVE_BF16
+      } else if (w.native) {
+        MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
+            a, lda, trans_a, b, m, n, k, out, alpha, beta);
+#endif
+      } else {
+        MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
+            a, lda, trans_a, b, m, n, k, out, alpha, beta);
+      }
       break;
     case WeightDtype::kInt8:
       MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
@@ -478,8 +488,18 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
     return Fail(StatusCode::kInvalidArgument, kFn,
                 "b is empty (PackedB::Pack it first)");
   }
-  if (compute != MatmulCompute::kFloat32) {
-    return Fail(StatusCode::kInvalidArgument, kFn, "compute mode not yet");
+  if (compute != MatmulCompute::kFloat32 &&
+      compute != MatmulCompute::kBFloat16) {
+    return Fail(StatusCode::kInvalidArgument, kFn,
+                "compute is not MatmulCompute::kFloat32 or kBFloat16 (got ",
+                static_cast<int>(compute), ")");
+  }
+  if (compute == MatmulCompute::kBFloat16 &&
+      b.dtype() != WeightDtype::kBFloat16) {
+    return Fail(StatusCode::kInvalidArgument, kFn,
+                "compute MatmulCompute::kBFloat16 needs b stored as "
+                "WeightDtype::kBFloat16 (b.dtype() is ",
+                static_cast<int>(b.dtype()), ")");
   }
   Status status = CheckMatmul(kFn, a, ta, b.rows(), b.cols(), c, alpha, beta);
   if (status.ok() &&
