@@ -17,6 +17,11 @@
 //   weights:   1 x 4096 x 4096 and 1 x 4096 x 14336 (GEMV, decode) with B
 //              packed as float32, bf16 and int8 (packed:1, 2, 3: 1 +
 //              WeightDtype), %read over the bytes stored.
+//   bf16 compute: 512^3, 2048^3 and 1 x 4096 x 4096 with bf16 weights in
+//              MatmulCompute::kBFloat16, with the native kernel where the
+//              target and CPU have it (packed:4) and with the fallback kernel
+//              (packed:5); %peak of the float32 FMA peak (so 200% is the bf16
+//              dot product's peak).
 // Every row counts 2 * m * n * k * batch flops and the bytes it must move, 4 *
 // batch * (m * k + m * n) plus B's stored bytes (A and B read, C written),
 // and reports the
@@ -32,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,15 +60,26 @@ struct Shape {
   bool trans_b;       // B given as [N, K]
   bool packed;        // B pre-packed (Headway only)
   WeightDtype dtype;  // how pre-packed B stores its weights
+  MatmulCompute compute = MatmulCompute::kFloat32;
+  bool allow_native = true;  // bf16 compute: the native kernel may run
+  // packed: 0 plain B; 1 + WeightDtype: pre-packed, float32 compute; 4 and 5:
+  // bf16 weights in bf16 compute, native allowed (4) or not (5).
+  static constexpr int64_t kBF16Native = 4, kBF16Fallback = 5;
   static Shape From(const benchmark::State& state) {
     const int64_t packed = state.range(5);
-    return Shape{state.range(0),
-                 state.range(1),
-                 state.range(2),
-                 state.range(3),
-                 state.range(4) != 0,
-                 packed != 0,
-                 static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
+    const bool bf16_compute = packed >= kBF16Native;
+    Shape s{state.range(0),
+            state.range(1),
+            state.range(2),
+            state.range(3),
+            state.range(4) != 0,
+            packed != 0,
+            bf16_compute
+                ? WeightDtype::kBFloat16
+                : static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
+    if (bf16_compute) s.compute = MatmulCompute::kBFloat16;
+    s.allow_native = packed != kBF16Fallback;
+    return s;
   }
   double Flops() const { return 2.0 * m * n * k * batch; }
   // A and B read, C written (beta is 0); B's bytes as stored (int8: one float
@@ -104,6 +121,11 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
         if (k == 4096 && dtype == WeightDtype::kFloat32) continue;
         shapes.push_back({1, 4096, k, 1, 0, 1 + static_cast<int64_t>(dtype)});
       }
+    }
+    for (const int64_t packed : {Shape::kBF16Native, Shape::kBF16Fallback}) {
+      shapes.push_back({512, 512, 512, 1, 0, packed});
+      shapes.push_back({2048, 2048, 2048, 1, 0, packed});
+      shapes.push_back({1, 4096, 4096, 1, 0, packed});
     }
   }
   return shapes;
@@ -175,7 +197,8 @@ const std::vector<PackedB>* SharedPacked(benchmark::State& state,
       s.batch,
       s.trans_b,
       target.bits,
-      s.packed ? 1 + static_cast<int64_t>(s.dtype) : 0};
+      s.packed ? 1 + static_cast<int64_t>(s.dtype) : 0,
+      static_cast<int64_t>(s.compute)};
   if (s.packed && key == wanted) return &packed;
   key.clear();
   packed.clear();
@@ -214,7 +237,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
       const MatrixView<float> c(ops.c.get() + h * s.m * s.n, s.m, s.n);
       const Status status =
           s.packed ? Matmul(a, Transpose::kNo, packed[copy * s.batch + h], c,
-                            alpha, 0.0f)
+                            alpha, 0.0f, s.compute)
                    : Matmul(a, Transpose::kNo,
                             MatrixView<const float>(
                                 ops.b.get() + copy * ops.b_size + h * s.k * s.n,
@@ -229,6 +252,10 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // Untimed: the first call of a shape allocates the packing scratch (64 MiB
   // for an unpacked 4096 x 4096 B) and faults its pages in, once per process;
   // with a short --benchmark_min_time that call was often the only one timed.
+  // The native bf16 kernel as the row asks, allowed again on every return.
+  AllowNativeBFloat16(s.allow_native);
+  const std::unique_ptr<void, void (*)(void*)> allow_again(
+      &state, [](void*) { AllowNativeBFloat16(true); });
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;
