@@ -25,7 +25,7 @@
 //
 // There is no vocabulary: no embedding table, no LM head, no sampling. The
 // hidden state of the next token is the stack's output for the previous one
-// through a fixed nonlinearity and an RMS normalisation (NextInput), which
+// through a fixed nonlinearity and an RMS normalisation (NextInputs), which
 // keeps the values bounded, as "sample a token and look up its embedding"
 // would. Between layers, h = RmsNorm(h + Attention(h)): a post-norm residual
 // block without the MLP.
@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/example_support.h"
 #include "headway/attention.h"
 #include "headway/headway.h"
 #include "headway/kv_cache.h"
@@ -61,11 +62,25 @@
 #include "headway/view.h"
 #include "tbb/task_arena.h"
 
+namespace examples {
+
+[[noreturn]] void Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "generate: %s\n", message.c_str());
+  std::exit(code);
+}
+
+const char* Usage() {
+  return "usage: generate [--layers=N] [--d_model=N] [--heads=N] "
+         "[--prompt=N] [--tokens=N] [--threads=N] "
+         "[--targets=all|best|NAME,...] "
+         "[--kv_dtype=float32|bfloat16|float16|int8] [--window=N] "
+         "[--configs=NAME,...]";
+}
+
 namespace {
 
 using headway::AttentionLayer;
 using headway::AttentionLayerConfig;
-using headway::AttentionLayerWeights;
 using headway::KvCache;
 using headway::KvDtype;
 using headway::LayerSequence;
@@ -102,61 +117,12 @@ const char* KvDtypeName(KvDtype dtype) {
   return hw_kv_dtype_name(static_cast<int>(dtype));
 }
 
-[[noreturn]] void UsageError(const std::string& message) {
-  std::fprintf(stderr,
-               "generate: %s\n"
-               "usage: generate [--layers=N] [--d_model=N] [--heads=N] "
-               "[--prompt=N] [--tokens=N] [--threads=N] "
-               "[--targets=all|best|NAME,...] "
-               "[--kv_dtype=float32|bfloat16|float16|int8] [--window=N] "
-               "[--configs=NAME,...]\n",
-               message.c_str());
-  std::exit(2);
-}
-
-int64_t ParseCount(const std::string& name, const std::string& text,
-                   int64_t min) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < min) {
-    UsageError("--" + name + " needs an integer >= " + std::to_string(min) +
-               ", got \"" + text + "\"");
-  }
-  return value;
-}
-
 Options ParseOptions(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") UsageError("help requested");
-    if (arg.compare(0, 2, "--") != 0) UsageError("unexpected \"" + arg + "\"");
-    std::string name = arg.substr(2), value;
-    const size_t equals = name.find('=');
-    if (equals != std::string::npos) {
-      value = name.substr(equals + 1);
-      name.resize(equals);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      UsageError("--" + name + " needs a value");
-    }
-    if (name == "layers") {
-      options.layers = ParseCount(name, value, 1);
-    } else if (name == "d_model") {
-      options.d_model = ParseCount(name, value, 1);
-    } else if (name == "heads") {
-      options.heads = ParseCount(name, value, 1);
-    } else if (name == "prompt") {
-      options.prompt = ParseCount(name, value, 1);
-    } else if (name == "tokens") {
-      options.tokens = ParseCount(name, value, 0);
-    } else if (name == "threads") {
-      options.threads = ParseCount(name, value, 0);
-    } else if (name == "targets") {
+  const auto set_other = [&](const std::string& name,
+                             const std::string& value) {
+    if (name == "targets") {
       options.targets = value;
-    } else if (name == "window") {
-      options.window = ParseCount(name, value, 1);
     } else if (name == "configs") {
       options.configs.clear();
       size_t begin = 0;
@@ -188,14 +154,17 @@ Options ParseOptions(int argc, char** argv) {
     } else {
       UsageError("unknown flag --" + name);
     }
-  }
+  };
+  ParseFlags(argc, argv,
+             {{"layers", &options.layers, 1},
+              {"d_model", &options.d_model, 1},
+              {"heads", &options.heads, 1},
+              {"prompt", &options.prompt, 1},
+              {"tokens", &options.tokens, 0},
+              {"threads", &options.threads, 0},
+              {"window", &options.window, 1}},
+             set_other);
   return options;
-}
-
-void Check(const Status& status, const char* what) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "generate: %s: %s\n", what, status.ToString().c_str());
-  std::exit(1);
 }
 
 // The instruction sets to run: `spec` is "all", "best" or "NAME,NAME,...".
@@ -227,87 +196,6 @@ std::vector<Target> SelectTargets(const std::string& spec) {
     begin = end + 1;
   }
   return selected;
-}
-
-// Uniform floats in [-bound, bound), the same on every platform for a seed
-// (SplitMix64).
-std::vector<float> RandomUniform(size_t n, float bound, uint64_t seed) {
-  std::vector<float> data(n);
-  uint64_t state = seed;
-  for (float& value : data) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float unit = static_cast<float>(z >> 40) * 0x1.0p-24f;  // [0, 1)
-    value = bound * (2.0f * unit - 1.0f);
-  }
-  return data;
-}
-
-// Scales each row of h [rows, d] to a root mean square of 1.
-void RmsNormalize(float* h, int64_t rows, int64_t d) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = h + r * d;
-    double sum = 0.0;
-    for (int64_t i = 0; i < d; ++i) sum += double{row[i]} * row[i];
-    const float inv = static_cast<float>(
-        1.0 / std::sqrt(sum / static_cast<double>(d) + 1e-6));
-    for (int64_t i = 0; i < d; ++i) row[i] *= inv;
-  }
-}
-
-// One layer's weights as the host holds them, float32 row-major.
-struct HostWeights {
-  std::vector<float> w_q, w_k, w_v, w_o;  // [d, q_cols], [d, kv_cols] x 2,
-                                          // [q_cols, d]
-  std::vector<float> b_q, b_k, b_v, b_o;
-  std::vector<float> q_norm, k_norm;  // [head_dim] (QK-norm; near 1)
-  std::vector<float> sink_logits;     // [n_heads] (gpt-oss's sinks)
-};
-
-// Weights scaled by 1 / sqrt(fan_in), so that a projection of a unit-RMS input
-// has outputs of about unit RMS; small biases.
-HostWeights MakeWeights(int64_t d, int64_t q_cols, int64_t kv_cols,
-                        uint64_t seed) {
-  const float in_bound = std::sqrt(3.0f / static_cast<float>(d));
-  const float out_bound = std::sqrt(3.0f / static_cast<float>(q_cols));
-  HostWeights w;
-  w.w_q = RandomUniform(d * q_cols, in_bound, seed + 1);
-  w.w_k = RandomUniform(d * kv_cols, in_bound, seed + 2);
-  w.w_v = RandomUniform(d * kv_cols, in_bound, seed + 3);
-  w.w_o = RandomUniform(q_cols * d, out_bound, seed + 4);
-  w.b_q = RandomUniform(q_cols, 0.1f, seed + 5);
-  w.b_k = RandomUniform(kv_cols, 0.1f, seed + 6);
-  w.b_v = RandomUniform(kv_cols, 0.1f, seed + 7);
-  w.b_o = RandomUniform(d, 0.1f, seed + 8);
-  return w;
-}
-
-// The QK-norm weights and sink logits of a layer of n_heads heads.
-void AddVariantWeights(HostWeights* w, int64_t head_dim, int64_t n_heads,
-                       uint64_t seed) {
-  w->q_norm = RandomUniform(head_dim, 0.2f, seed + 9);
-  w->k_norm = RandomUniform(head_dim, 0.2f, seed + 10);
-  for (float& x : w->q_norm) x += 1.0f;
-  for (float& x : w->k_norm) x += 1.0f;
-  w->sink_logits = RandomUniform(n_heads, 1.0f, seed + 11);
-}
-
-AttentionLayerWeights Views(const HostWeights& w, int64_t d, int64_t q_cols,
-                            int64_t kv_cols) {
-  AttentionLayerWeights views;
-  views.w_q = MatrixView<const float>(w.w_q.data(), d, q_cols);
-  views.w_k = MatrixView<const float>(w.w_k.data(), d, kv_cols);
-  views.w_v = MatrixView<const float>(w.w_v.data(), d, kv_cols);
-  views.w_o = MatrixView<const float>(w.w_o.data(), q_cols, d);
-  views.b_q = w.b_q.data();
-  views.b_k = w.b_k.data();
-  views.b_v = w.b_v.data();
-  views.b_o = w.b_o.data();
-  views.q_norm = w.q_norm.data();
-  views.k_norm = w.k_norm.data();
-  return views;
 }
 
 // One configuration of the model: every layer's config and weights. The
@@ -384,18 +272,9 @@ Status StackForward(std::vector<AttentionLayer>& layers,
                                             MatrixView<const float>(h, rows, d),
                                             MatrixView<float>(y, rows, d));
     if (!status.ok()) return status;
-    // Residual and normalisation: h = RmsNorm(h + y).
-    for (int64_t i = 0; i < rows * d; ++i) h[i] += y[i];
-    RmsNormalize(h, rows, d);
+    AddResidualAndNormalize(h, y, rows, d);
   }
   return Status();
-}
-
-// The next token's hidden state from the stack's output for the previous one
-// (no vocabulary: see the top of the file).
-void NextInput(const float* out, int64_t d, float* next) {
-  for (int64_t i = 0; i < d; ++i) next[i] = std::tanh(2.0f * out[i]);
-  RmsNormalize(next, 1, d);
 }
 
 struct RunResult {
@@ -467,7 +346,7 @@ RunResult Run(const Options& options, const Model& model,
   const float* out = h.data() + (options.prompt - 1) * d;
   start = std::chrono::steady_clock::now();
   for (int64_t t = 0; t < options.tokens; ++t) {
-    NextInput(out, d, x.data());
+    NextInputs(out, /*rows=*/1, d, x.data());
     Check(StackForward(layers, caches, 1, x.data(), y.data()),
           "Forward (decode)");
     out = x.data();
@@ -480,22 +359,7 @@ RunResult Run(const Options& options, const Model& model,
   return result;
 }
 
-std::string FormatBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (bytes >= 1024.0 && unit < 3) {
-    bytes /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
-                units[unit]);
-  return text;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   const Options options = ParseOptions(argc, argv);
   const std::vector<Target> targets = SelectTargets(options.targets);
 
@@ -554,3 +418,8 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+}  // namespace examples
+
+int main(int argc, char** argv) { return examples::Main(argc, argv); }

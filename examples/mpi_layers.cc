@@ -47,21 +47,41 @@
 #include <string>
 #include <vector>
 
+#include "examples/example_support.h"
 #include "headway/kv_cache.h"
 #include "headway/layer.h"
 #include "headway/status.h"
 #include "headway/view.h"
 #include "tbb/task_arena.h"
 
+namespace examples {
+namespace {
+
+int g_rank = 0;
+
+}  // namespace
+
+// Ends the program on every rank: MPI_Abort takes down all of them.
+[[noreturn]] void Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "mpi_layers (rank %d): %s\n", g_rank, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+const char* Usage() {
+  return "usage: mpirun -np N mpi_layers [--layers=N] [--d_model=N] "
+         "[--heads=N] [--kv_heads=N] [--prompt=N] [--sequences=N] "
+         "[--tokens=N] [--threads=N] [--check=0|1] [--sync=0|1]";
+}
+
 namespace {
 
 using headway::AttentionLayer;
 using headway::AttentionLayerConfig;
-using headway::AttentionLayerWeights;
 using headway::KvCache;
 using headway::LayerSequence;
 using headway::MatrixView;
-using headway::Status;
 
 struct Options {
   int64_t layers = 4;
@@ -76,134 +96,28 @@ struct Options {
   int64_t sync = 0;     // a timed MPI_Barrier before each MPI_Allreduce
 };
 
-int g_rank = 0;
-
-// Ends the program on every rank: MPI_Abort takes down all of them.
-[[noreturn]] void Fail(const std::string& message, int code) {
-  std::fprintf(stderr, "mpi_layers (rank %d): %s\n", g_rank, message.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::exit(code);
-}
-
-[[noreturn]] void UsageError(const std::string& message) {
-  Fail(message +
-           "\nusage: mpirun -np N mpi_layers [--layers=N] [--d_model=N] "
-           "[--heads=N] [--kv_heads=N] [--prompt=N] [--sequences=N] "
-           "[--tokens=N] [--threads=N] [--check=0|1] [--sync=0|1]",
-       2);
-}
-
-int64_t ParseCount(const std::string& name, const std::string& text,
-                   int64_t min) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < min) {
-    UsageError("--" + name + " needs an integer >= " + std::to_string(min) +
-               ", got \"" + text + "\"");
-  }
-  return value;
-}
-
 Options ParseOptions(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.compare(0, 2, "--") != 0) UsageError("unexpected \"" + arg + "\"");
-    std::string name = arg.substr(2), value;
-    const size_t equals = name.find('=');
-    if (equals != std::string::npos) {
-      value = name.substr(equals + 1);
-      name.resize(equals);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      UsageError("--" + name + " needs a value");
-    }
-    if (name == "layers") {
-      options.layers = ParseCount(name, value, 1);
-    } else if (name == "d_model") {
-      options.d_model = ParseCount(name, value, 1);
-    } else if (name == "heads") {
-      options.heads = ParseCount(name, value, 1);
-    } else if (name == "kv_heads") {
-      options.kv_heads = ParseCount(name, value, 1);
-    } else if (name == "prompt") {
-      options.prompt = ParseCount(name, value, 1);
-    } else if (name == "sequences") {
-      options.sequences = ParseCount(name, value, 1);
-    } else if (name == "tokens") {
-      options.tokens = ParseCount(name, value, 0);
-    } else if (name == "threads") {
-      options.threads = ParseCount(name, value, 0);
-    } else if (name == "check") {
-      options.check = ParseCount(name, value, 0);
-    } else if (name == "sync") {
-      options.sync = ParseCount(name, value, 0);
-    } else {
-      UsageError("unknown flag --" + name);
-    }
-  }
+  ParseFlags(argc, argv,
+             {{"layers", &options.layers, 1},
+              {"d_model", &options.d_model, 1},
+              {"heads", &options.heads, 1},
+              {"kv_heads", &options.kv_heads, 1},
+              {"prompt", &options.prompt, 1},
+              {"sequences", &options.sequences, 1},
+              {"tokens", &options.tokens, 0},
+              {"threads", &options.threads, 0},
+              {"check", &options.check, 0},
+              {"sync", &options.sync, 0}},
+             [](const std::string& name, const std::string&) {
+               UsageError("unknown flag --" + name);
+             });
   if (options.heads % options.kv_heads != 0) {
     UsageError("--heads (" + std::to_string(options.heads) +
                ") must be a multiple of --kv_heads (" +
                std::to_string(options.kv_heads) + ")");
   }
   return options;
-}
-
-void Check(const Status& status, const char* what) {
-  if (!status.ok()) Fail(std::string(what) + ": " + status.ToString(), 1);
-}
-
-// Uniform floats in [-bound, bound), the same on every platform for a seed
-// (SplitMix64; generate.cc's).
-std::vector<float> RandomUniform(size_t n, float bound, uint64_t seed) {
-  std::vector<float> data(n);
-  uint64_t state = seed;
-  for (float& value : data) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float unit = static_cast<float>(z >> 40) * 0x1.0p-24f;  // [0, 1)
-    value = bound * (2.0f * unit - 1.0f);
-  }
-  return data;
-}
-
-// Scales each row of h [rows, d] to a root mean square of 1.
-void RmsNormalize(float* h, int64_t rows, int64_t d) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = h + r * d;
-    double sum = 0.0;
-    for (int64_t i = 0; i < d; ++i) sum += double{row[i]} * row[i];
-    const float inv = static_cast<float>(
-        1.0 / std::sqrt(sum / static_cast<double>(d) + 1e-6));
-    for (int64_t i = 0; i < d; ++i) row[i] *= inv;
-  }
-}
-
-// One layer's weights as the host holds them (the whole layer's, on every
-// rank: a shard takes its own columns and rows at Create).
-struct HostWeights {
-  std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
-};
-
-HostWeights MakeWeights(int64_t d, int64_t q_cols, int64_t kv_cols,
-                        uint64_t seed) {
-  const float in_bound = std::sqrt(3.0f / static_cast<float>(d));
-  const float out_bound = std::sqrt(3.0f / static_cast<float>(q_cols));
-  HostWeights w;
-  w.w_q = RandomUniform(d * q_cols, in_bound, seed + 1);
-  w.w_k = RandomUniform(d * kv_cols, in_bound, seed + 2);
-  w.w_v = RandomUniform(d * kv_cols, in_bound, seed + 3);
-  w.w_o = RandomUniform(q_cols * d, out_bound, seed + 4);
-  w.b_q = RandomUniform(q_cols, 0.1f, seed + 5);
-  w.b_k = RandomUniform(kv_cols, 0.1f, seed + 6);
-  w.b_v = RandomUniform(kv_cols, 0.1f, seed + 7);
-  w.b_o = RandomUniform(d, 0.1f, seed + 8);
-  return w;
 }
 
 // The stack of one process: its layers (a shard or whole) and their caches.
@@ -223,23 +137,17 @@ Stack MakeStack(const Options& options, int64_t head_begin, int64_t head_end,
   stack.layers.resize(options.layers);
   stack.caches.resize(options.layers);
   for (int64_t l = 0; l < options.layers; ++l) {
+    // The whole layer's weights on every rank: a shard takes its own columns
+    // and rows at Create (and b_o if its head_begin is 0).
     const HostWeights w = MakeWeights(d, q_cols, kv_cols, 100 * l + 17);
-    AttentionLayerWeights views;
-    views.w_q = MatrixView<const float>(w.w_q.data(), d, q_cols);
-    views.w_k = MatrixView<const float>(w.w_k.data(), d, kv_cols);
-    views.w_v = MatrixView<const float>(w.w_v.data(), d, kv_cols);
-    views.w_o = MatrixView<const float>(w.w_o.data(), q_cols, d);
-    views.b_q = w.b_q.data();
-    views.b_k = w.b_k.data();
-    views.b_v = w.b_v.data();
-    views.b_o = w.b_o.data();  // the shard with head_begin 0 adds it
     AttentionLayerConfig config;
     config.d_model = d;
     config.n_heads = options.heads;
     config.n_kv_heads = options.kv_heads;
     config.head_begin = head_begin;
     config.head_end = head_end;
-    Check(AttentionLayer::Create(config, views, &stack.layers[l]),
+    Check(AttentionLayer::Create(config, Views(w, d, q_cols, kv_cols),
+                                 &stack.layers[l]),
           "AttentionLayer::Create");
     // The cache holds this layer's own KV heads only.
     Check(KvCache::Create(
@@ -285,17 +193,8 @@ void StackForward(Stack& stack, const std::vector<LayerSequence>& sequences,
                     MPI_SUM, MPI_COMM_WORLD);
       g_allreduce_seconds += Now() - start;
     }
-    for (int64_t i = 0; i < rows * d; ++i) h[i] += y[i];
-    RmsNormalize(h, rows, d);
+    AddResidualAndNormalize(h, y, rows, d);
   }
-}
-
-// The next tokens' hidden states from the stack's outputs for the previous
-// ones (no vocabulary; generate.cc's NextInput): a fixed nonlinearity and an
-// RMS normalisation.
-void NextInputs(const float* out, int64_t rows, int64_t d, float* next) {
-  for (int64_t i = 0; i < rows * d; ++i) next[i] = std::tanh(2.0f * out[i]);
-  RmsNormalize(next, rows, d);
 }
 
 // Every step's input and (sharded) output, [rows, d] each: the prefill, then
@@ -369,19 +268,6 @@ uint64_t Fingerprint(const Trace& trace) {
     }
   }
   return hash;
-}
-
-std::string FormatBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (bytes >= 1024.0 && unit < 3) {
-    bytes /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
-                units[unit]);
-  return text;
 }
 
 int Main(int argc, char** argv) {
@@ -604,10 +490,11 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
+}  // namespace examples
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const int code = Main(argc, argv);
+  const int code = examples::Main(argc, argv);
   MPI_Finalize();
   return code;
 }
