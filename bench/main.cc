@@ -8,7 +8,10 @@
 //   instant, for smoke tests.
 // --headway_targets=A,B,...: only these targets (names as in
 //   headway::SupportedTargets(), or "best"), every shape on each.
-// --headway_threads=N,M,...: only these thread counts (default: 1 and all).
+// --headway_threads=N,M,...: only these thread counts, each from 1 to all (the
+//   CPUs this process may use, TBB's default concurrency; a larger count is
+//   an error, not clamped); default: 1 and all. 1,2,4,8,16 on a 16-core
+//   machine.
 // --headway_full: every shape on every target. By default the shapes after a
 //   benchmark's first ones run on KeyTargets() only (the best target and
 //   AVX2), which keeps the default run to about 5 minutes on 2 cores.
@@ -42,13 +45,16 @@ void PrintHelp() {
       "          [%s=<ms>]  (time per ceiling measurement; default %.0f)\n"
       "          [%s=<TARGET>,...|best|fallback]  (default: every supported "
       "one)\n"
-      "          [%s=<n>,...]  (default: 1 and all)\n"
+      "          [%s=<n>,...]  (each 1 to %d, the CPUs this process may "
+      "use;\n"
+      "                          more is an error; default: 1 and %d)\n"
       "          [%s]  (every shape on every target; default: a "
       "benchmark's later\n"
       "                          shapes on the best target and AVX2 "
       "only)\n"
       "          (--benchmark_min_time defaults to 0.1 here)\n",
-      kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag, kFullFlag);
+      kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag,
+      headway::bench::AllThreads(), headway::bench::AllThreads(), kFullFlag);
 }
 
 [[noreturn]] void Fail(const char* flag, const std::string& message) {

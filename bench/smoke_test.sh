@@ -7,7 +7,8 @@
 # the fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers (the prefills, seconds long on
 # the fallback, on the best target only), plus two rows on stored KV types (GQA-8 decode on an
 # int8 cache, MHA prefill on a bf16 cache). Checks that the progress line and the summary table appear
-# and that the JSON has rows with both GFLOP/s and GB/s. The charts are drawn only where
+# and that the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs
+# is refused with a message. The charts are drawn only where
 # matplotlib is installed; the test passes without it.
 set -eu
 bench=$1
@@ -46,5 +47,13 @@ grep -q '"GB/s"' "$out/bench.json" || fail "no GB/s in the JSON"
 if grep -q '"error_occurred": true' "$out/bench.json"; then
   fail "a benchmark failed"
 fi
+
+# More threads than CPUs (4096, the largest count the flag parses): an error before any
+# measurement, not rows that run on fewer threads than their label says.
+if "$bench" --headway_threads=1,4096 --benchmark_list_tests >"$out/threads.txt" 2>&1; then
+  fail "--headway_threads=1,4096 was accepted"
+fi
+grep -q 'is more than the [0-9]* CPUs this process may use' "$out/threads.txt" ||
+  fail "no message for --headway_threads=1,4096: $(cat "$out/threads.txt")"
 
 python3 "$report" "$out/bench.json" --out-dir "$out" || fail "tools/report.py failed"

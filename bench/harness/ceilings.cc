@@ -16,7 +16,6 @@
 #include "headway/targets.h"
 #include "hwy/targets.h"
 #include "tbb/blocked_range.h"
-#include "tbb/info.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
 #include "tbb/task_arena.h"
@@ -195,7 +194,7 @@ void MeasureCeilings(double budget_ms) {
   Ceilings& c = MutableCeilings();
   const double budget_s = budget_ms * 1e-3;
   c.budget_ms = budget_ms;
-  c.all_threads = std::max(1, tbb::info::default_concurrency());
+  c.all_threads = AllThreads();
   const int counts[2] = {1, c.all_threads};
 
   // FMA, one core, per target; then the best target on all cores.

@@ -21,6 +21,7 @@
 #include "benchmark/benchmark.h"
 #include "headway/status.h"
 #include "headway/targets.h"
+#include "headway/threads.h"
 #include "hwy/targets.h"
 #include "tbb/info.h"
 #include "tbb/task_arena.h"
@@ -151,9 +152,11 @@ bool Check(benchmark::State& state, const Status& status) {
   return false;
 }
 
+int AllThreads() { return std::max(1, tbb::info::default_concurrency()); }
+
 std::vector<int> ThreadCounts() {
   if (!GetOptions().threads.empty()) return GetOptions().threads;
-  const int all = std::max(1, tbb::info::default_concurrency());
+  const int all = AllThreads();
   if (all == 1) return {1};
   return {1, all};
 }
@@ -179,11 +182,20 @@ std::string SetOptions(const Options& given) {
              ", best or fallback)";
     }
   }
-  const int all = std::max(1, tbb::info::default_concurrency());
+  // Rejected, not clamped: a sweep meant for a larger machine fails here
+  // rather than come back with fewer or mislabelled rows.
+  const int all = AllThreads();
   for (int threads : options.threads) {
-    if (threads < 1 || threads > all) {
-      return "thread count " + std::to_string(threads) +
-             " is not between 1 and " + std::to_string(all);
+    if (threads < 1) {
+      return "--headway_threads: " + std::to_string(threads) +
+             " is not a thread count";
+    }
+    if (threads > all) {
+      const std::string n = std::to_string(threads), m = std::to_string(all);
+      return "--headway_threads: " + n + " is more than the " + m +
+             " CPUs this process may use (TBB's default concurrency), and "
+             "TBB would run a row labelled threads:" +
+             n + " on at most " + m + " threads: take counts from 1 to " + m;
     }
   }
   MutableOptions() = options;
@@ -302,6 +314,13 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
           }
           PinnedIfOneThread(threads, [&] {
             Arena(threads).execute([&] {
+              if (MaxThreads() != threads) {
+                const std::string message =
+                    "Headway's calls get " + std::to_string(MaxThreads()) +
+                    " threads in an arena of " + std::to_string(threads);
+                state.SkipWithError(message.c_str());
+                return;
+              }
               fn(state, RunConfig{target, threads});
             });
           });

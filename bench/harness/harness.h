@@ -160,7 +160,8 @@ void PinnedIfOneThread(int threads, const std::function<void()>& body);
 // (headway::SetMaxTarget), checked that headway::ActiveTarget() and Highway's
 // dispatch are `target`, and calls the benchmark inside a
 // tbb::task_arena(threads), so Headway's parallel loops use exactly `threads`
-// threads. The cap is removed after the benchmark.
+// threads (checked: headway::MaxThreads(), else the row is skipped with an
+// error). The cap is removed after the benchmark.
 struct RunConfig {
   Target target;
   int threads = 1;
@@ -203,8 +204,14 @@ std::vector<benchmark::internal::Benchmark*> RegisterPerTarget(
 std::vector<std::vector<int64_t>> ArgProduct(
     const std::vector<std::vector<int64_t>>& values);
 
-// The thread counts to run: --headway_threads, by default 1 and all threads
-// (the size of TBB's default arena): {1, 2} on a 2-core machine.
+// The thread count of the "all threads" rows and ceilings: TBB's default
+// concurrency, the CPUs this process may use (its affinity mask), at least 1.
+// It bounds --headway_threads: TBB runs an arena of more threads on at most
+// this many, so a row labelled threads:N above it would run on fewer.
+int AllThreads();
+
+// The thread counts to run: --headway_threads, by default 1 and AllThreads():
+// {1, 2} on a 2-core machine.
 std::vector<int> ThreadCounts();
 
 // True for a peer: a family whose name has the word openblas, onednn,
@@ -219,7 +226,8 @@ struct Options {
   // case-insensitive; empty: every supported target, the later shapes on
   // KeyTargets() only.
   std::vector<std::string> targets;
-  std::vector<int> threads;  // --headway_threads; empty: 1 and all
+  std::vector<int> threads;  // --headway_threads, 1 to AllThreads() each;
+                             // empty: 1 and AllThreads()
   bool full = false;         // --headway_full: every shape on every target
 };
 // Checks `options` against this CPU and keeps them; returns an error message,
