@@ -754,7 +754,8 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
 }
 
 // Packing bf16 weights packs exactly what packing the same values as floats
-// does, for every dtype, B and B^T, and PackColumns stores what Pack stores.
+// does, for every dtype, B and B^T, and PackColumns (of float or bf16 parts)
+// stores what Pack stores.
 TEST_P(MatmulTest, StoredFromBF16AndColumns) {
   const Tile t = ActiveTile();
   const int64_t rows = t.kc + 3, cols = 2 * t.nr + 5;
@@ -795,6 +796,14 @@ TEST_P(MatmulTest, StoredFromBF16AndColumns) {
     ASSERT_TRUE(PackedB::PackColumns(parts, 2, &columns, dtype).ok());
     ASSERT_EQ(columns.bytes(), whole.bytes());
     EXPECT_EQ(std::memcmp(columns.data(), whole.data(), whole.bytes()), 0);
+    // The same columns as bf16 parts (a checkpoint's W_Q, W_K, W_V).
+    const MatrixView<const BFloat16> bf16_parts[2] = {
+        MatrixView<const BFloat16>(as_bf16.data(), rows, 7, cols),
+        MatrixView<const BFloat16>(as_bf16.data() + 7, rows, cols - 7, cols)};
+    PackedB from_bf16;
+    ASSERT_TRUE(PackedB::PackColumns(bf16_parts, 2, &from_bf16, dtype).ok());
+    ASSERT_EQ(from_bf16.bytes(), whole.bytes());
+    EXPECT_EQ(std::memcmp(from_bf16.data(), whole.data(), whole.bytes()), 0);
   }
 }
 

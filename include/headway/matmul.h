@@ -86,8 +86,8 @@ class HEADWAY_API PackedB {
   // target into *out (its previous contents are released), stored as dtype,
   // from 4 MiB up in transparent huge pages where the kernel allows (as
   // KvCache's buffers).
-  // Cost: one read of b and one write of bytes(); bf16 and int8 also write
-  // and read a float copy of the panels (K * N * 4 bytes, freed on return).
+  // Cost: one read of b and one write of bytes(); bf16 and int8 go through a
+  // float copy of one panel (K * panel_width() floats) per thread.
   // Errors (kInvalidArgument, *out unchanged): null out, null data, rows or
   // cols < 1, a stride < cols, a bad Transpose or WeightDtype value, for
   // kInt8 a NaN or inf in b (the message names the column of op(b));
@@ -95,11 +95,9 @@ class HEADWAY_API PackedB {
   static Status Pack(MatrixView<const float> b, Transpose tb, PackedB* out,
                      WeightDtype dtype = WeightDtype::kFloat32);
   // The same from bfloat16 weights: exactly Pack of the same values as floats
-  // (every bfloat16 is a float), through a float copy of b (rows * cols * 4
-  // bytes, freed on return).
+  // (every bfloat16 is a float).
   static Status Pack(MatrixView<const BFloat16> b, Transpose tb, PackedB* out,
                      WeightDtype dtype);
-
   // Packs the matrix [parts[0] | parts[1] | ...] [k, sum of the parts'
   // columns], the parts side by side (each [k, cols_i], row-major with its own
   // stride), as Pack would pack it, without building it: a layer's fused QKV
@@ -112,6 +110,10 @@ class HEADWAY_API PackedB {
   static Status PackColumns(const MatrixView<const float>* parts,
                             int64_t n_parts, PackedB* out,
                             WeightDtype dtype = WeightDtype::kFloat32);
+  // The same from bfloat16 parts: exactly PackColumns of the same values as
+  // floats.
+  static Status PackColumns(const MatrixView<const BFloat16>* parts,
+                            int64_t n_parts, PackedB* out, WeightDtype dtype);
 
   int64_t rows() const { return rows_; }  // K: rows of op(b)
   int64_t cols() const { return cols_; }  // N: columns of op(b)

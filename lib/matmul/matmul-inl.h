@@ -272,12 +272,58 @@ HWY_INLINE size_t PackedBFloats(size_t k, size_t n) {
   return MatmulPackedLayout(k, n).Floats();
 }
 
-// Packs op(B) = [op(parts[0]) | op(parts[1]) | ...] [k, n] (parts in column
-// order, covering [0, n)) into dst (PackedBFloats(k, n) floats, 64-byte
-// aligned), panels in parallel. A panel inside one part is packed from it by
-// PackBSlice; one that straddles parts (at most n_parts - 1 of them) is
-// gathered element by element. Either way dst holds exactly what packing the
-// whole matrix would write.
+// Packs slice (kb, p) of op(B) = [op(parts[0]) | op(parts[1]) | ...] [k, n]
+// (parts in column order, covering [0, n)) into slice [kc][NR]. A panel inside
+// one float part is packed from it by PackBSlice, inside one bf16 part from a
+// float copy of its block; one that straddles parts (at most n_parts - 1 of
+// them) is gathered element by element. Either way the slice holds exactly
+// what packing the whole matrix as floats would write.
+HWY_INLINE void PackBPartsSlice(const MatmulBPart* parts, size_t n_parts,
+                                const MatmulPackedLayout& layout, size_t n,
+                                size_t kb, size_t p,
+                                float* HWY_RESTRICT slice) {
+  constexpr size_t NR = kMatmulNR;
+  const size_t k0 = layout.kblocks.Begin(kb);
+  const size_t kc = layout.kblocks.Size(kb, layout.k);
+  const size_t j0 = p * NR, j1 = std::min(n, j0 + NR);
+  size_t q = 0;  // the part that holds column j0
+  while (q + 1 < n_parts && parts[q].begin + parts[q].cols <= j0) ++q;
+  const MatmulBPart& part = parts[q];
+  if (j1 <= part.begin + part.cols) {
+    const size_t col = j0 - part.begin, cols = j1 - j0;
+    if (part.b != nullptr) {
+      PackBSlice(part.b, part.ldb, part.trans, k0, kc, col, cols,
+                 part.cols - col, slice);
+      return;
+    }
+    // bf16: the block as floats, [kc][cols] (op(B) = b) or [cols][kc].
+    thread_local std::vector<float> block;
+    block.resize(kc * cols);
+    for (size_t r = 0; r < (part.trans ? cols : kc); ++r) {
+      for (size_t c = 0; c < (part.trans ? kc : cols); ++c) {
+        block[r * (part.trans ? kc : cols) + c] =
+            part.trans ? part.At(col + r, k0 + c) : part.At(k0 + r, col + c);
+      }
+    }
+    PackBSlice(block.data(), part.trans ? kc : cols, part.trans, 0, kc, 0, cols,
+               cols, slice);
+    return;
+  }
+  for (size_t kk = 0; kk < kc; ++kk) {
+    float* out = slice + kk * NR;
+    size_t at = q;
+    for (size_t j = j0; j < j1; ++j) {
+      while (at + 1 < n_parts && parts[at].begin + parts[at].cols <= j) ++at;
+      const MatmulBPart& src = parts[at];
+      const size_t col = j - src.begin, row = k0 + kk;
+      out[j - j0] = src.trans ? src.At(col, row) : src.At(row, col);
+    }
+    std::fill(out + (j1 - j0), out + NR, 0.0f);
+  }
+}
+
+// Packs all of op(B) = [parts] [k, n] (see PackBPartsSlice) into dst
+// (PackedBFloats(k, n) floats, 64-byte aligned), panels in parallel.
 HWY_INLINE void PackBPanelsParts(const MatmulBPart* parts, size_t n_parts,
                                  size_t k, size_t n, float* dst) {
   constexpr size_t NR = kMatmulNR;
@@ -285,43 +331,15 @@ HWY_INLINE void PackBPanelsParts(const MatmulBPart* parts, size_t n_parts,
   // ~64 KiB of packed output per task at least: below that a task costs more
   // than it saves.
   const size_t grain = std::max<size_t>(1, 16384 / (k * NR));
-  tbb::parallel_for(
-      tbb::blocked_range<size_t>(0, layout.panels, grain),
-      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
-          const size_t k0 = layout.kblocks.Begin(kb);
-          const size_t kc = layout.kblocks.Size(kb, k);
-          for (size_t p = range.begin(); p < range.end(); ++p) {
-            const size_t j0 = p * NR, j1 = std::min(n, j0 + NR);
-            float* slice = dst + layout.Slice(kb, p);
-            size_t q = 0;  // the part that holds column j0
-            while (q + 1 < n_parts && parts[q].begin + parts[q].cols <= j0) {
-              ++q;
-            }
-            if (j1 <= parts[q].begin + parts[q].cols) {
-              PackBSlice(parts[q].b, parts[q].ldb, parts[q].trans, k0, kc,
-                         j0 - parts[q].begin, j1 - j0,
-                         parts[q].begin + parts[q].cols - j0, slice);
-              continue;
-            }
-            for (size_t kk = 0; kk < kc; ++kk) {
-              float* out = slice + kk * NR;
-              size_t part = q;
-              for (size_t j = j0; j < j1; ++j) {
-                while (part + 1 < n_parts &&
-                       parts[part].begin + parts[part].cols <= j) {
-                  ++part;
-                }
-                const MatmulBPart& src = parts[part];
-                const size_t col = j - src.begin, row = k0 + kk;
-                out[j - j0] = src.trans ? src.b[col * src.ldb + row]
-                                        : src.b[row * src.ldb + col];
-              }
-              std::fill(out + (j1 - j0), out + NR, 0.0f);
-            }
-          }
-        }
-      });
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, layout.panels, grain),
+                    [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+                      for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+                        for (size_t p = range.begin(); p < range.end(); ++p) {
+                          PackBPartsSlice(parts, n_parts, layout, n, kb, p,
+                                          dst + layout.Slice(kb, p));
+                        }
+                      }
+                    });
 }
 
 // Packs all of op(B) [k, n] into dst (PackedBFloats(k, n) floats, 64-byte
@@ -332,16 +350,17 @@ HWY_INLINE void PackBPanels(const float* b, size_t ldb, bool trans, size_t k,
   PackBPanelsParts(&whole, 1, k, n, dst);
 }
 
-// Converts a packed op(B) [k, n] of floats (src, MatmulPackedLayout) into
-// the same layout with elements of T, panels in parallel. bf16: each element
-// rounded to nearest even (StoreRowVec, storage.h's rule), slices in pairs of
-// rows (MatmulBPairs). int8: storage.h's
-// Int8Scale and Int8FromFloat per column instead of per row, scales[j] =
-// Int8Scale(max_k |B[k, j]|) into scales [panels * NR] (0 in the padding).
-// Returns -1, or (int8) the first column with a NaN or inf, dst then unset.
+// Packs op(B) = [parts] [k, n] (see PackBPartsSlice) into dst in the
+// MatmulPackedLayout with elements of T, panels in parallel, each panel
+// through a float copy of it in the calling thread ([K][NR], k * NR floats).
+// bf16: each element rounded to nearest even (StoreRowVec, storage.h's rule),
+// slices in pairs of rows (MatmulBPairs). int8: storage.h's Int8Scale and
+// Int8FromFloat per column instead of per row, scales[j] = Int8Scale(max_k
+// |B[k, j]|) into scales [panels * NR] (0 in the padding). Returns -1, or
+// (int8) the first column with a NaN or inf, dst then unset.
 template <class T>
-HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
-                               size_t n, T* HWY_RESTRICT dst,
+HWY_INLINE int64_t PackBStored(const MatmulBPart* parts, size_t n_parts,
+                               size_t k, size_t n, T* HWY_RESTRICT dst,
                                float* HWY_RESTRICT scales) {
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -351,7 +370,14 @@ HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
       tbb::blocked_range<size_t>(0, layout.panels, grain),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
         const MatmulTag d;
+        // [K][NR], slice kb at k0 NR, aligned for PackBSlice's stores.
+        thread_local ThreadScratchBuffer panel_scratch;
+        float* panel = panel_scratch.Get(k * NR);
         for (size_t p = range.begin(); p < range.end(); ++p) {
+          for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
+            PackBPartsSlice(parts, n_parts, layout, n, kb, p,
+                            panel + layout.kblocks.Begin(kb) * NR);
+          }
           if constexpr (!internal::kKvScaled<T>) {
             (void)scales;
             // Rounded row by row into `rows`, then pairs of rows interleaved
@@ -359,10 +385,10 @@ HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
             thread_local std::vector<T> rows;
             rows.resize(kMatmulMaxKC * NR);
             for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
-              const size_t offset = layout.Slice(kb, p);
               const size_t kc = layout.kblocks.Size(kb, k);
-              StoreRowVec(d, src + offset, kc * NR, rows.data(), nullptr);
-              T* slice = dst + offset;
+              StoreRowVec(d, panel + layout.kblocks.Begin(kb) * NR, kc * NR,
+                          rows.data(), nullptr);
+              T* slice = dst + layout.Slice(kb, p);
               for (size_t kk = 0; kk < kc / 2 * 2; ++kk) {
                 for (size_t j = 0; j < NR; ++j) {
                   slice[(kk / 2 * NR + j) * 2 + kk % 2] = rows[kk * NR + j];
@@ -375,14 +401,11 @@ HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
             float max_abs[NR] = {};
             bool finite[NR];
             std::fill(finite, finite + NR, true);
-            for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
-              const float* slice = src + layout.Slice(kb, p);
-              for (size_t kk = 0; kk < layout.kblocks.Size(kb, k); ++kk) {
-                for (size_t j = 0; j < NR; ++j) {
-                  const float x = std::fabs(slice[kk * NR + j]);
-                  finite[j] = finite[j] && x <= hwy::HighestValue<float>();
-                  max_abs[j] = std::fmax(max_abs[j], x);
-                }
+            for (size_t kk = 0; kk < k; ++kk) {
+              for (size_t j = 0; j < NR; ++j) {
+                const float x = std::fabs(panel[kk * NR + j]);
+                finite[j] = finite[j] && x <= hwy::HighestValue<float>();
+                max_abs[j] = std::fmax(max_abs[j], x);
               }
             }
             for (size_t j = 0; j < NR; ++j) {
@@ -399,11 +422,12 @@ HWY_INLINE int64_t PackBStored(const float* HWY_RESTRICT src, size_t k,
               panel_scales[j] = internal::Int8Scale(max_abs[j]);
             }
             for (size_t kb = 0; kb < layout.kblocks.count; ++kb) {
-              const size_t offset = layout.Slice(kb, p);
+              const float* src = panel + layout.kblocks.Begin(kb) * NR;
+              T* slice = dst + layout.Slice(kb, p);
               for (size_t kk = 0; kk < layout.kblocks.Size(kb, k); ++kk) {
                 for (size_t j = 0; j < NR; ++j) {
-                  dst[offset + kk * NR + j] = internal::Int8FromFloat(
-                      src[offset + kk * NR + j], panel_scales[j]);
+                  slice[kk * NR + j] = internal::Int8FromFloat(src[kk * NR + j],
+                                                               panel_scales[j]);
                 }
               }
             }

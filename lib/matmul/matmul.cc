@@ -54,18 +54,12 @@ void* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
       PackBPanelsParts(parts, n_parts, k, n, static_cast<float*>(packed));
       return packed;
     }
-    // Packed as floats first, then converted: Pack holds a float copy of B
-    // while it runs.
-    hwy::AlignedFreeUniquePtr<float[]> as_float =
-        hwy::AllocateAligned<float>(floats);
-    if (!as_float) throw std::bad_alloc();
-    PackBPanelsParts(parts, n_parts, k, n, as_float.get());
     if (int8) {
       *bad_column = PackBStored(
-          as_float.get(), k, n, static_cast<int8_t*>(packed),
+          parts, n_parts, k, n, static_cast<int8_t*>(packed),
           reinterpret_cast<float*>(static_cast<char*>(packed) + data_bytes));
     } else {
-      PackBStored(as_float.get(), k, n, static_cast<hwy::bfloat16_t*>(packed),
+      PackBStored(parts, n_parts, k, n, static_cast<hwy::bfloat16_t*>(packed),
                   nullptr);
     }
   } catch (...) {
@@ -365,55 +359,50 @@ void PackedB::Reset(void* data, size_t bytes, const float* scales,
   target_name_ = target_name;
 }
 
-Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out,
-                     WeightDtype dtype) {
-  constexpr const char* kFn = "PackedB::Pack";
-  if (out == nullptr) {
-    return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
-  }
-  int64_t k = 0, n = 0;
-  Status status = CheckOpB(kFn, b, tb, &k, &n);
-  if (!status.ok()) return status;
-  const MatmulBPart whole{b.data, static_cast<size_t>(b.stride),
-                          tb == Transpose::kYes, 0, static_cast<size_t>(n)};
-  return PackParts(kFn, &whole, 1, k, n, dtype,
-                   [&](void* data, size_t bytes, const float* scales,
-                       int64_t panel_width, const char* target_name) {
-                     out->Reset(data, bytes, scales, dtype, k, n, panel_width,
-                                target_name);
-                   });
+namespace {
+
+// The part of op(b) [k, n] = b or b^T (validated) for PackParts: the whole of
+// b, of float or of BFloat16.
+MatmulBPart WholePart(MatrixView<const float> b, bool trans, size_t begin,
+                      int64_t n) {
+  return {b.data, static_cast<size_t>(b.stride), trans, begin,
+          static_cast<size_t>(n)};
+}
+MatmulBPart WholePart(MatrixView<const BFloat16> b, bool trans, size_t begin,
+                      int64_t n) {
+  MatmulBPart part{nullptr, static_cast<size_t>(b.stride), trans, begin,
+                   static_cast<size_t>(n)};
+  part.b16 = &b.data->bits;
+  return part;
 }
 
-Status PackedB::Pack(MatrixView<const BFloat16> b, Transpose tb, PackedB* out,
-                     WeightDtype dtype) {
+// PackedB::Pack of b, float or BFloat16; adopt(data, bytes, scales, k, n,
+// panel_width, target_name) takes the packed buffer.
+template <class E, class Adopt>
+Status PackWhole(MatrixView<const E> b, Transpose tb, const PackedB* out,
+                 WeightDtype dtype, const Adopt& adopt) {
   constexpr const char* kFn = "PackedB::Pack";
   if (out == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
   }
   Status status = internal::CheckMatrix(kFn, "b", b);
   if (status.ok()) status = CheckTranspose(kFn, "tb", tb);
-  if (status.ok()) status = CheckWeightDtype(kFn, dtype);
   if (!status.ok()) return status;
-  return Guarded(kFn, [&]() -> Status {
-    // [rows, cols] floats, dense.
-    std::vector<float> as_float(static_cast<size_t>(b.rows) *
-                                static_cast<size_t>(b.cols));
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const BFloat16* row = b.data + r * b.stride;
-      float* dst = as_float.data() + r * b.cols;
-      for (int64_t c = 0; c < b.cols; ++c) {
-        hwy::bfloat16_t x;
-        x.bits = row[c].bits;
-        dst[c] = internal::FloatFromBF16(x);
-      }
-    }
-    return Pack(MatrixView<const float>(as_float.data(), b.rows, b.cols), tb,
-                out, dtype);
-  });
+  const bool trans = tb == Transpose::kYes;
+  const int64_t k = trans ? b.cols : b.rows, n = trans ? b.rows : b.cols;
+  const MatmulBPart whole = WholePart(b, trans, 0, n);
+  return PackParts(kFn, &whole, 1, k, n, dtype,
+                   [&](void* data, size_t bytes, const float* scales,
+                       int64_t panel_width, const char* target_name) {
+                     adopt(data, bytes, scales, k, n, panel_width, target_name);
+                   });
 }
 
-Status PackedB::PackColumns(const MatrixView<const float>* parts,
-                            int64_t n_parts, PackedB* out, WeightDtype dtype) {
+// PackedB::PackColumns of parts of float or BFloat16.
+template <class E, class Adopt>
+Status PackColumnsOf(const MatrixView<const E>* parts, int64_t n_parts,
+                     const PackedB* out, WeightDtype dtype,
+                     const Adopt& adopt) {
   constexpr const char* kFn = "PackedB::PackColumns";
   if (out == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn, "out is null");
@@ -421,11 +410,11 @@ Status PackedB::PackColumns(const MatrixView<const float>* parts,
   if (parts == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn, "parts is null");
   }
-  if (n_parts < 1 || n_parts > kMaxColumnParts) {
+  if (n_parts < 1 || n_parts > PackedB::kMaxColumnParts) {
     return Fail(StatusCode::kInvalidArgument, kFn, "n_parts is ", n_parts,
-                ", not in [1, ", kMaxColumnParts, "]");
+                ", not in [1, ", PackedB::kMaxColumnParts, "]");
   }
-  MatmulBPart pieces[kMaxColumnParts];
+  MatmulBPart pieces[PackedB::kMaxColumnParts];
   int64_t n = 0;
   for (int64_t i = 0; i < n_parts; ++i) {
     const std::string name = internal::Cat("parts[", i, "]");
@@ -435,22 +424,53 @@ Status PackedB::PackColumns(const MatrixView<const float>* parts,
       return Fail(StatusCode::kInvalidArgument, kFn, name, " has ",
                   parts[i].rows, " rows but parts[0] has ", parts[0].rows);
     }
+    const size_t begin = static_cast<size_t>(n);
     if (!internal::CheckedAdd(n, parts[i].cols, &n)) {
       return Fail(StatusCode::kResourceExhausted, kFn,
                   "the column count overflows");
     }
-    pieces[i] = {parts[i].data, static_cast<size_t>(parts[i].stride), false,
-                 static_cast<size_t>(n - parts[i].cols),
-                 static_cast<size_t>(parts[i].cols)};
+    pieces[i] = WholePart(parts[i], false, begin, parts[i].cols);
   }
   const int64_t k = parts[0].rows;
   return PackParts(kFn, pieces, static_cast<size_t>(n_parts), k, n, dtype,
                    [&](void* data, size_t bytes, const float* scales,
                        int64_t panel_width, const char* target_name) {
-                     out->Reset(data, bytes, scales, dtype, k, n, panel_width,
-                                target_name);
+                     adopt(data, bytes, scales, k, n, panel_width, target_name);
                    });
 }
+
+}  // namespace
+
+// Adopt for PackWhole and PackColumnsOf: *out takes the buffer.
+#define HEADWAY_PACKED_B_ADOPT(out, dtype)                                  \
+  [out, dtype](void* data, size_t bytes, const float* scales, int64_t k,    \
+               int64_t n, int64_t panel_width, const char* target_name) {   \
+    out->Reset(data, bytes, scales, dtype, k, n, panel_width, target_name); \
+  }
+
+Status PackedB::Pack(MatrixView<const float> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype) {
+  return PackWhole(b, tb, out, dtype, HEADWAY_PACKED_B_ADOPT(out, dtype));
+}
+
+Status PackedB::Pack(MatrixView<const BFloat16> b, Transpose tb, PackedB* out,
+                     WeightDtype dtype) {
+  return PackWhole(b, tb, out, dtype, HEADWAY_PACKED_B_ADOPT(out, dtype));
+}
+
+Status PackedB::PackColumns(const MatrixView<const float>* parts,
+                            int64_t n_parts, PackedB* out, WeightDtype dtype) {
+  return PackColumnsOf(parts, n_parts, out, dtype,
+                       HEADWAY_PACKED_B_ADOPT(out, dtype));
+}
+
+Status PackedB::PackColumns(const MatrixView<const BFloat16>* parts,
+                            int64_t n_parts, PackedB* out, WeightDtype dtype) {
+  return PackColumnsOf(parts, n_parts, out, dtype,
+                       HEADWAY_PACKED_B_ADOPT(out, dtype));
+}
+
+#undef HEADWAY_PACKED_B_ADOPT
 
 Status Matmul(MatrixView<const float> a, Transpose ta,
               MatrixView<const float> b, Transpose tb, MatrixView<float> c,

@@ -5,6 +5,8 @@
 #define HEADWAY_LIB_MATMUL_MATMUL_CALL_H_
 
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "headway/matmul.h"
 #include "headway/targets.h"
@@ -58,13 +60,24 @@ struct MatmulOut {
 
 // Columns [begin, begin + cols) of a matrix given as parts side by side (the
 // fused QKV weight from W_Q, W_K and W_V): op(part) [k, cols], op(part) = b
-// [k, cols] (row stride ldb) or b^T with b [cols, k].
+// [k, cols] (row stride ldb) or b^T with b [cols, k]; b of float, or of bf16
+// (b16, the bits; b null).
 struct MatmulBPart {
   const float* b;
   size_t ldb;
   bool trans;
   size_t begin;
   size_t cols;
+  const uint16_t* b16 = nullptr;
+
+  // Element (row, col) of b as stored, as a float.
+  float At(size_t row, size_t col) const {
+    if (b != nullptr) return b[row * ldb + col];
+    const uint32_t bits = static_cast<uint32_t>(b16[row * ldb + col]) << 16;
+    float x;
+    memcpy(&x, &bits, sizeof(x));
+    return x;
+  }
 };
 
 // A B packed beforehand (PackedB, or a layer's weights) as the kernels read
