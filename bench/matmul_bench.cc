@@ -1,5 +1,6 @@
 // headway::Matmul per target and thread count, against OpenBLAS (cblas_sgemm)
-// and oneDNN (dnnl_sgemm) in the same binary when bench/meson.build found them.
+// and oneDNN (dnnl_sgemm; its bf16 matmul primitive for the bf16 compute mode)
+// in the same binary when bench/meson.build found them.
 //
 // Shapes (M x N x K; C [M, N] = A [M, K] * op(B) [K, N]):
 //   decode:    1 x 4096 x 4096 and 8 x 4096 x 4096, B pre-packed (PackedB; the
@@ -32,7 +33,17 @@
 // target, the others on the key targets (harness.h).
 //
 // The peers (bench/harness/peers.h) run the same shapes, one row per peer:
-// matmul_openblas/<OpenBLAS core name>/... and matmul_onednn/sgemm/....
+// matmul_openblas/<OpenBLAS core name>/... and matmul_onednn/sgemm/... on the
+// float32 shapes (plain B, packed:0), and matmul_onednn/bf16/.../packed:4 on
+// the three bf16 compute shapes: oneDNN's matmul primitive with src bf16 [M,
+// K], weights bf16 [K, N] in the layout it picks and dst float32 [M, N], the
+// peer of Headway's packed:4 rows (and packed:5's). Its B is reordered into
+// that layout once and its A rounded to bf16 once, both untimed, which favours
+// it: Headway's packed:4 rows round A inside every call. The row's label, and
+// the context's onednn_bf16_matmul_impl, is oneDNN's implementation
+// ("brg:avx512_core_bf16" where it runs its AVX512_BF16 kernel). The peers
+// count the flops and bytes of the Headway rows they pair with (bf16 B: 2 bytes
+// per weight), so their percentages compare directly.
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -98,6 +109,14 @@ struct Shape {
 const std::vector<std::string> kArgNames = {"m",     "n",  "k",
                                             "batch", "tb", "packed"};
 
+// The shapes of the bf16 compute mode, with `packed` 4 (native kernel allowed)
+// or 5 (fallback kernel); oneDNN's bf16 matmul runs them as packed:4.
+std::vector<std::vector<int64_t>> BF16ComputeShapes(int64_t packed) {
+  return {{512, 512, 512, 1, 0, packed},
+          {2048, 2048, 2048, 1, 0, packed},
+          {1, 4096, 4096, 1, 0, packed}};
+}
+
 // A decode and a prefill shape first: they run on every target.
 std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
   // Peers have no pre-packed B: they run the decode shapes on plain B.
@@ -123,9 +142,9 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
       }
     }
     for (const int64_t packed : {Shape::kBF16Native, Shape::kBF16Fallback}) {
-      shapes.push_back({512, 512, 512, 1, 0, packed});
-      shapes.push_back({2048, 2048, 2048, 1, 0, packed});
-      shapes.push_back({1, 4096, 4096, 1, 0, packed});
+      for (const std::vector<int64_t>& shape : BF16ComputeShapes(packed)) {
+        shapes.push_back(shape);
+      }
     }
   }
   return shapes;
@@ -313,8 +332,92 @@ void RegisterPeer(const PeerGemm& peer) {
   }
 }
 
+// oneDNN's bf16 matmul of `ops` on `threads` threads (peers.h: primitive
+// created, B reordered into its layout and A converted to bf16, all untimed),
+// kept while the next benchmark runs the same shape and thread count, as
+// SharedPacked keeps Headway's packed B. Null after skipping the benchmark if
+// oneDNN fails.
+PeerBF16Matmul* SharedOneDnnBF16(benchmark::State& state, const Shape& s,
+                                 const Operands& ops, int threads) {
+  static std::vector<int64_t> key;
+  static std::unique_ptr<PeerBF16Matmul> peer;
+  const std::vector<int64_t> wanted = {s.m, s.n, s.k, threads};
+  if (peer != nullptr && key == wanted) return peer.get();
+  key.clear();
+  peer.reset();
+  std::string error;
+  // The alphas that BM_OneDnnBF16Matmul alternates.
+  peer = NewOneDnnBF16Matmul(threads, s.m, s.n, s.k, ops.a.get(), ops.b.get(),
+                             ops.copies, ops.b_size, {1.0f, 0.5f}, &error);
+  if (peer == nullptr) {
+    state.SkipWithError(error.c_str());
+    return nullptr;
+  }
+  key = wanted;
+  return peer.get();
+}
+
+// matmul_onednn/bf16/<the bf16 compute shape, packed:4>/threads:N: C = alpha *
+// bf16(A) * bf16(B), float32 C, on oneDNN's matmul primitive; the row's label
+// is oneDNN's implementation ("brg:avx512_core_bf16": its AVX512_BF16 kernel).
+void BM_OneDnnBF16Matmul(benchmark::State& state) {
+  const Shape s = Shape::From(state);
+  const int threads = static_cast<int>(state.range(6));
+  Operands& ops = SharedOperands(s);
+  PeerBF16Matmul* peer = SharedOneDnnBF16(state, s, ops, threads);
+  if (peer == nullptr) return;
+  float alpha = 1.0f;
+  const auto run_once = [&]() {
+    peer->Run(alpha, ops.NextCopy(), ops.c.get());
+    benchmark::ClobberMemory();
+    alpha = 1.5f - alpha;
+  };
+  PinnedIfOneThread(threads, [&] {
+    run_once();  // untimed, as for the other rows
+    for (auto _ : state) run_once();
+  });
+  state.SetLabel(peer->Impl());
+  Report(state, s, SupportedTargets().front(), threads);
+}
+
+// Registers BM_OneDnnBF16Matmul on the bf16 compute shapes and every thread
+// count, and puts oneDNN's implementations in the context
+// ("onednn_bf16_matmul_impl").
+void RegisterOneDnnBF16() {
+  if (!HasOneDnnBF16Matmul()) return;
+  std::vector<std::string> names = kArgNames;
+  names.push_back("threads");
+  benchmark::internal::Benchmark* bench =
+      benchmark::RegisterBenchmark("matmul_onednn/bf16", BM_OneDnnBF16Matmul);
+  bench->ArgNames(names)->UseRealTime();
+  // "impl" if every row has the same one, else "m:1/n:4096/k:4096/threads:1
+  // impl; ..." for each row.
+  std::string impls, first_impl;
+  bool same = true;
+  for (const std::vector<int64_t>& args :
+       BF16ComputeShapes(Shape::kBF16Native)) {
+    for (int threads : ThreadCounts()) {
+      const std::string impl =
+          OneDnnBF16MatmulImpl(threads, args[0], args[1], args[2]);
+      if (impls.empty()) first_impl = impl;
+      same = same && impl == first_impl;
+      impls += std::string(impls.empty() ? "" : "; ") +
+               "m:" + std::to_string(args[0]) +
+               "/n:" + std::to_string(args[1]) +
+               "/k:" + std::to_string(args[2]) +
+               "/threads:" + std::to_string(threads) + " " + impl;
+      std::vector<int64_t> with_threads = args;
+      with_threads.push_back(threads);
+      bench->Args(with_threads);
+    }
+  }
+  benchmark::AddCustomContext("onednn_bf16_matmul_impl",
+                              same ? first_impl : impls);
+}
+
 void RegisterPeers() {
   for (const PeerGemm& peer : PeerGemms()) RegisterPeer(peer);
+  RegisterOneDnnBF16();
 }
 HEADWAY_REGISTER_BENCHMARKS(RegisterPeers);
 

@@ -6,7 +6,8 @@
 # Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and
 # the fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers (the prefills, seconds long on
 # the fallback, on the best target only), plus two rows on stored KV types (GQA-8 decode on an
-# int8 cache, MHA prefill on a bf16 cache). Checks that the progress line and the summary table appear
+# int8 cache, MHA prefill on a bf16 cache) and matmul 512^3 in bf16 compute with its peer,
+# oneDNN's bf16 matmul. Checks that the progress line and the summary table appear
 # and that the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs
 # is refused with a message. The charts are drawn only where
 # matplotlib is installed; the test passes without it.
@@ -21,7 +22,7 @@ rm -f "$out/bench.json" "$out/roofline.svg" "$out/roofline.png" "$out/speedup.sv
 # Targets other than the fallback (SCALAR or EMU128): ([^SE]|S[^C]|E[^M])[^/]*
 not_scalar='([^SE]|S[^C]|E[^M])[^/]*'
 filter="^(softmax/[^/]+/rows:32/cols:2048/"
-filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:0/"
+filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:[04]/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
 filter="$filter|fma_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"

@@ -9,7 +9,7 @@ Reads Google Benchmark's JSON output of headway_bench and
   per target, flat; DRAM and L2 read bandwidth, slanted) and one point per
   benchmark row, a marker per kernel family and KV cache type (bytes as
   stored, so a bf16 cache's decode sits at about 3x the float32 row's
-  intensity);
+  intensity), the matmul rows in bf16 compute (packed:4, 5) marked apart;
 - writes DIR/speedup.svg and .png: the speed-up over SCALAR of each
   instruction set, per kernel.
 DIR defaults to the JSON file's folder. The charts need matplotlib (Debian:
@@ -34,6 +34,9 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The KV cache's stored type in a "dtype:N" argument (N: the KvDtype value),
 # as the summary table names it.
 DTYPES = {"0": "f32", "1": "bf16", "2": "f16", "3": "int8"}
+# The matmul rows in the bf16 compute mode (bench/matmul_bench.cc: packed:4
+# native kernel allowed, packed:5 fallback; oneDNN's bf16 matmul is packed:4).
+BF16_COMPUTE = ("packed:4", "packed:5")
 
 
 class Row:
@@ -48,17 +51,22 @@ class Row:
         shape = []
         self.threads = 0
         self.dtype = ""  # "bf16", ...; "" for float32 storage or no cache
+        bf16_compute = False
         for arg in parts[2:]:
             if arg.startswith("threads:"):
                 self.threads = int(arg[len("threads:"):])
             elif ":" in arg and not arg.startswith(SETTINGS):
                 shape.append(arg)
+                bf16_compute = bf16_compute or arg in BF16_COMPUTE
                 if arg.startswith("dtype:"):
                     name = DTYPES.get(arg[len("dtype:"):], arg)
                     self.dtype = "" if name == "f32" else name
         # The roofline's marker: one per kernel family and stored type, so the
-        # bf16, f16 and int8 rows stand apart from the float32 ones.
-        self.kind = self.family + (" " + self.dtype if self.dtype else "")
+        # bf16, f16 and int8 rows stand apart from the float32 ones, and the
+        # bf16 compute rows (above the float32 FMA peak where native) apart
+        # from the float32 products.
+        self.kind = self.family + (" " + self.dtype if self.dtype else "") + (
+            " bf16 compute" if bf16_compute else "")
         self.shape = "/".join(shape)
         self.error = entry.get("error_message", "") if entry.get(
             "error_occurred") else ""

@@ -1,11 +1,15 @@
 #include "bench/harness/peers.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
 
 #ifdef HEADWAY_BENCH_OPENBLAS
@@ -13,6 +17,7 @@
 #endif
 #ifdef HEADWAY_BENCH_DNNL
 #include "dnnl.h"
+#include "dnnl.hpp"
 #endif
 #ifdef HEADWAY_BENCH_OPENMP
 #include <omp.h>
@@ -94,6 +99,110 @@ PeerGemm LoadDnnl() {
                             std::to_string(version->cpu_runtime));
   return PeerGemm{"onednn", "sgemm", DnnlSgemm};
 }
+
+void SetOmpThreads(int threads) {
+#ifdef HEADWAY_BENCH_OPENMP
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+}
+
+// Never destroyed: the benchmark's static peers outlive any static engine.
+dnnl::engine& CpuEngine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// The primitive descriptor of C = alpha * A * B: src bf16 [m, k] and dst f32
+// [m, n] row-major, weights bf16 [k, n] in the layout oneDNN picks, alpha a
+// constant output scale (none for 1). oneDNN may choose by the thread count:
+// set it first.
+dnnl::matmul::primitive_desc BF16MatmulDesc(int64_t m, int64_t n, int64_t k,
+                                            float alpha) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc src({m, k}, dt::bf16, tag::ab);
+  const dnnl::memory::desc weights({k, n}, dt::bf16, tag::any);
+  const dnnl::memory::desc dst({m, n}, dt::f32, tag::ab);
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst),
+                                      attr, CpuEngine());
+}
+
+class OneDnnBF16Matmul : public PeerBF16Matmul {
+ public:
+  OneDnnBF16Matmul(int threads, int64_t m, int64_t n, int64_t k, const float* a,
+                   const float* b, size_t copies, size_t b_stride,
+                   const std::vector<float>& alphas)
+      : threads_(threads), alphas_(alphas), stream_(CpuEngine()) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    SetOmpThreads(threads);
+    std::vector<dnnl::matmul::primitive_desc> pds;
+    for (const float alpha : alphas) {
+      pds.push_back(BF16MatmulDesc(m, n, k, alpha));
+      const std::string impl = pds.back().impl_info_str();
+      if (impl_.find(impl) == std::string::npos) {
+        impl_ += (impl_.empty() ? "" : ",") + impl;
+      }
+      // One B for all: the weights' layout must not depend on alpha.
+      if (pds.back().weights_desc() != pds.front().weights_desc()) {
+        throw dnnl::error(dnnl_unimplemented,
+                          "the weights layout depends on alpha");
+      }
+      matmuls_.emplace_back(pds.back());
+    }
+    const dnnl::matmul::primitive_desc& pd = pds.front();
+    // Every buffer from the harness's allocator, as Headway's (harness.h).
+    a_bf16_ = AllocateBuffer<uint8_t>(pd.src_desc().get_size());
+    src_ = dnnl::memory(pd.src_desc(), CpuEngine(), a_bf16_.get());
+    const dnnl::memory::desc a_f32({m, k}, dt::f32, tag::ab);
+    Reorder(dnnl::memory(a_f32, CpuEngine(), const_cast<float*>(a)), src_);
+    const size_t weights_bytes = pd.weights_desc().get_size();
+    weights_bytes_ = AllocateBuffer<uint8_t>(weights_bytes * copies);
+    const dnnl::memory::desc b_f32({k, n}, dt::f32, tag::ab);
+    for (size_t copy = 0; copy < copies; ++copy) {
+      weights_.emplace_back(pd.weights_desc(), CpuEngine(),
+                            weights_bytes_.get() + copy * weights_bytes);
+      Reorder(dnnl::memory(b_f32, CpuEngine(),
+                           const_cast<float*>(b + copy * b_stride)),
+              weights_.back());
+    }
+    dst_ = dnnl::memory(pd.dst_desc(), CpuEngine(), DNNL_MEMORY_NONE);
+  }
+
+  void Run(float alpha, size_t copy, float* c) override {
+    size_t which = 0;
+    while (alphas_[which] != alpha) {
+      if (++which == alphas_.size()) std::abort();  // an alpha not set up
+    }
+    SetOmpThreads(threads_);
+    dst_.set_data_handle(c);
+    matmuls_[which].execute(stream_, {{DNNL_ARG_SRC, src_},
+                                      {DNNL_ARG_WEIGHTS, weights_[copy]},
+                                      {DNNL_ARG_DST, dst_}});
+    stream_.wait();
+  }
+
+  const std::string& Impl() const override { return impl_; }
+
+ private:
+  void Reorder(dnnl::memory from, dnnl::memory to) {
+    dnnl::reorder(from, to).execute(stream_, from, to);
+    stream_.wait();
+  }
+
+  int threads_;
+  std::vector<float> alphas_;
+  dnnl::stream stream_;
+  std::string impl_;
+  std::vector<dnnl::matmul> matmuls_;  // one per alpha
+  BufferPtr<uint8_t> a_bf16_, weights_bytes_;
+  dnnl::memory src_, dst_;
+  std::vector<dnnl::memory> weights_;
+};
 #endif  // HEADWAY_BENCH_DNNL
 
 }  // namespace
@@ -111,6 +220,48 @@ const std::vector<PeerGemm>& PeerGemms() {
     return found;
   }();
   return peers;
+}
+
+bool HasOneDnnBF16Matmul() {
+#ifdef HEADWAY_BENCH_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<PeerBF16Matmul> NewOneDnnBF16Matmul(
+    int threads, int64_t m, int64_t n, int64_t k, const float* a,
+    const float* b, size_t copies, size_t b_stride,
+    const std::vector<float>& alphas, std::string* error) {
+#ifdef HEADWAY_BENCH_DNNL
+  try {
+    return std::make_unique<OneDnnBF16Matmul>(threads, m, n, k, a, b, copies,
+                                              b_stride, alphas);
+  } catch (const dnnl::error& e) {
+    *error = std::string("oneDNN bf16 matmul: ") + e.what();
+    return nullptr;
+  }
+#else
+  (void)threads, (void)m, (void)n, (void)k, (void)a, (void)b, (void)copies,
+      (void)b_stride, (void)alphas;
+  *error = "no oneDNN in this build";
+  return nullptr;
+#endif
+}
+
+std::string OneDnnBF16MatmulImpl(int threads, int64_t m, int64_t n, int64_t k) {
+#ifdef HEADWAY_BENCH_DNNL
+  try {
+    SetOmpThreads(threads);
+    return BF16MatmulDesc(m, n, k, 1.0f).impl_info_str();
+  } catch (const dnnl::error& e) {
+    return std::string("error: ") + e.what();
+  }
+#else
+  (void)threads, (void)m, (void)n, (void)k;
+  return "";
+#endif
 }
 
 }  // namespace bench

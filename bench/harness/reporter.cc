@@ -75,6 +75,11 @@ struct Row {
   // value): "f32", "bf16", "f16", "int8"; "" for a row without one (float32
   // storage, or no cache).
   std::string dtype;
+  // "bf16" for a matmul row in the bf16 compute mode ("packed:4": native kernel
+  // allowed, "packed:5": fallback kernel, bench/matmul_bench.cc; oneDNN's bf16
+  // matmul is packed:4 too), "" for float32 compute: a row is compared with
+  // the peers of its compute mode only.
+  std::string compute;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
   double gflops = 0.0;   // 0: not reported
@@ -117,6 +122,7 @@ Row ParseRow(const Run& run) {
       shape.push_back(arg);
       if (StartsWith(arg, "packed:")) {
         row.packed = arg;
+        if (arg == "packed:4" || arg == "packed:5") row.compute = "bf16";
       } else if (StartsWith(arg, "dtype:")) {
         // The stored type is a variant of the shape, as packed is.
         row.dtype = DtypeName(arg.substr(6));
@@ -230,7 +236,14 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     std::string variant = row.target;
     if (!row.peer.empty()) variant += (variant.empty() ? "" : " ") + row.peer;
-    if (!row.packed.empty() && row.packed != "packed:0") variant += " packed";
+    if (!row.compute.empty()) {
+      // The peer's name says bf16 already.
+      if (row.peer.empty()) {
+        variant += row.packed == "packed:5" ? " bf16 fallback" : " bf16";
+      }
+    } else if (!row.packed.empty() && row.packed != "packed:0") {
+      variant += " packed";
+    }
     if (!row.dtype.empty()) variant += " " + row.dtype;
     if (!row.error.empty()) {
       snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
@@ -245,7 +258,9 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     // The fastest peer on this shape and thread count (on the same target if
     // the peer has targets).
-    // The peers store float32: they compare with float32-storage rows.
+    // The peers store float32: they compare with float32-storage rows. A
+    // bf16 compute row compares with the bf16 peers, a float32 one with the
+    // float32 peers.
     const Row* best_peer = nullptr;
     const Row* scalar = nullptr;
     const Row* float32 = nullptr;  // this row with a float32 cache
@@ -253,6 +268,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       if (!other.error.empty() || other.threads != row.threads) continue;
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
           other.peer_shape == row.peer_shape && Float32Storage(row) &&
+          other.compute == row.compute &&
           (other.target.empty() || other.target == row.target) &&
           (best_peer == nullptr || other.seconds < best_peer->seconds)) {
         best_peer = &other;
