@@ -492,14 +492,14 @@ HWY_INLINE void PackAStripMode(const float* HWY_RESTRICT a, size_t lda,
     const MatmulTag d;
     const hn::RebindToUnsigned<MatmulTag> du;
     const size_t lanes = hn::Lanes(d);
-    HWY_ALIGN float row[kMatmulMaxKC];
+    HWY_ALIGN float gathered[kMatmulMaxKC];  // a row of A^T's strip
     for (size_t r = 0; r < rows; ++r) {
       if (trans) {
-        for (size_t kk = 0; kk < kc; ++kk)
-          row[kk] = a[(k0 + kk) * lda + i0 + r];
-      } else {
-        memcpy(row, a + (i0 + r) * lda + k0, kc * sizeof(float));
+        for (size_t kk = 0; kk < kc; ++kk) {
+          gathered[kk] = a[(k0 + kk) * lda + i0 + r];
+        }
       }
+      const float* row = trans ? gathered : a + (i0 + r) * lda + k0;
       float* out = dst + r * S;
       if constexpr (kMode == kMatmulBF16Native) {
         hwy::bfloat16_t* pairs = reinterpret_cast<hwy::bfloat16_t*>(out);
@@ -509,7 +509,7 @@ HWY_INLINE void PackAStripMode(const float* HWY_RESTRICT a, size_t lda,
         size_t kk = 0;
         for (; kk + lanes <= kc; kk += lanes) {
           const auto bits =
-              hn::PromoteTo(du, BF16Bits(d, hn::Load(d, row + kk)));
+              hn::PromoteTo(du, BF16Bits(d, hn::LoadU(d, row + kk)));
           hn::Store(hn::BitCast(d, hn::ShiftLeft<16>(bits)), d, out + kk);
         }
         for (; kk < kc; ++kk) {
