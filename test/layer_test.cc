@@ -31,6 +31,18 @@
 // every target; the observed errors are at least 30 times smaller, and a
 // mistake as small as a scale off by 3e-4 fails these tests.
 //
+// Weights stored as bf16 or int8 (config.weight_dtype): the reference
+// multiplies by the weights as stored (ref::StoredWeights: bf16 rounded to
+// nearest even, int8 s_j q exact in double), which is what the kernels read,
+// so the bounds above hold as they are, plus for int8 u per K block of 512 in
+// steps 1 and 3 (the multiply by the column's scale, matmul.h). Storage's own
+// error is not in the bound: reading the float weights or other scales would
+// be off by up to 2^-8 (bf16) or 1/254 of a column's max (int8), relative,
+// hundreds of times more. The bf16 compute mode (config.projection_compute)
+// rounds the projections' inputs to bf16, 8 significant bits, so by at most
+// 2^-8 relative: the reference rounds x the same way (step 1 holds as it is),
+// and y's bound gains 2^-8 sum_p |o_p W_o[p, j]| for o's rounding before W_O.
+//
 // Two runs that must agree (one-shot prefill and prefill then decode, a batch
 // and its sequences alone, shards and the whole layer) do the same float32
 // operations grouped differently: GEMM tiles depend on the rows M of a call
@@ -61,6 +73,7 @@
 #include "gtest/gtest.h"
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
+#include "headway/matmul.h"
 #include "headway/status.h"
 #include "headway/targets.h"
 #include "headway/threads.h"
@@ -192,6 +205,13 @@ std::string Describe(const AttentionLayerConfig& config) {
                                                        : " interleaved") +
             " scaling " + std::to_string(static_cast<int>(config.rope.scaling));
   }
+  if (config.weight_dtype != WeightDtype::kFloat32) {
+    text += config.weight_dtype == WeightDtype::kBFloat16 ? ", bf16 weights"
+                                                          : ", int8 weights";
+  }
+  if (config.projection_compute == MatmulCompute::kBFloat16) {
+    text += ", bf16 compute";
+  }
   return text + (config.attention.mask == AttentionMask::kCausal ? ", causal"
                                                                  : ", no mask");
 }
@@ -249,6 +269,8 @@ struct Model {
     const int64_t hd = shape.head_dim;
     rope = config.rope;
     qk_norm_eps = config.qk_norm_eps;
+    weight_dtype = config.weight_dtype;
+    compute = config.projection_compute;
     // The attention variants, with copies of the per-head arrays.
     const AttentionOptions& a = config.attention;
     slopes.assign(a.alibi_slopes, a.alibi_slopes == nullptr
@@ -287,6 +309,14 @@ struct Model {
       std::fill(copy.begin(), copy.end(), kNaN);
     }
     return status;
+  }
+
+  // The weights the layer multiplies by for w [rows, cols] (w_q, w_k, w_v or
+  // w_o): stored as weight_dtype and read back, exact in double. The whole
+  // layer's: an int8 shard scales its W_O columns by its own rows (layer.h).
+  std::vector<double> Stored(const std::vector<float>& w, int64_t rows,
+                             int64_t cols) const {
+    return ref::StoredWeights(w.data(), rows, cols, cols, weight_dtype);
   }
 
   // Whether the layer is more than the seed's (ref::MultiHeadAttention): Q
@@ -359,6 +389,8 @@ struct Model {
   std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
   // Set by Create from its config.
   std::vector<float> q_norm, k_norm;  // empty: no QK-norm
+  WeightDtype weight_dtype = WeightDtype::kFloat32;
+  MatmulCompute compute = MatmulCompute::kFloat32;
   float qk_norm_eps = 0;
   RopeConfig rope;
   ref::Variants variants;  // of attention, pointing into slopes and sinks
@@ -411,10 +443,18 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   e.k.resize(n * kvc);
   e.v.resize(n * kvc);
   std::vector<double> k_abs(n * kvc), v_abs(n * kvc);
-  ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_k.data(), kvc, false, 0.0,
-              e.k.data(), k_abs.data());
-  ref::Matmul(n, kvc, d, 1.0, x.data(), d, false, m.w_v.data(), kvc, false, 0.0,
-              e.v.data(), v_abs.data());
+  // The projections' input: x, rounded to bf16 by the bf16 compute mode.
+  const bool bf16_compute = m.compute == MatmulCompute::kBFloat16;
+  std::vector<double> x_in = ref::ToDouble(x.data(), n, d, d);
+  if (bf16_compute) {
+    for (size_t i = 0; i < x.size(); ++i) x_in[i] = ref::RoundToBFloat16(x[i]);
+  }
+  const std::vector<double> w_k = m.Stored(m.w_k, d, kvc);
+  const std::vector<double> w_v = m.Stored(m.w_v, d, kvc);
+  ref::Matmul(n, kvc, d, 1.0, x_in.data(), d, false, w_k.data(), kvc, false,
+              0.0, e.k.data(), k_abs.data());
+  ref::Matmul(n, kvc, d, 1.0, x_in.data(), d, false, w_v.data(), kvc, false,
+              0.0, e.v.data(), v_abs.data());
   // Adds bias b (if any) to rows [n, cols] of y and its magnitude to y_abs.
   auto add_bias = [n](const std::vector<float>& b, int64_t cols,
                       std::vector<double>* y, std::vector<double>* y_abs) {
@@ -428,7 +468,16 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
   };
   add_bias(m.b_k, kvc, &e.k, &k_abs);
   add_bias(m.b_v, kvc, &e.v, &v_abs);
-  const double e_p = 4 * kU * (std::sqrt(static_cast<double>(d)) + 1);
+  // Error per unit of magnitude of a projection over k terms (step 1), plus
+  // for int8 weights one rounding per K block of 512: the multiply by the
+  // column's scale (matmul.h).
+  const auto projection_error = [&m](int64_t k) {
+    const double blocks = m.weight_dtype == WeightDtype::kInt8
+                              ? static_cast<double>((k + 511) / 512)
+                              : 0.0;
+    return 4 * kU * (std::sqrt(static_cast<double>(k)) + 1) + blocks * kU;
+  };
+  const double e_p = projection_error(d);
   m.Finish(n, s.n_kv_heads, m.k_norm, e_p, &e.k, &k_abs);
   e.k_tol.resize(n * kvc);
   e.v_tol.resize(n * kvc);
@@ -437,7 +486,8 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
     e.v_tol[i] = e_p * v_abs[i];
   }
   if (kv_only) return e;
-  ref::Matmul(n, qc, d, 1.0, x.data(), d, false, m.w_q.data(), qc, false, 0.0,
+  const std::vector<double> w_q = m.Stored(m.w_q, d, qc);
+  ref::Matmul(n, qc, d, 1.0, x_in.data(), d, false, w_q.data(), qc, false, 0.0,
               q.data(), q_abs.data());
   add_bias(m.b_q, qc, &q, &q_abs);
   m.Finish(n, s.n_heads, m.q_norm, e_p, &q, &q_abs);
@@ -492,21 +542,29 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
     }
   }
 
-  const std::vector<double> w_o = ref::ToDouble(m.w_o.data(), qc, d, d);
+  const std::vector<double> w_o = m.Stored(m.w_o, qc, d);
   std::vector<double> y_plain(n * d), y_abs(n * d);
   ref::Matmul(n, d, qc, 1.0, o.data(), qc, false, w_o.data(), d, false, 0.0,
               y_plain.data(), y_abs.data());
-  if (k_attn != nullptr || m.HasVariants()) {
+  // The seed's layer (float32 weights and compute, no variants, K and V as
+  // projected) is ref::MultiHeadAttention itself.
+  const bool seed_layer = k_attn == nullptr && !m.HasVariants() &&
+                          m.weight_dtype == WeightDtype::kFloat32 &&
+                          !bf16_compute;
+  if (seed_layer) {
+    e.y = ref::MultiHeadAttention({d, s.n_heads, s.n_kv_heads, hd}, m.Ref(),
+                                  x.data(), n, causal, nullptr, 0, scale);
+  } else {
     e.y = y_plain;
     for (int64_t t = 0; t < n && !m.b_o.empty(); ++t) {
       for (int64_t j = 0; j < d; ++j) e.y[t * d + j] += m.b_o[j];
     }
-  } else {
-    e.y = ref::MultiHeadAttention({d, s.n_heads, s.n_kv_heads, hd}, m.Ref(),
-                                  x.data(), n, causal, nullptr, 0, scale);
   }
   e.y_tol.resize(n * d);
-  const double e_o = 4 * kU * (std::sqrt(static_cast<double>(qc)) + 1);
+  const double e_o = projection_error(qc);
+  // The bf16 compute mode rounds o to bf16 before W_O: each o_p moves by at
+  // most 2^-8 |o_p|, so y_j by 2^-8 sum_p |o_p W_o[p, j]|.
+  const double o_rounding = bf16_compute ? 0x1.0p-8 : 0.0;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < d; ++j) {
       double carried = 0.0;
@@ -517,7 +575,8 @@ Expected Reference(const Model& m, const std::vector<float>& x, bool causal,
       carried = std::sqrt(carried);
       const double magnitude =
           y_abs[t * d + j] + (m.b_o.empty() ? 0.0 : std::fabs(m.b_o[j]));
-      e.y_tol[t * d + j] = carried + e_o * magnitude;
+      e.y_tol[t * d + j] =
+          carried + e_o * magnitude + o_rounding * y_abs[t * d + j];
     }
   }
   return e;
@@ -754,10 +813,72 @@ std::vector<int64_t> WithDecodeSteps(std::vector<int64_t> split,
 // Splits of 30 tokens: one-shot prefill against prefill of k tokens then
 // 30 - k one-token decode steps (and a chunked prefill): every split gives the
 // one-shot outputs (to kTight) and cache contents, and the reference.
-TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
+void CheckPrefillThenDecode(const AttentionLayerConfig& config,
+                            const char* biases, uint64_t seed) {
   const int64_t total = 30;
   const std::vector<std::vector<int64_t>> splits = {
       {17}, {1}, {10, 7, 4}};  // then one-token steps up to total
+  const std::string what = Describe(config) + ", biases " + biases;
+  Model model(ShapeOf(config), biases, seed);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
+  const int64_t d = config.d_model;
+  const std::vector<float> x = test::RandomVector(total * d, seed + 10);
+  const Expected e = Reference(model, x, true, ScaleOf(config));
+  KvCache one_shot = MakeCache(layer.CacheConfig(1, total));
+  std::vector<float> want;
+  ASSERT_TRUE(RunLayer(&layer, &one_shot, {{0, total}}, x, &want).ok()) << what;
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectRowsMatch(want.data(), total, d, d, e, 0, what));
+  for (std::vector<int64_t> split : splits) {
+    split = WithDecodeSteps(split, total);
+    const std::string how = what + ", first chunk " + std::to_string(split[0]);
+    KvCache stepped = MakeCache(layer.CacheConfig(1, total));
+    std::vector<float> got(total * d, kSentinel), y;
+    int64_t t0 = 0;
+    for (const int64_t n : split) {
+      const std::vector<float> x_step(x.begin() + t0 * d,
+                                      x.begin() + (t0 + n) * d);
+      const Status status = RunLayer(&layer, &stepped, {{0, n}}, x_step, &y);
+      ASSERT_TRUE(status.ok()) << how << ": " << status.ToString();
+      std::copy(y.begin(), y.end(), got.begin() + t0 * d);
+      t0 += n;
+      ASSERT_EQ(stepped.length(0), t0) << how;
+    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectAgree(got.data(), d, want.data(), d, total, d, e, 0, how));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectRowsMatch(got.data(), total, d, d, e, 0, how));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectCacheHolds(stepped, 0, e, model.shape.kv_cols(), 0, how));
+    // The two caches, row by row, to the projection bound.
+    for (int64_t g = 0; g < model.shape.n_kv_heads; ++g) {
+      const MatrixView<const float> k1 = FloatRows(one_shot.Keys(0, g));
+      const MatrixView<const float> k2 = FloatRows(stepped.Keys(0, g));
+      const MatrixView<const float> v1 = FloatRows(one_shot.Values(0, g));
+      const MatrixView<const float> v2 = FloatRows(stepped.Values(0, g));
+      const int64_t hd = model.shape.head_dim;
+      for (int64_t s = 0; s < total; ++s) {
+        for (int64_t p = 0; p < hd; ++p) {
+          const size_t i =
+              static_cast<size_t>(s * model.shape.kv_cols() + g * hd + p);
+          ASSERT_LE(std::fabs(k1.data[s * k1.stride + p] -
+                              k2.data[s * k2.stride + p]),
+                    e.k_tol[i])
+              << how << ": K head " << g << " row " << s;
+          ASSERT_LE(std::fabs(v1.data[s * v1.stride + p] -
+                              v2.data[s * v2.stride + p]),
+                    e.v_tol[i])
+              << how << ": V head " << g << " row " << s;
+        }
+      }
+    }
+  }
+}
+
+// CheckPrefillThenDecode for MHA, GQA, MQA and QK-norm with RoPE, with and
+// without biases.
+TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
   const AttentionLayerConfig configs[] = {
       Config(64, 4), Config(64, 8, 2, 16), Config(64, 8, 1, 24),
       WithVariants(Config(64, 8, 2, 16), true, 16, RopeLayout::kInterleaved,
@@ -765,65 +886,7 @@ TEST_P(AttentionLayerTest, PrefillThenDecodeEqualsOneShot) {
   uint64_t seed = 3000;
   for (const AttentionLayerConfig& config : configs) {
     for (const char* biases : {"", "qkvo"}) {
-      const std::string what = Describe(config) + ", biases " + biases;
-      Model model(ShapeOf(config), biases, seed);
-      AttentionLayer layer;
-      ASSERT_TRUE(model.Create(config, &layer).ok()) << what;
-      const int64_t d = config.d_model;
-      const std::vector<float> x = test::RandomVector(total * d, seed + 10);
-      const Expected e = Reference(model, x, true, ScaleOf(config));
-      KvCache one_shot = MakeCache(layer.CacheConfig(1, total));
-      std::vector<float> want;
-      ASSERT_TRUE(RunLayer(&layer, &one_shot, {{0, total}}, x, &want).ok())
-          << what;
-      ASSERT_NO_FATAL_FAILURE(
-          ExpectRowsMatch(want.data(), total, d, d, e, 0, what));
-      for (std::vector<int64_t> split : splits) {
-        split = WithDecodeSteps(split, total);
-        const std::string how =
-            what + ", first chunk " + std::to_string(split[0]);
-        KvCache stepped = MakeCache(layer.CacheConfig(1, total));
-        std::vector<float> got(total * d, kSentinel), y;
-        int64_t t0 = 0;
-        for (const int64_t n : split) {
-          const std::vector<float> x_step(x.begin() + t0 * d,
-                                          x.begin() + (t0 + n) * d);
-          const Status status =
-              RunLayer(&layer, &stepped, {{0, n}}, x_step, &y);
-          ASSERT_TRUE(status.ok()) << how << ": " << status.ToString();
-          std::copy(y.begin(), y.end(), got.begin() + t0 * d);
-          t0 += n;
-          ASSERT_EQ(stepped.length(0), t0) << how;
-        }
-        ASSERT_NO_FATAL_FAILURE(
-            ExpectAgree(got.data(), d, want.data(), d, total, d, e, 0, how));
-        ASSERT_NO_FATAL_FAILURE(
-            ExpectRowsMatch(got.data(), total, d, d, e, 0, how));
-        ASSERT_NO_FATAL_FAILURE(
-            ExpectCacheHolds(stepped, 0, e, model.shape.kv_cols(), 0, how));
-        // The two caches, row by row, to the projection bound.
-        for (int64_t g = 0; g < model.shape.n_kv_heads; ++g) {
-          const MatrixView<const float> k1 = FloatRows(one_shot.Keys(0, g));
-          const MatrixView<const float> k2 = FloatRows(stepped.Keys(0, g));
-          const MatrixView<const float> v1 = FloatRows(one_shot.Values(0, g));
-          const MatrixView<const float> v2 = FloatRows(stepped.Values(0, g));
-          const int64_t hd = model.shape.head_dim;
-          for (int64_t s = 0; s < total; ++s) {
-            for (int64_t p = 0; p < hd; ++p) {
-              const size_t i =
-                  static_cast<size_t>(s * model.shape.kv_cols() + g * hd + p);
-              ASSERT_LE(std::fabs(k1.data[s * k1.stride + p] -
-                                  k2.data[s * k2.stride + p]),
-                        e.k_tol[i])
-                  << how << ": K head " << g << " row " << s;
-              ASSERT_LE(std::fabs(v1.data[s * v1.stride + p] -
-                                  v2.data[s * v2.stride + p]),
-                        e.v_tol[i])
-                  << how << ": V head " << g << " row " << s;
-            }
-          }
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(CheckPrefillThenDecode(config, biases, seed));
       seed += 16;
     }
   }
@@ -1139,6 +1202,22 @@ TEST_P(AttentionLayerTest, ShardsSumToWholeLayer) {
 // ---------------------------------------------------------------------------
 // Sizes.
 
+// PackedB::bytes() of op(B) [k, n] stored as dtype on the active target, from
+// the rule of matmul.h: k rows of whole panels of the stored type, rounded up
+// to 64 bytes, plus for int8 a float scale per column of the panels.
+size_t PackedBytes(int64_t k, int64_t n, WeightDtype dtype) {
+  const float one = 1.0f;
+  PackedB probe;  // for the active target's panel width
+  EXPECT_TRUE(
+      PackedB::Pack(MatrixView<const float>(&one, 1, 1), Transpose::kNo, &probe)
+          .ok());
+  const int64_t panel = probe.panel_width();
+  const size_t cols = static_cast<size_t>((n + panel - 1) / panel * panel);
+  const size_t bytes =
+      (static_cast<size_t>(k) * cols * WeightDtypeSize(dtype) + 63) / 64 * 64;
+  return bytes + (dtype == WeightDtype::kInt8 ? cols * sizeof(float) : 0);
+}
+
 TEST_P(AttentionLayerTest, SizesAndConfig) {
   struct Case {
     AttentionLayerConfig config;
@@ -1200,10 +1279,26 @@ TEST_P(AttentionLayerTest, SizesAndConfig) {
         biases.empty() && end - begin == s.n_heads) {
       EXPECT_EQ(layer.n_weights(), 4 * s.d_model * s.d_model) << what;
     }
-    EXPECT_GE(layer.packed_bytes(),
-              static_cast<size_t>(s.d_model * (lq + 2 * lkv) + lq * s.d_model) *
-                  sizeof(float))
-        << what;
+    // The weights' bytes as stored, for each WeightDtype (bf16 with the bf16
+    // compute mode); config() says how.
+    for (const WeightDtype dtype :
+         {WeightDtype::kFloat32, WeightDtype::kBFloat16, WeightDtype::kInt8}) {
+      AttentionLayerConfig stored = c.config;
+      stored.weight_dtype = dtype;
+      if (dtype == WeightDtype::kBFloat16) {
+        stored.projection_compute = MatmulCompute::kBFloat16;
+      }
+      AttentionLayer stored_layer;
+      ASSERT_TRUE(model.Create(stored, &stored_layer).ok()) << what;
+      EXPECT_EQ(stored_layer.config().weight_dtype, dtype) << what;
+      EXPECT_EQ(stored_layer.config().projection_compute,
+                stored.projection_compute)
+          << what;
+      EXPECT_EQ(stored_layer.packed_bytes(),
+                PackedBytes(s.d_model, lq + 2 * lkv, dtype) +
+                    PackedBytes(lq, s.d_model, dtype))
+          << what << ", dtype " << static_cast<int>(dtype);
+    }
     // The cache: local KV heads, head_dim, rows padded to 16 floats.
     const KvCacheConfig cache_config = layer.CacheConfig(3, 17);
     EXPECT_EQ(cache_config.n_sequences, 3) << what;
@@ -1615,15 +1710,19 @@ TEST_P(AttentionLayerTest, StoredKvBitIdenticalOnAnyThreadCount) {
   }
 }
 
-// MHA, GQA, MQA and an odd head_dim; prefill, chunked prefill, decode and
-// several sequences per call.
-TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
-  const std::vector<std::vector<LayerSequence>> steps = {
+// Steps of {seq, n_tokens} over 4 slots of capacity 16: prefill, chunked
+// prefill, decode and several sequences per call.
+std::vector<std::vector<LayerSequence>> MixedSteps() {
+  return {
       {{2, 11}, {0, 1}, {3, 6}},         // prefills of 11, 1 and 6
       {{0, 1}, {2, 1}, {3, 1}, {1, 4}},  // decode x3 plus a new prefill
       {{1, 5}, {2, 1}},                  // chunked prefill and decode
       {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
   };
+}
+
+// MHA, GQA, MQA and an odd head_dim, MixedSteps.
+TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
   const AttentionLayerConfig configs[] = {
       Config(64, 4),
       Config(64, 8, 2, 16),
@@ -1634,7 +1733,7 @@ TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
       WithAttentionVariants(Config(64, 8, 4, 16), 4, 2.0f, true, true)};
   uint64_t seed = 5000;
   for (const AttentionLayerConfig& config : configs) {
-    ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, steps, 4, 16, seed));
+    ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, MixedSteps(), 4, 16, seed));
     seed += 1000;
   }
 }
@@ -1648,6 +1747,70 @@ TEST_P(AttentionLayerTest, StoredKvInChunks) {
   ASSERT_NO_FATAL_FAILURE(
       RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301, 7000, {"qkvo"},
                      {KvDtype::kBFloat16, KvDtype::kFloat16, KvDtype::kInt8}));
+}
+
+// ---------------------------------------------------------------------------
+// Weights stored as bf16 or int8, and the bf16 compute mode.
+
+// Layers whose config has weight_dtype and projection_compute, against the
+// float64 layer over the weights as stored (the top of this file): MHA, GQA,
+// and GQA with QK-norm and RoPE, through one-shot prefills (ParitySweep),
+// prefill then decode steps (CheckPrefillThenDecode), and MixedSteps into
+// bf16 and int8 caches (whose projection reads the weights' panels in chunks:
+// ProjectStoredKv).
+void StoredWeightsSweep(WeightDtype dtype, MatmulCompute compute,
+                        uint64_t seed) {
+  std::vector<AttentionLayerConfig> configs = {
+      Config(64, 4), Config(64, 8, 2, 16),
+      WithVariants(Config(96, 6, 2, 16), true, 16)};
+  for (AttentionLayerConfig& config : configs) {
+    config.weight_dtype = dtype;
+    config.projection_compute = compute;
+  }
+  ASSERT_NO_FATAL_FAILURE(ParitySweep(configs, {1, 7, 33}, seed));
+  for (const AttentionLayerConfig& config : configs) {
+    seed += 100;
+    ASSERT_NO_FATAL_FAILURE(CheckPrefillThenDecode(config, "qkvo", seed));
+  }
+  ASSERT_NO_FATAL_FAILURE(RunStoredSteps(configs[1], MixedSteps(), 4, 16,
+                                         seed + 100, {"qkvo"},
+                                         {KvDtype::kBFloat16, KvDtype::kInt8}));
+}
+
+// StoredWeightsSweep of bf16 and int8 weights in float32 compute.
+TEST_P(AttentionLayerTest, StoredWeightsMatchReference) {
+  ASSERT_NO_FATAL_FAILURE(StoredWeightsSweep(
+      WeightDtype::kBFloat16, MatmulCompute::kFloat32, /*seed=*/10000));
+  ASSERT_NO_FATAL_FAILURE(StoredWeightsSweep(
+      WeightDtype::kInt8, MatmulCompute::kFloat32, /*seed=*/11000));
+}
+
+// Whether Matmul runs the bf16 compute mode (it answered kInvalidArgument
+// before its kernels existed), asked once with a 1 x 2 x 2 product.
+bool Bf16ComputeRuns() {
+  static const bool runs = [] {
+    const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float c[2];
+    PackedB b;
+    return PackedB::Pack(MatrixView<const float>(ones, 2, 2), Transpose::kNo,
+                         &b, WeightDtype::kBFloat16)
+               .ok() &&
+           Matmul(MatrixView<const float>(ones, 1, 2), Transpose::kNo, b,
+                  MatrixView<float>(c, 1, 2), 1.0f, 0.0f,
+                  MatmulCompute::kBFloat16)
+               .ok();
+  }();
+  return runs;
+}
+
+// bf16 weights in the bf16 compute mode: the reference rounds x to bf16 too,
+// and y's bound has o's rounding (the top of this file).
+TEST_P(AttentionLayerTest, Bf16ComputeMatchesReference) {
+  if (!Bf16ComputeRuns()) {
+    GTEST_SKIP() << "Matmul does not run MatmulCompute::kBFloat16 yet";
+  }
+  ASSERT_NO_FATAL_FAILURE(StoredWeightsSweep(
+      WeightDtype::kBFloat16, MatmulCompute::kBFloat16, /*seed=*/12000));
 }
 
 HEADWAY_INSTANTIATE_TARGET_TEST(AttentionLayerTest);
@@ -1839,6 +2002,39 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
       [](Bad& b) { b.config.attention.softcap = kNaN; });
   add({"config.attention.sink_logits[3]"}, kInvalid,
       [](Bad& b) { b.config.attention.sink_logits = kBadSinks; });
+  // How the weights are stored and multiplied.
+  for (const int value : {-1, 3}) {
+    add({"config.weight_dtype (" + std::to_string(value) + ")"}, kInvalid,
+        [value](Bad& b) {
+          b.config.weight_dtype = static_cast<WeightDtype>(value);
+        });
+  }
+  for (const int value : {-1, 2}) {
+    add({"config.projection_compute (" + std::to_string(value) + ")"}, kInvalid,
+        [value](Bad& b) {
+          b.config.projection_compute = static_cast<MatmulCompute>(value);
+        });
+  }
+  for (const WeightDtype dtype : {WeightDtype::kFloat32, WeightDtype::kInt8}) {
+    add({"config.projection_compute", "bf16 weights",
+         "(got " + std::to_string(static_cast<int>(dtype)) + ")"},
+        kInvalid, [dtype](Bad& b) {
+          b.config.weight_dtype = dtype;
+          b.config.projection_compute = MatmulCompute::kBFloat16;
+        });
+  }
+  // int8 cannot store NaN or inf: the message names the weight's element.
+  std::vector<float> w_k_nan = model.w_k, w_o_inf = model.w_o;
+  w_k_nan[3 * 16 + 5] = kNaN;
+  w_o_inf[30 * 32 + 1] = -std::numeric_limits<float>::infinity();
+  add({"weights.w_k[3, 5] is nan", "int8"}, kInvalid, [&](Bad& b) {
+    b.config.weight_dtype = WeightDtype::kInt8;
+    b.weights.w_k.data = w_k_nan.data();
+  });
+  add({"weights.w_o[30, 1] is -inf", "int8"}, kInvalid, [&](Bad& b) {
+    b.config.weight_dtype = WeightDtype::kInt8;
+    b.weights.w_o.data = w_o_inf.data();
+  });
   for (const Bad& bad : cases) {
     const Status status = AttentionLayer::Create(
         bad.config, bad.weights, bad.null_out ? nullptr : &layer);
@@ -1853,6 +2049,37 @@ TEST(AttentionLayerErrors, CreateRejectsBadConfigAndWeights) {
   ASSERT_TRUE(RunLayer(&layer, &cache, {{0, 3}}, x, &y_after).ok());
   EXPECT_EQ(0, std::memcmp(y_before.data(), y_after.data(),
                            y_before.size() * sizeof(float)));
+}
+
+// NaN and inf in the weights: float32 and bf16 layers take them (they
+// propagate as IEEE arithmetic says); an int8 layer refuses those in the
+// columns and rows it packs, naming the element of the whole model's weight
+// (past the views' NaN padding, which it never reads), and takes those that
+// only other shards pack.
+TEST(AttentionLayerErrors, NonFiniteWeights) {
+  AttentionLayerConfig config = Config(32, 4, 2);  // head_dim 8, groups of 2
+  Model model(ShapeOf(config), "", 9600);
+  model.w_q[1 * 32 + 20] = kNaN;  // a column of heads [2, 4)
+  model.w_o[3 * 32 + 7] = std::numeric_limits<float>::infinity();  // [0, 2)
+  AttentionLayer layer;
+  for (const WeightDtype dtype :
+       {WeightDtype::kFloat32, WeightDtype::kBFloat16}) {
+    config.weight_dtype = dtype;
+    EXPECT_TRUE(model.Create(config, &layer).ok());
+  }
+  config.weight_dtype = WeightDtype::kInt8;
+  config.head_begin = 0;
+  config.head_end = 2;
+  EXPECT_TRUE(
+      test::IsError(model.Create(config, &layer), StatusCode::kInvalidArgument,
+                    {"weights.w_o[3, 7] is inf"}, "AttentionLayer::Create: "));
+  config.head_begin = 2;
+  config.head_end = 4;
+  EXPECT_TRUE(
+      test::IsError(model.Create(config, &layer), StatusCode::kInvalidArgument,
+                    {"weights.w_q[1, 20] is nan"}, "AttentionLayer::Create: "));
+  model.w_q[1 * 32 + 20] = 0.5f;
+  EXPECT_TRUE(model.Create(config, &layer).ok());
 }
 
 TEST(AttentionLayerErrors, ForwardRejectsBadArgumentsWritingNothing) {

@@ -131,6 +131,44 @@ TEST(RefMatmulTest, DoubleOverloadMatchesFloat) {
 }
 
 // --------------------------------------------------------------------------
+// Stored weights
+
+TEST(RefStoredWeightsTest, BFloat16RoundsToNearestEven) {
+  const float one_ulp = std::ldexp(1.0f, -7);                 // bf16's ulp at 1
+  EXPECT_EQ(ref::RoundToBFloat16(1.0f + one_ulp / 2), 1.0f);  // tie: even
+  EXPECT_EQ(ref::RoundToBFloat16(1.0f + 3 * one_ulp / 2), 1.0f + 2 * one_ulp);
+  EXPECT_EQ(ref::RoundToBFloat16(1.0f + one_ulp / 2 + std::ldexp(1.0f, -20)),
+            1.0f + one_ulp);
+  EXPECT_EQ(ref::RoundToBFloat16(-1.0f - one_ulp / 4), -1.0f);
+  EXPECT_EQ(ref::RoundToBFloat16(1.5f), 1.5f);
+}
+
+// op(B) [3, 4] with row stride 5 (the padding is NaN, never read): float32 as
+// is, bf16 rounded, int8 with the columns' scales 1, 0 (zeros), 0 (max below
+// 127 FLT_MIN) and 2, and halves rounded to even (62.5 to 62).
+TEST(RefStoredWeightsTest, HandComputed) {
+  const float tiny = 1e-37f;
+  const float tie = 1.0f + std::ldexp(1.0f, -8);
+  const std::vector<float> w = {127.0f, 0.0f, tiny,  -254.0f, kNaNF,
+                                -63.5f, 0.0f, -tiny, 3.0f,    kNaNF,
+                                62.5f,  0.0f, 0.0f,  tie,     kNaNF};
+  const std::vector<double> as_float =
+      ref::StoredWeights(w.data(), 3, 4, 5, WeightDtype::kFloat32);
+  const std::vector<double> want_float = {127,   0, tiny, -254, -63.5, 0,
+                                          -tiny, 3, 62.5, 0,    0,     tie};
+  EXPECT_EQ(as_float, want_float);
+  const std::vector<double> bf16 =
+      ref::StoredWeights(w.data(), 3, 4, 5, WeightDtype::kBFloat16);
+  EXPECT_EQ(bf16[11], 1.0);
+  EXPECT_EQ(bf16[2], ref::RoundToBFloat16(tiny));
+  const std::vector<double> int8 =
+      ref::StoredWeights(w.data(), 3, 4, 5, WeightDtype::kInt8);
+  const std::vector<double> want_int8 = {127, 0, 0,  -254, -64, 0,
+                                         0,   4, 62, 0,    0,   2};
+  EXPECT_EQ(int8, want_int8);
+}
+
+// --------------------------------------------------------------------------
 // Softmax
 
 TEST(RefSoftmaxTest, HandComputed) {

@@ -20,7 +20,13 @@
 //
 // Weights: float32 row-major, any strides; copied and packed once by Create
 // (the host may free its copies afterwards): W_Q, W_K and W_V as one fused
-// [d_model, (n_heads + 2 * n_kv_heads) * head_dim] matrix, W_O on its own.
+// [d_model, (n_heads + 2 * n_kv_heads) * head_dim] matrix, W_O on its own,
+// each a PackedB stored as config.weight_dtype (float32; bf16, half the bytes;
+// int8 with one scale per output feature, a quarter: matmul.h's WeightDtype).
+// Forward multiplies them in float32 with float32 accumulation, or with
+// config.projection_compute kBFloat16 rounds the projections' inputs (x, and
+// the attention output that W_O multiplies) to bf16 (matmul.h's
+// MatmulCompute).
 // The packing is for the instruction set dispatch picks at Create; Forward
 // fails with kFailedPrecondition after SetMaxTarget changes it to one with
 // another vector width (create the layer again).
@@ -47,6 +53,7 @@
 #include "headway/attention.h"
 #include "headway/export.h"
 #include "headway/kv_cache.h"
+#include "headway/matmul.h"
 #include "headway/rope.h"
 #include "headway/status.h"
 #include "headway/view.h"
@@ -78,6 +85,15 @@ struct AttentionLayerConfig {
   // each token's absolute position: its sequence's cache length before the
   // call plus its index among the call's tokens. K is cached rotated.
   RopeConfig rope;
+  // How the packed W_QKV and W_O are stored (PackedB's dtype): a decode step
+  // reads every weight once, so bf16 halves and int8 quarters its bytes.
+  // int8 scales are per column of what a layer packs: a shard's W_O columns
+  // are scaled by the max of its own rows, so int8 shards sum to the whole
+  // int8 layer within int8's rounding, not bit for bit.
+  WeightDtype weight_dtype = WeightDtype::kFloat32;
+  // What both projections multiply in (Matmul's compute): kBFloat16 needs
+  // weight_dtype kBFloat16.
+  MatmulCompute projection_compute = MatmulCompute::kFloat32;
 };
 
 // The whole model layer's weights (also for a shard: the layer takes its own
@@ -117,8 +133,14 @@ class HEADWAY_API AttentionLayer {
   // not finite or < 0, a bad mask value, a weight view that is null, has a bad
   // stride or the wrong shape (the message names it and both shapes), a bad
   // config.rope (rope.h's ApplyRope says which), with qk_norm a
-  // qk_norm_eps < 0 or not finite, a null or non-finite q_norm or k_norm;
+  // qk_norm_eps < 0 or not finite, a null or non-finite q_norm or k_norm, a
+  // weight_dtype or projection_compute that is not one of its enum's values,
+  // projection_compute kBFloat16 with weight_dtype other than kBFloat16, with
+  // weight_dtype kInt8 a NaN or inf in the weights this layer packs (the
+  // message names the weight and element: int8 cannot store it);
   // kResourceExhausted: sizes whose byte count overflows, or no memory.
+  // Cost: PackedB's packing of this layer's part of the weights, plus for
+  // int8 one read of it (the finite check).
   static Status Create(const AttentionLayerConfig& config,
                        const AttentionLayerWeights& weights,
                        AttentionLayer* out);
@@ -143,7 +165,9 @@ class HEADWAY_API AttentionLayer {
   // whole MHA layer without bias, 4 * d_model^2 when head_dim * n_heads ==
   // d_model (the seed's count); less for GQA and MQA.
   int64_t n_weights() const;
-  // Bytes of the packed weights (the fused QKV and W_O matrices).
+  // Bytes the packed weights (the fused QKV and W_O matrices) occupy as
+  // stored: the sum of their PackedB::bytes(), panel padding and int8 scales
+  // included (about 4, 2 or 1 bytes per weight of this shard).
   size_t packed_bytes() const;
   // A cache config for this layer: its local KV heads and head_dim, K and V
   // stored as dtype.

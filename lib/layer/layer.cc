@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -271,6 +272,30 @@ using internal::SpanOf;
 
 // ------------------------------------------------------------ Create's steps
 
+// config.weight_dtype and projection_compute: values of their enums, and the
+// bf16 compute mode only over bf16 weights (matmul.h's MatmulCompute).
+Status CheckWeightFormat(const char* fn, const AttentionLayerConfig& c) {
+  if (WeightDtypeSize(c.weight_dtype) == 0) {
+    return Fail(StatusCode::kInvalidArgument, fn, "config.weight_dtype (",
+                static_cast<int>(c.weight_dtype),
+                ") is not a WeightDtype (0 float32, 1 bf16, 2 int8)");
+  }
+  if (c.projection_compute != MatmulCompute::kFloat32 &&
+      c.projection_compute != MatmulCompute::kBFloat16) {
+    return Fail(StatusCode::kInvalidArgument, fn, "config.projection_compute (",
+                static_cast<int>(c.projection_compute),
+                ") is not a MatmulCompute (0 float32, 1 bf16)");
+  }
+  if (c.projection_compute == MatmulCompute::kBFloat16 &&
+      c.weight_dtype != WeightDtype::kBFloat16) {
+    return Fail(StatusCode::kInvalidArgument, fn,
+                "config.projection_compute (1, bf16) needs bf16 weights, "
+                "config.weight_dtype 1 (got ",
+                static_cast<int>(c.weight_dtype), ")");
+  }
+  return Status::Ok();
+}
+
 // Checks config and fills in its defaults (n_kv_heads, head_dim,
 // attention.scale, head_end).
 Status ResolveConfig(const char* fn, AttentionLayerConfig* config) {
@@ -310,6 +335,7 @@ Status ResolveConfig(const char* fn, AttentionLayerConfig* config) {
   if (status.ok() && c.qk_norm) {
     status = internal::CheckNormEps(fn, "config.qk_norm_eps", c.qk_norm_eps);
   }
+  if (status.ok()) status = CheckWeightFormat(fn, c);
   if (!status.ok()) return status;
   c.attention.scale = AttentionScale(c.attention, c.head_dim);
   const int64_t group = c.n_heads / c.n_kv_heads;
@@ -374,11 +400,38 @@ Status CheckWeights(const char* fn, const AttentionLayerConfig& c,
   return status;
 }
 
+// A part of the weights that a shard packs: its view of the host's matrix,
+// whose element [0, 0] is element [row0, col0] of weight `name`.
+struct WeightPart {
+  const char* name;
+  MatrixView<const float> view;
+  int64_t row0;
+  int64_t col0;
+};
+
+// For int8 weights: part holds no NaN or inf, which PackedB cannot store in
+// int8 (and would report as a column of the fused matrix); the message names
+// the host's element.
+Status CheckInt8Storable(const char* fn, const WeightPart& part) {
+  const MatrixView<const float>& w = part.view;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t j = 0; j < w.cols; ++j) {
+      const float value = w.data[r * w.stride + j];
+      if (std::isfinite(value)) continue;
+      return Fail(StatusCode::kInvalidArgument, fn, part.name, "[",
+                  part.row0 + r, ", ", part.col0 + j, "] is ", value,
+                  ", which int8 weights (config.weight_dtype 2) cannot store");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct AttentionLayer::Impl {
-  // Packs this shard's part of checked weights for a resolved config.
-  Status Pack(const AttentionLayerConfig& c,
+  // Packs this shard's part of checked weights for a resolved config, as
+  // config.weight_dtype (errors named as fn's).
+  Status Pack(const char* fn, const AttentionLayerConfig& c,
               const AttentionLayerWeights& weights);
 
   // Forward's steps.
@@ -424,7 +477,7 @@ struct AttentionLayer::Impl {
   AttentionPlan plan;
 };
 
-Status AttentionLayer::Impl::Pack(const AttentionLayerConfig& c,
+Status AttentionLayer::Impl::Pack(const char* fn, const AttentionLayerConfig& c,
                                   const AttentionLayerWeights& weights) {
   config = c;
   const int64_t group = c.n_heads / c.n_kv_heads;
@@ -436,19 +489,38 @@ Status AttentionLayer::Impl::Pack(const AttentionLayerConfig& c,
   const int64_t lq = local_heads * hd;
   const int64_t lkv = local_kv_heads * hd;
   const int64_t n_qkv = lq + 2 * lkv;
-  // The fused weight: this shard's columns of W_Q, then W_K, then W_V,
-  // packed straight from the host's matrices.
-  const MatrixView<const float> qkv_parts[3] = {
-      {weights.w_q.data + h0 * hd, c.d_model, lq, weights.w_q.stride},
-      {weights.w_k.data + g0 * hd, c.d_model, lkv, weights.w_k.stride},
-      {weights.w_v.data + g0 * hd, c.d_model, lkv, weights.w_v.stride}};
-  Status status = PackedB::PackColumns(qkv_parts, 3, &qkv);
+  // This shard's columns of W_Q, W_K and W_V, and its rows of W_O.
+  const WeightPart parts[4] = {
+      {"weights.w_q",
+       {weights.w_q.data + h0 * hd, c.d_model, lq, weights.w_q.stride},
+       0,
+       h0 * hd},
+      {"weights.w_k",
+       {weights.w_k.data + g0 * hd, c.d_model, lkv, weights.w_k.stride},
+       0,
+       g0 * hd},
+      {"weights.w_v",
+       {weights.w_v.data + g0 * hd, c.d_model, lkv, weights.w_v.stride},
+       0,
+       g0 * hd},
+      {"weights.w_o",
+       {weights.w_o.data + h0 * hd * weights.w_o.stride, lq, c.d_model,
+        weights.w_o.stride},
+       h0 * hd,
+       0}};
+  if (c.weight_dtype == WeightDtype::kInt8) {
+    for (const WeightPart& part : parts) {
+      const Status status = CheckInt8Storable(fn, part);
+      if (!status.ok()) return status;
+    }
+  }
+  // The fused weight [W_Q | W_K | W_V], packed straight from the host's
+  // matrices; then W_O.
+  const MatrixView<const float> qkv_parts[3] = {parts[0].view, parts[1].view,
+                                                parts[2].view};
+  Status status = PackedB::PackColumns(qkv_parts, 3, &qkv, c.weight_dtype);
   if (!status.ok()) return status;
-  // This shard's rows of W_O.
-  status = PackedB::Pack(
-      MatrixView<const float>(weights.w_o.data + h0 * hd * weights.w_o.stride,
-                              lq, c.d_model, weights.w_o.stride),
-      Transpose::kNo, &o);
+  status = PackedB::Pack(parts[3].view, Transpose::kNo, &o, c.weight_dtype);
   if (!status.ok()) return status;
   n_weights = c.d_model * n_qkv + lq * c.d_model;
   if (weights.b_q != nullptr || weights.b_k != nullptr ||
@@ -513,7 +585,7 @@ Status AttentionLayer::Create(const AttentionLayerConfig& config,
   internal::InitOnce();
   try {
     auto impl = std::make_unique<Impl>();
-    status = impl->Pack(c, weights);
+    status = impl->Pack(kFn, c, weights);
     if (!status.ok()) return status;
     out->impl_ = std::move(impl);
   } catch (const std::bad_alloc&) {
@@ -848,7 +920,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->ldx = static_cast<size_t>(x.stride);
   step->tokens = t_rows;
   step->d_model = static_cast<size_t>(c.d_model);
-  step->packed_qkv = PackedWeights(qkv);
+  step->packed_qkv = PackedWeights(qkv, c.projection_compute);
   step->panel_width = static_cast<size_t>(qkv.panel_width());
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
@@ -899,7 +971,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->attn = attn_buf;
   step->ld_attn = lq;
   step->k_o = lq;
-  step->packed_o = PackedWeights(o);
+  step->packed_o = PackedWeights(o, c.projection_compute);
   step->y = y.data;
   step->ldy = static_cast<size_t>(y.stride);
   step->b_o = b_o.empty() ? nullptr : b_o.data();

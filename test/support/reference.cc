@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -108,6 +109,44 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
     for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * stride + c];
   }
   return y;
+}
+
+float RoundToBFloat16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // ties to the even upper half
+  bits &= 0xFFFF0000u;
+  std::memcpy(&x, &bits, sizeof(bits));
+  return x;
+}
+
+std::vector<double> StoredWeights(const float* w, int64_t rows, int64_t cols,
+                                  int64_t stride, WeightDtype dtype) {
+  std::vector<double> stored = ToDouble(w, rows, cols, stride);
+  if (dtype == WeightDtype::kBFloat16) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        stored[r * cols + c] = RoundToBFloat16(w[r * stride + c]);
+      }
+    }
+  }
+  if (dtype != WeightDtype::kInt8) return stored;
+  for (int64_t c = 0; c < cols; ++c) {
+    float max_abs = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      max_abs = std::max(max_abs, std::fabs(w[r * stride + c]));
+    }
+    const float scale = max_abs < 127.0f * std::numeric_limits<float>::min()
+                            ? 0.0f
+                            : max_abs / 127.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float q =
+          scale == 0.0f ? 0.0f : std::nearbyint(w[r * stride + c] / scale);
+      stored[r * cols + c] =
+          static_cast<double>(scale) * std::clamp(q, -127.0f, 127.0f);
+    }
+  }
+  return stored;
 }
 
 VisibleSpan VisibleKeys(const Variants& variants, int64_t p, int64_t end) {

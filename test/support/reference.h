@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "headway/matmul.h"
 #include "headway/rope.h"
 
 namespace headway {
@@ -49,6 +50,21 @@ std::vector<double> Softmax(const float* x, int64_t stride, int64_t rows,
 //   x: [rows, cols] with row stride `stride`; returns [rows, cols] dense.
 std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
                              int64_t stride);
+
+// x rounded to bfloat16, to nearest even, as a float (finite x): what a bf16
+// weight or a bf16 compute mode's input stands for.
+float RoundToBFloat16(float x);
+
+// The weights a PackedB stored as dtype stands for (WeightDtype in
+// headway/matmul.h), from its rule.
+//   w: op(B) [rows, cols] with row stride `stride`, finite; column j is
+//     output feature j. Returns [rows, cols] dense.
+// float32: w. bf16: RoundToBFloat16(w). int8: per column, in float
+// arithmetic as the rule says, s_j = max_k |w[k, j]| / 127 (0 when that max is
+// below 127 * FLT_MIN) and q = nearest even (w / s_j) in [-127, 127]; the
+// weight is s_j * q, exact in double.
+std::vector<double> StoredWeights(const float* w, int64_t rows, int64_t cols,
+                                  int64_t stride, WeightDtype dtype);
 
 // Scaled dot-product attention of every query head, with the GQA head mapping.
 //   q: [n_q, n_heads * head_dim], row stride q_stride; head h is its columns
