@@ -37,6 +37,15 @@
 // (Variants), bad ones included, and struct_size values of older, newer and
 // bad callers; the float64 references apply them as headway.h's
 // hw_attention_variants says.
+//
+// Weight storage: layers created with a version 3 hw_attention_layer_variants
+// store their weights in a random hw_weight_dtype (bad values, int8 weights
+// with a NaN, and the bf16 compute mode over other weights included); the
+// model multiplies by the weights as stored (test/support/reference.h's
+// StoredWeights), with int8's one more rounding per K block. Layers in the
+// bf16 compute mode round x to bfloat16 (each product moves by 2^-8 at most:
+// the K and V rows' bound grows by that) and the attention output: their y is
+// checked finite only (AttentionLayer's tests hold it to a bound).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -50,6 +59,8 @@
 #include <vector>
 
 #include "headway/headway.h"
+#include "headway/matmul.h"
+#include "test/support/reference.h"
 
 namespace {
 
@@ -351,9 +362,13 @@ struct Shadow {
   std::vector<std::vector<float>> k, v;
 
   hw_attention_layer* layer = nullptr;
-  hw_attention_layer_config config{};                         // resolved
-  std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;  // dense
+  hw_attention_layer_config config{};  // resolved
+  // Dense; the weights as the layer stores them (W_O: this shard's rows).
+  std::vector<double> w_q, w_k, w_v, w_o;
+  std::vector<float> b_q, b_k, b_v, b_o;
   Variants variants;  // the layer's; arrays of the whole model's n_heads
+  int weight_dtype = HW_WEIGHT_FLOAT32;
+  bool bf16_compute = false;
 
   int64_t Width() const { return n_kv_heads * head_dim; }
   // headway.h's hw_kv_cache_slot.
@@ -1030,6 +1045,41 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
     ConsumeStructSize(in, HW_ATTENTION_LAYER_VARIANTS_V1_SIZE, &lv, &var,
                       &invalid);
   }
+  // Weight storage, read from a version 3 struct_size on; an older one's
+  // bytes there are garbage the library must not read (float32).
+  int weight_dtype = HW_WEIGHT_FLOAT32, compute = HW_COMPUTE_FLOAT32;
+  if (kind >= 2) {
+    lv.v.weight_dtype = in.ConsumeIntegralInRange(-1, 3);
+    lv.v.projection_compute = in.ConsumeIntegralInRange(-1, 2);
+    if (lv.v.struct_size >= HW_ATTENTION_LAYER_VARIANTS_V3_SIZE) {
+      weight_dtype =
+          in.ConsumeIntegralInRange<int>(HW_WEIGHT_FLOAT32, HW_WEIGHT_INT8);
+      switch (in.ConsumeIntegralInRange(0, 7)) {
+        case 5:  // valid over bf16 weights only
+          compute = HW_COMPUTE_BFLOAT16;
+          invalid |= weight_dtype != HW_WEIGHT_BFLOAT16;
+          break;
+        case 6:
+          weight_dtype = in.ConsumeBool() ? -1 : 3;
+          invalid = true;
+          break;
+        case 7:
+          compute = in.ConsumeBool() ? -1 : 2;
+          invalid = true;
+          break;
+        default:
+          break;
+      }
+      // int8 cannot store a NaN of the weights the layer packs (a column of
+      // its first KV head).
+      if (!invalid && weight_dtype == HW_WEIGHT_INT8 && in.ConsumeBool()) {
+        wk[cfg.head_begin / group * hd] = kNaN;
+        invalid = true;
+      }
+      lv.v.weight_dtype = weight_dtype;
+      lv.v.projection_compute = compute;
+    }
+  }
   hw_attention_layer* layer = nullptr;
   ExpectStatus(kind == 0 ? hw_attention_layer_create(&cfg, &w, &layer)
                          : hw_attention_layer_create_with_variants(
@@ -1047,7 +1097,8 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
                "hw_attention_layer_get_variants");
   Check(got.window == var.window && got.n_sink_tokens == var.n_sinks &&
             got.softcap == var.softcap && got.qk_norm == 0 &&
-            got.rope.rotary_dim == 0,
+            got.rope.rotary_dim == 0 && got.weight_dtype == weight_dtype &&
+            got.projection_compute == compute,
         "hw_attention_layer_get_variants", static_cast<double>(got.window),
         got.softcap);
   const size_t array_bytes = static_cast<size_t>(cfg.n_heads) * sizeof(float);
@@ -1078,10 +1129,22 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
             ? r.head_begin == cfg.head_begin && r.head_end == cfg.head_end
             : r.head_begin == 0 && r.head_end == cfg.n_heads,
         "resolved head range");
-  s.w_q = wq;
-  s.w_k = wk;
-  s.w_v = wv;
-  s.w_o = wo;
+  // The weights as stored: int8 scales are per column of what the layer
+  // packs, its columns of W_Q, W_K and W_V and its rows of W_O.
+  const headway::WeightDtype stored =
+      static_cast<headway::WeightDtype>(weight_dtype);
+  namespace ref = headway::test::ref;
+  s.w_q = ref::StoredWeights(wq.data(), d, hq, hq, stored);
+  s.w_k = ref::StoredWeights(wk.data(), d, hkv, hkv, stored);
+  s.w_v = ref::StoredWeights(wv.data(), d, hkv, hkv, stored);
+  const int64_t o_row0 = r.head_begin * hd;
+  const int64_t o_rows = (r.head_end - r.head_begin) * hd;
+  s.w_o.assign(wo.begin(), wo.end());
+  const std::vector<double> o_part =
+      ref::StoredWeights(wo.data() + o_row0 * d, o_rows, d, d, stored);
+  std::copy(o_part.begin(), o_part.end(), s.w_o.begin() + o_row0 * d);
+  s.weight_dtype = weight_dtype;
+  s.bf16_compute = compute == HW_COMPUTE_BFLOAT16;
   s.b_q = bias ? bq : std::vector<float>(hq, 0.0f);
   s.b_k = bias ? bk : std::vector<float>(hkv, 0.0f);
   s.b_v = bias ? bv : std::vector<float>(hkv, 0.0f);
@@ -1213,15 +1276,19 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
   const int64_t width = s.Width(), xs = Dense(x_stride, d);
   const int64_t ys = Dense(y_stride, d);
   // x W + b for output column `col` of W [d, cols], and the bound of a float32
-  // dot product of length d (+1 for the bias).
-  auto project = [&](const std::vector<float>& w, const std::vector<float>& b,
+  // dot product of length d (+1 for the bias; int8: +1 for the scale, d <=
+  // 512 being one K block), plus in the bf16 compute mode x's rounding to
+  // bfloat16 (2^-8 of each product at most).
+  const double rounds = d + 4 + (s.weight_dtype == HW_WEIGHT_INT8 ? 1 : 0);
+  const double x_rounding = s.bf16_compute ? 0x1p-8 : 0.0;
+  auto project = [&](const std::vector<double>& w, const std::vector<float>& b,
                      int64_t cols, int64_t t, int64_t col, double* bound) {
     double sum = b[col], mag = std::fabs(b[col]);
     for (int64_t p = 0; p < d; ++p) {
       sum += static_cast<double>(x[t * xs + p]) * w[p * cols + col];
       mag += std::fabs(static_cast<double>(x[t * xs + p]) * w[p * cols + col]);
     }
-    *bound = (d + 4) * kU * mag;
+    *bound = (rounds * kU + x_rounding) * mag;
     return sum;
   };
   int64_t t = 0;
@@ -1287,6 +1354,14 @@ void OpLayerForward(FuzzedDataProvider& in, Shadow& s) {
     const int64_t seq = seqs[i].seq, len0 = length_before[seq];
     if (!tame[i]) {
       t += seqs[i].n_tokens;
+      continue;
+    }
+    if (s.bf16_compute) {  // see the top of the file
+      for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {
+        for (int64_t col = 0; col < d; ++col)
+          Check(std::isfinite(y[t * ys + col]),
+                "hw_attention_layer_forward: y not finite (bf16 compute)", col);
+      }
       continue;
     }
     for (int64_t j = 0; j < seqs[i].n_tokens; ++j, ++t) {

@@ -2044,7 +2044,9 @@ static void TestLayerVariantsCase(const Model* m,
     CHECK(got.q_norm == NULL && got.k_norm == NULL);
   }
   CHECK(got.window == want.window && got.softcap == want.softcap &&
-        got.n_sink_tokens == want.n_sink_tokens);
+        got.n_sink_tokens == want.n_sink_tokens &&
+        got.weight_dtype == want.weight_dtype &&
+        got.projection_compute == want.projection_compute);
   /* The per-head arrays: the layer's copies of the whole model's [n_heads]. */
   CHECK((got.alibi_slopes != NULL) == (want.alibi_slopes != NULL) &&
         (got.sink_logits != NULL) == (want.sink_logits != NULL));
@@ -2285,7 +2287,9 @@ static void TestLayerVariantsOff(void) {
           v.rope.high_freq_factor == 4.0 &&
           v.rope.original_max_position == 8192 && v.qk_norm_eps == 1e-6f);
     CHECK(v.window == 0 && v.n_sink_tokens == 0 && v.softcap == 0.0f &&
-          v.alibi_slopes == NULL && v.sink_logits == NULL);
+          v.alibi_slopes == NULL && v.sink_logits == NULL &&
+          v.weight_dtype == HW_WEIGHT_FLOAT32 &&
+          v.projection_compute == HW_COMPUTE_FLOAT32);
   }
   for (int i = 0; i < 3; ++i) {
     hw_attention_layer* layer = NULL;
@@ -2499,6 +2503,188 @@ static void TestLayerVariantErrors(void) {
     layer = NULL;
   }
   FreeModel(&m);
+}
+
+/* --------------------------------------- Attention layer, weight storage */
+
+/* Puts each column of w [rows, cols] on the int8 grid of step 2^-9: 2^-9 q
+ * with q an integer in [-127, 127] and |q| = 127 in row 0. Such weights are
+ * stored exactly in every hw_weight_dtype (bfloat16 keeps 8 significant bits;
+ * int8's scale is max / 127 = 2^-9), so a layer multiplies by the model's own
+ * weights whatever it stores and matches ReferenceLayer to float32's
+ * rounding: a dtype that does not reach the layer, or is read wrongly, shows
+ * in packed_bytes and get_variants, not in the outputs. */
+static void OnInt8Grid(float* w, int64_t rows, int64_t cols) {
+  const float step = 1.0f / 512.0f;
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float q = nearbyintf(w[r * cols + c] / step);
+      if (r == 0) q = w[c] < 0.0f ? -127.0f : 127.0f;
+      q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+      w[r * cols + c] = step * q;
+    }
+  }
+}
+
+/* The bf16 compute mode rounds x and the attention output to bfloat16 (8
+ * significant bits: 2^-8 relative at most, random in sign): the outputs move
+ * by about 2^-8 of their scale through the projections and the softmax (at
+ * most 4.6e-3 normwise over 200 models of TestLayerWeightDtypes' shape with
+ * both roundings applied in float64), far more than float32's rounding
+ * (kTolerance) and far less than a wrong head or weight (O(1)). Normwise 2e-2,
+ * five times 2^-8; headway::AttentionLayer's tests hold the mode to an
+ * elementwise bound. */
+static const double kBf16ComputeTolerance = 2e-2;
+
+/* A layer of each hw_weight_dtype (and bfloat16 weights in the bf16 compute
+ * mode) from m's weights (on the int8 grid), on the target active now:
+ * get_variants reports the storage, packed_bytes its size, and a prefill then
+ * two decode steps match the float64 reference. m has d_model and n_heads *
+ * head_dim 64: each packed matrix then holds a multiple of 64 weights, so no
+ * rounding up to 64 bytes: bfloat16 is half float32's bytes, int8 a quarter
+ * plus a float scale per (padded) column, float32's bytes / 64 for K = 64. */
+static void TestLayerWeightDtypesOnTarget(const Model* m) {
+  const hw_attention_layer_config config = Config(m);
+  const hw_attention_layer_weights weights = Weights(m);
+  enum { kN = 6 };
+  const int64_t d = m->d_model, chunks[3] = {4, 1, 1};
+  float* x = RandomArray(kN * d, 2.0f);
+  float* y = FilledArray(kN * d, NAN);
+  double* ref = (double*)calloc((size_t)(kN * d), sizeof(double));
+  float* ref_f = FilledArray(kN * d, 0.0f);
+  if (ref == NULL) exit(2);
+  ReferenceLayer(m, kN, x, NULL, ref);
+  for (int64_t i = 0; i < kN * d; ++i) ref_f[i] = (float)ref[i];
+  size_t bytes[3] = {0, 0, 0};
+  for (int dtype = HW_WEIGHT_FLOAT32; dtype <= HW_WEIGHT_INT8; ++dtype) {
+    for (int compute = HW_COMPUTE_FLOAT32; compute <= HW_COMPUTE_BFLOAT16;
+         ++compute) {
+      if (compute == HW_COMPUTE_BFLOAT16 && dtype != HW_WEIGHT_BFLOAT16) {
+        continue;
+      }
+      hw_attention_layer_variants v = NoVariants();
+      v.weight_dtype = dtype;
+      v.projection_compute = compute;
+      hw_attention_layer* layer = NULL;
+      CHECK_OK(hw_attention_layer_create_with_variants(&config, &weights, &v,
+                                                       &layer));
+      if (layer == NULL) continue;
+      hw_attention_layer_variants got = NoVariants();
+      CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+      CHECK(got.weight_dtype == dtype && got.projection_compute == compute);
+      CHECK_OK(hw_attention_layer_packed_bytes(layer, &bytes[dtype]));
+      for (int64_t i = 0; i < kN * d; ++i) y[i] = NAN;
+      ForwardChunks(layer, kN, HW_KV_FLOAT32, chunks, 3, x, y, NULL);
+      const double diff = NormwiseDiff(y, d, ref_f, d, kN, d);
+      const double tolerance =
+          compute == HW_COMPUTE_BFLOAT16 ? kBf16ComputeTolerance : kTolerance;
+      if (!(diff <= tolerance)) {
+        fprintf(stderr, "  weight dtype %d, compute %d: diff %g\n", dtype,
+                compute, diff);
+      }
+      CHECK(diff <= tolerance);
+      hw_attention_layer_destroy(layer);
+    }
+  }
+  CHECK(bytes[0] > 0 && bytes[HW_WEIGHT_BFLOAT16] * 2 == bytes[0] &&
+        bytes[HW_WEIGHT_INT8] == bytes[0] / 4 + bytes[0] / 64);
+  free(x);
+  free(y);
+  free(ref);
+  free(ref_f);
+}
+
+static void LayerWeightDtypesOnTarget(void* model) {
+  TestLayerWeightDtypesOnTarget((Model*)model);
+}
+
+/* Bad storage fields (named as the C caller's), and older callers: a
+ * struct_size before version 3 stores float32 and gets no storage fields. */
+static void TestLayerWeightDtypeErrors(void) {
+  Model m = MakeModel(16, 4, 2, 4, HW_MASK_CAUSAL, 1);
+  const hw_attention_layer_config config = Config(&m);
+  hw_attention_layer_weights weights = Weights(&m);
+  hw_attention_layer* layer = NULL;
+  hw_attention_layer_variants v = NoVariants();
+  v.weight_dtype = 3;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_with_variants: variants.weight_dtype (3) is "
+      "not a hw_weight_dtype");
+  v.weight_dtype = HW_WEIGHT_FLOAT32;
+  v.projection_compute = -1;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT,
+      "variants.projection_compute (-1) is not a hw_matmul_compute");
+  for (int dtype = HW_WEIGHT_FLOAT32; dtype <= HW_WEIGHT_INT8; dtype += 2) {
+    char needle[160];
+    snprintf(needle, sizeof(needle),
+             "variants.projection_compute (1, bf16) needs bf16 weights, "
+             "variants.weight_dtype 1 (got %d)",
+             dtype);
+    v.weight_dtype = dtype;
+    v.projection_compute = HW_COMPUTE_BFLOAT16;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT, needle);
+  }
+  /* int8 cannot store NaN or inf: the element is named. */
+  float* w_k = RandomArray(16 * 8, 1.0f);
+  w_k[2 * 8 + 3] = NAN;
+  weights.w_k = Matrix(w_k, 16, 8);
+  v.weight_dtype = HW_WEIGHT_INT8;
+  v.projection_compute = HW_COMPUTE_FLOAT32;
+  CHECK_ERR(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+      HW_INVALID_ARGUMENT,
+      "hw_attention_layer_create_with_variants: weights.w_k[2, 3] is nan, "
+      "which int8 weights (variants.weight_dtype 2) cannot store");
+  CHECK(layer == NULL);
+  /* float32 takes it (NaN propagates): the C++ rule, not the C wrapper's. */
+  v.weight_dtype = HW_WEIGHT_FLOAT32;
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer));
+  hw_attention_layer_destroy(layer);
+  layer = NULL;
+  free(w_k);
+  weights = Weights(&m);
+
+  /* Version 2's struct_size: the storage fields are neither read (int8 and
+   * garbage past struct_size: float32) nor written. */
+  v = NoVariants();
+  v.struct_size = HW_ATTENTION_LAYER_VARIANTS_V2_SIZE;
+  v.weight_dtype = HW_WEIGHT_INT8;
+  v.projection_compute = 7;
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer));
+  if (layer != NULL) {
+    hw_attention_layer_variants got;
+    memset(&got, 0x5a, sizeof(got));
+    got.struct_size = HW_ATTENTION_LAYER_VARIANTS_V2_SIZE;
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.struct_size == HW_ATTENTION_LAYER_VARIANTS_V2_SIZE &&
+          got.weight_dtype == 0x5a5a5a5a &&
+          got.projection_compute == 0x5a5a5a5a);
+    got = NoVariants();
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.weight_dtype == HW_WEIGHT_FLOAT32 &&
+          got.projection_compute == HW_COMPUTE_FLOAT32);
+    hw_attention_layer_destroy(layer);
+  }
+  FreeModel(&m);
+}
+
+static void TestLayerWeightDtypes(void) {
+  Model m = MakeModel(64, 4, 2, 16, HW_MASK_CAUSAL, 1); /* GQA */
+  OnInt8Grid(m.wq, m.d_model, m.n_heads * m.head_dim);
+  OnInt8Grid(m.wk, m.d_model, m.n_kv_heads * m.head_dim);
+  OnInt8Grid(m.wv, m.d_model, m.n_kv_heads * m.head_dim);
+  OnInt8Grid(m.wo, m.n_heads * m.head_dim, m.d_model);
+  OnEveryTarget(LayerWeightDtypesOnTarget, &m);
+  FreeModel(&m);
+  TestLayerWeightDtypeErrors();
 }
 
 /* ------------------------------------------------------- Attention core */
@@ -4025,6 +4211,7 @@ int main(void) {
   TestLayerVariantErrors();
   TestLayerVariants();
   TestLayerRing();
+  TestLayerWeightDtypes();
   TestAttention();
   TestAttentionErrors();
   TestAlibiSlopes();

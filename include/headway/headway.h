@@ -514,18 +514,39 @@ typedef struct hw_attention_layer_weights {
   const float* b_o; /* [d_model] or NULL */
 } hw_attention_layer_weights;
 
+/* How a layer stores its packed weights, the same values as
+ * headway::WeightDtype (matmul.h). */
+typedef enum hw_weight_dtype {
+  HW_WEIGHT_FLOAT32 = 0,  /* 4 bytes per weight, as given */
+  HW_WEIGHT_BFLOAT16 = 1, /* 2 bytes: bfloat16, rounded to nearest even */
+  HW_WEIGHT_INT8 = 2      /* 1 byte, plus a float scale per output feature */
+} hw_weight_dtype;
+
+/* What a layer's projections multiply in, the same values as
+ * headway::MatmulCompute (matmul.h). */
+typedef enum hw_matmul_compute {
+  HW_COMPUTE_FLOAT32 = 0, /* the inputs as they are, float32 accumulation */
+  /* The inputs (x, and the attention output before W_O) rounded to bfloat16,
+   * times bfloat16 weights, pairs of products summed in float32 (twice the
+   * multiply rate where the CPU has AVX512_BF16). */
+  HW_COMPUTE_BFLOAT16 = 1
+} hw_matmul_compute;
+
 /* What a layer does beyond hw_attention_layer_config's plain attention (Qwen3,
- * Gemma 2 and 3, Llama 3, Mistral, OLMo 2, gpt-oss, BLOOM layers): a struct
- * that grows, one field group per variant, each off when zeroed. Set
- * struct_size to sizeof(hw_attention_layer_variants) and zero the rest
- * (memset) before setting fields, so that a field this header adds later
- * reads as off. Version 1 ends after `sink_logits`
- * (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE bytes); version 2 adds `n_sink_tokens`
- * (HW_ATTENTION_LAYER_VARIANTS_V2_SIZE bytes; a struct_size of version 1
- * reads it as 0). Its fields from `window` on are hw_attention_variants' (the
- * same names, meanings and checks), flat here rather than a nested struct so
- * that the layer's struct has one struct_size and an error names the field
- * the same way in both ("variants.window"). */
+ * Gemma 2 and 3, Llama 3, Mistral, OLMo 2, gpt-oss, BLOOM layers) and how it
+ * stores its weights: a struct that grows, one field group per variant, each
+ * off (the default) when zeroed. Set struct_size to
+ * sizeof(hw_attention_layer_variants) and zero the rest (memset) before
+ * setting fields, so that a field this header adds later reads as off.
+ * Version 1 ends after `sink_logits` (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE
+ * bytes); version 2 adds `n_sink_tokens` (HW_ATTENTION_LAYER_VARIANTS_V2_SIZE
+ * bytes), version 3 `weight_dtype` and `projection_compute`
+ * (HW_ATTENTION_LAYER_VARIANTS_V3_SIZE bytes); a struct_size of an earlier
+ * version reads the later fields as 0. Its fields from `window` to
+ * `n_sink_tokens` are hw_attention_variants' (the same names, meanings and
+ * checks), flat here rather than a nested struct so that the layer's struct
+ * has one struct_size and an error names the field the same way in both
+ * ("variants.window"). */
 typedef struct hw_attention_layer_variants {
   size_t struct_size; /* sizeof(hw_attention_layer_variants) */
   /* QK-norm: 1 applies, after the bias, RMSNorm (hw_rms_norm_heads) to every
@@ -557,6 +578,13 @@ typedef struct hw_attention_layer_variants {
    * ring cache of window + n_sink_tokens rows per sequence
    * (hw_attention_layer_create_ring_cache). */
   int64_t n_sink_tokens;
+  /* Version 3: how the packed W_QKV and W_O are stored, a hw_weight_dtype
+   * (0: float32; bfloat16 halves the bytes a decode step reads, int8 quarters
+   * them), and what the projections multiply in, a hw_matmul_compute (0:
+   * float32; HW_COMPUTE_BFLOAT16 needs HW_WEIGHT_BFLOAT16). The weights are
+   * given as float32 whatever the dtype; create stores them. */
+  int32_t weight_dtype;
+  int32_t projection_compute;
 } hw_attention_layer_variants;
 
 /* The size of version 1 of hw_attention_layer_variants, the smallest
@@ -566,6 +594,9 @@ typedef struct hw_attention_layer_variants {
 /* The size of version 2: with n_sink_tokens. */
 #define HW_ATTENTION_LAYER_VARIANTS_V2_SIZE \
   (offsetof(hw_attention_layer_variants, n_sink_tokens) + sizeof(int64_t))
+/* The size of version 3: with weight_dtype and projection_compute. */
+#define HW_ATTENTION_LAYER_VARIANTS_V3_SIZE \
+  (offsetof(hw_attention_layer_variants, projection_compute) + sizeof(int32_t))
 
 /* The new tokens of one sequence in a forward call: n_tokens consecutive rows
  * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
@@ -599,9 +630,13 @@ HEADWAY_C_API int hw_attention_layer_create(
  * k_norm or one with an element that is not finite, a bad rope field (as
  * hw_apply_rope; rotary_dim must be <= head_dim), a window < 0, an
  * n_sink_tokens < 0, a softcap < 0 or not finite, an alibi_slopes or
- * sink_logits element that is not finite. Messages name the field, e.g.
- * "variants.rope.rotary_dim (5) must be even
- * ...", "variants.sink_logits[3] is not finite (got nan)". */
+ * sink_logits element that is not finite, a weight_dtype that is not a
+ * hw_weight_dtype, a projection_compute that is not a hw_matmul_compute or is
+ * HW_COMPUTE_BFLOAT16 without HW_WEIGHT_BFLOAT16, with HW_WEIGHT_INT8 a NaN or
+ * inf in the weights the layer packs (int8 cannot store it). Messages name
+ * the field, e.g. "variants.rope.rotary_dim (5) must be even
+ * ...", "variants.sink_logits[3] is not finite (got nan)",
+ * "weights.w_k[3, 5] is nan, which int8 weights ... cannot store". */
 HEADWAY_C_API int hw_attention_layer_create_with_variants(
     const hw_attention_layer_config* config,
     const hw_attention_layer_weights* weights,
@@ -611,7 +646,8 @@ HEADWAY_C_API int hw_attention_layer_create_with_variants(
 HEADWAY_C_API void hw_attention_layer_destroy(hw_attention_layer* layer);
 
 /* *config = the layer's config with defaults resolved (n_kv_heads, head_dim,
- * scale, head_end filled in).
+ * scale, head_end filled in). Its variants and weight storage:
+ * hw_attention_layer_get_variants.
  * Errors: HW_INVALID_ARGUMENT for a NULL layer or config. */
 HEADWAY_C_API int hw_attention_layer_get_config(
     const hw_attention_layer* layer, hw_attention_layer_config* config);
@@ -622,8 +658,9 @@ HEADWAY_C_API int hw_attention_layer_get_config(
  * read as the default (qk_norm_eps, the rope fields), and a variant that is
  * off as its defaults (qk_norm 0 with qk_norm_eps 1e-6, q_norm and k_norm
  * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...; window 0, softcap
- * 0, alibi_slopes and sink_logits NULL, n_sink_tokens 0; a struct_size of
- * version 1 gets no n_sink_tokens). q_norm, k_norm ([head_dim]),
+ * 0, alibi_slopes and sink_logits NULL, n_sink_tokens 0; weight_dtype and
+ * projection_compute as created, 0 by default; a struct_size of an earlier
+ * version gets none of the later fields). q_norm, k_norm ([head_dim]),
  * alibi_slopes and sink_logits ([n_heads], the whole model's) point at the
  * layer's copies, valid until it is destroyed. A layer from
  * hw_attention_layer_create has every variant off.
@@ -639,8 +676,9 @@ HEADWAY_C_API int hw_attention_layer_get_variants(
 HEADWAY_C_API int hw_attention_layer_n_weights(const hw_attention_layer* layer,
                                                int64_t* n);
 
-/* *bytes = bytes of the packed weights.
- * Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
+/* *bytes = bytes of the packed weights as stored (variants.weight_dtype:
+ * about 4, 2 or 1 per weight of this shard, with panel padding and int8's
+ * scales). Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
 HEADWAY_C_API int hw_attention_layer_packed_bytes(
     const hw_attention_layer* layer, size_t* bytes);
 

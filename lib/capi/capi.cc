@@ -86,6 +86,19 @@ static_assert(HW_ROPE_SCALING_NONE ==
                       static_cast<int>(headway::RopeScaling::kLlama3),
               "rope scaling values");
 
+static_assert(HW_WEIGHT_FLOAT32 ==
+                      static_cast<int>(headway::WeightDtype::kFloat32) &&
+                  HW_WEIGHT_BFLOAT16 ==
+                      static_cast<int>(headway::WeightDtype::kBFloat16) &&
+                  HW_WEIGHT_INT8 ==
+                      static_cast<int>(headway::WeightDtype::kInt8),
+              "weight dtype values");
+static_assert(HW_COMPUTE_FLOAT32 ==
+                      static_cast<int>(headway::MatmulCompute::kFloat32) &&
+                  HW_COMPUTE_BFLOAT16 ==
+                      static_cast<int>(headway::MatmulCompute::kBFloat16),
+              "matmul compute values");
+
 struct hw_kv_cache {
   headway::KvCache cache;
 };
@@ -441,15 +454,19 @@ struct Growing<hw_attention_layer_variants> {
   static constexpr const char* kName = "hw_attention_layer_variants";
   static constexpr size_t kV1Size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
 };
-// Version 2 (n_sink_tokens) ends the structs: a struct_size of version 1 does
-// not cover it, sizeof does.
+// The last version ends each struct: a struct_size of an earlier one does not
+// cover its fields, sizeof does. hw_attention_variants: version 2
+// (n_sink_tokens); hw_attention_layer_variants: version 3 (weight_dtype,
+// projection_compute).
 static_assert(HW_ATTENTION_VARIANTS_V1_SIZE < HW_ATTENTION_VARIANTS_V2_SIZE &&
                   HW_ATTENTION_VARIANTS_V2_SIZE ==
                       sizeof(hw_attention_variants),
               "hw_attention_variants' versions");
 static_assert(HW_ATTENTION_LAYER_VARIANTS_V1_SIZE <
                       HW_ATTENTION_LAYER_VARIANTS_V2_SIZE &&
-                  HW_ATTENTION_LAYER_VARIANTS_V2_SIZE ==
+                  HW_ATTENTION_LAYER_VARIANTS_V2_SIZE <
+                      HW_ATTENTION_LAYER_VARIANTS_V3_SIZE &&
+                  HW_ATTENTION_LAYER_VARIANTS_V3_SIZE ==
                       sizeof(hw_attention_layer_variants),
               "hw_attention_layer_variants' versions");
 
@@ -537,6 +554,11 @@ int SetVariants(const char* fn, const hw_attention_layer_variants* variants,
   }
   if (v.rope.rotary_dim != 0) config->rope = Rope(v.rope);
   SetAttentionVariants(v, &config->attention);
+  // Passed on as they are (the values agree: see the static_asserts above)
+  // and checked by Create; 0 for a struct_size before version 3.
+  config->weight_dtype = static_cast<headway::WeightDtype>(v.weight_dtype);
+  config->projection_compute =
+      static_cast<headway::MatmulCompute>(v.projection_compute);
   return HW_OK;
 }
 
@@ -557,8 +579,12 @@ constexpr Renames kLayerCreate = {
     {"weights.k_norm", "variants.k_norm"},
     {"q_norm", "variants.q_norm"},
     {"k_norm", "variants.k_norm"},
+    {"config.weight_dtype", "variants.weight_dtype"},
+    {"config.projection_compute", "variants.projection_compute"},
     {"RopeLayout", "hw_rope_layout"},
-    {"RopeScaling", "hw_rope_scaling"}};
+    {"RopeScaling", "hw_rope_scaling"},
+    {"WeightDtype", "hw_weight_dtype"},
+    {"MatmulCompute", "hw_matmul_compute"}};
 
 // hw_attention_layer_create and _create_with_variants, as fn.
 int CreateLayer(const char* fn, const hw_attention_layer_config* config,
@@ -1140,6 +1166,9 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     result.softcap = c.attention.softcap;
     result.alibi_slopes = c.attention.alibi_slopes;
     result.sink_logits = c.attention.sink_logits;
+    // Version 3, if size covers it.
+    result.weight_dtype = static_cast<int32_t>(c.weight_dtype);
+    result.projection_compute = static_cast<int32_t>(c.projection_compute);
     WriteGrowing(result, variants);
     return Succeed();
   });
