@@ -2,7 +2,9 @@
 // context of 4096 tokens and a causal prefill of 512 tokens, for a d_model 4096
 // layer with 32 query heads of head_dim 128 as MHA, GQA-8 and MQA, its cache
 // in float32 and, for MHA decode on the key targets, in bfloat16, float16 and
-// int8 (argument dtype: the KvDtype value; the weights stay float32); the
+// int8 (argument dtype: the KvDtype value; the weights float32); with the
+// weights stored as bf16 or int8 or multiplied in bf16 (layer_weights_decode,
+// layer_weights_prefill, argument weights: LayerWeights); the
 // same with QK-norm and Llama 3.1's RoPE fused (layer_*_qknorm_rope); and the
 // "seed" peer, the same layer computed the way the seed's numpy code does it,
 // composed from Headway's public kernels.
@@ -120,7 +122,8 @@ const HostWeights& SharedHostWeights() {
 // find their layers packed and their pages warm; a new target drops them.
 struct LayerSlots {
   int64_t target_bits = 0;
-  std::map<std::pair<int64_t, bool>, std::unique_ptr<AttentionLayer>> layers;
+  std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<AttentionLayer>>
+      layers;
 };
 LayerSlots& SharedLayerSlots() {
   static LayerSlots slots;
@@ -137,18 +140,30 @@ const std::vector<float>& NormWeights() {
   return weights;
 }
 
+// How a layer stores and multiplies its weights: the "weights" argument of the
+// layer_weights_* rows.
+enum LayerWeights : int64_t {
+  kWeightsF32 = 0,         // float32 weights (every other row)
+  kWeightsBF16 = 1,        // bf16 weights, float32 compute
+  kWeightsInt8 = 2,        // int8 weights, float32 compute
+  kWeightsBF16Compute = 3  // bf16 weights in MatmulCompute::kBFloat16
+};
+
 // The layer with n_kv KV heads, packed for `target` (the harness has capped
 // dispatch at it); with `variants`, QK-norm and Llama 3.1's RoPE (theta
 // 500000, factor 8, original context 8192) as a Qwen3- or Llama-3-shaped
-// layer runs them. Null after skipping the benchmark if Create fails.
+// layer runs them; its weights as `weights` says. Null after skipping the
+// benchmark if Create fails.
 AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
-                            const Target& target, bool variants = false) {
+                            const Target& target, bool variants = false,
+                            int64_t weights_kind = kWeightsF32) {
   LayerSlots& slots = SharedLayerSlots();
   if (slots.target_bits != target.bits) {
     slots.layers.clear();  // frees them before packing for another target
     slots.target_bits = target.bits;
   }
-  std::unique_ptr<AttentionLayer>& slot = slots.layers[{n_kv, variants}];
+  std::unique_ptr<AttentionLayer>& slot =
+      slots.layers[{n_kv, variants, weights_kind}];
   if (slot) return slot.get();
   const HostWeights& host = SharedHostWeights();
   AttentionLayerConfig config;
@@ -156,6 +171,14 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
   config.n_heads = kHeads;
   config.n_kv_heads = n_kv;
   config.head_dim = kHeadDim;
+  if (weights_kind == kWeightsInt8) {
+    config.weight_dtype = WeightDtype::kInt8;
+  } else if (weights_kind != kWeightsF32) {
+    config.weight_dtype = WeightDtype::kBFloat16;
+  }
+  if (weights_kind == kWeightsBF16Compute) {
+    config.projection_compute = MatmulCompute::kBFloat16;
+  }
   AttentionLayerWeights weights;
   weights.w_q = host.Q();
   weights.w_k = host.K(n_kv);
@@ -285,11 +308,15 @@ double HostWeightBytes(int64_t n_kv) {
 // The layer.
 
 // variants: QK-norm and RoPE fused (SharedLayer).
+// weights_arg: the index of the "weights" argument (LayerWeights), or -1 for
+// float32 weights.
 void BM_LayerDecode(benchmark::State& state, const RunConfig& run,
-                    bool variants) {
+                    bool variants, int weights_arg) {
   const int64_t n_kv = state.range(0);
   const KvDtype dtype = static_cast<KvDtype>(state.range(1));
-  AttentionLayer* layer = SharedLayer(state, n_kv, run.target, variants);
+  AttentionLayer* layer =
+      SharedLayer(state, n_kv, run.target, variants,
+                  weights_arg < 0 ? kWeightsF32 : state.range(weights_arg));
   if (layer == nullptr) return;
   KvCache* cache = DecodeCache(state, n_kv, dtype);
   if (cache == nullptr) return;
@@ -308,9 +335,11 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run,
 }
 
 void BM_LayerPrefill(benchmark::State& state, const RunConfig& run,
-                     bool variants) {
+                     bool variants, int weights_arg) {
   const int64_t n_kv = state.range(0);
-  AttentionLayer* layer = SharedLayer(state, n_kv, run.target, variants);
+  AttentionLayer* layer =
+      SharedLayer(state, n_kv, run.target, variants,
+                  weights_arg < 0 ? kWeightsF32 : state.range(weights_arg));
   if (layer == nullptr) return;
   KvCache* cache = PrefillCache(state, n_kv);
   if (cache == nullptr) return;
@@ -459,10 +488,12 @@ void RegisterLayer() {
           {"kv_heads"}, layouts);
     }
   };
-  // The layer without (plain) and with QK-norm and RoPE fused.
-  const auto layer_fn = [](auto fn, bool variants) {
-    return [fn, variants](benchmark::State& state, const RunConfig& run) {
-      fn(state, run, variants);
+  // The layer without (plain) and with QK-norm and RoPE fused; its weights
+  // from argument weights_arg (-1: float32).
+  const auto layer_fn = [](auto fn, bool variants, int weights_arg = -1) {
+    return [fn, variants, weights_arg](benchmark::State& state,
+                                       const RunConfig& run) {
+      fn(state, run, variants, weights_arg);
     };
   };
   // Decode also with the MHA cache in the narrower dtypes (KvDtype values 1-3),
@@ -480,6 +511,25 @@ void RegisterLayer() {
                     layer_fn(BM_LayerPrefill, true), {"kv_heads"}, {{32}, {8}},
                     /*every_target_sets=*/0);
   register_seeds("prefill", BM_SeedPrefill);
+  // Weights stored as bf16 or int8, and bf16 compute (LayerWeights), on the
+  // key targets: decode with a float32 cache, and bf16 weights with a bf16
+  // cache, int8 with int8; prefill.
+  RegisterPerTarget("layer_weights_decode", layer_fn(BM_LayerDecode, false, 2),
+                    {"kv_heads", "dtype", "weights"},
+                    {{32, 0, 1},
+                     {32, 0, 2},
+                     {32, 0, 3},
+                     {8, 0, 1},
+                     {8, 0, 2},
+                     {32, 1, 1},
+                     {8, 1, 1},
+                     {32, 3, 2},
+                     {8, 3, 2}},
+                    /*every_target_sets=*/0);
+  RegisterPerTarget(
+      "layer_weights_prefill", layer_fn(BM_LayerPrefill, false, 1),
+      {"kv_heads", "weights"}, {{32, 1}, {32, 2}, {32, 3}, {8, 1}, {8, 3}},
+      /*every_target_sets=*/0);
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterLayer);
