@@ -1785,30 +1785,10 @@ TEST_P(AttentionLayerTest, StoredWeightsMatchReference) {
       WeightDtype::kInt8, MatmulCompute::kFloat32, /*seed=*/11000));
 }
 
-// Whether Matmul runs the bf16 compute mode (it answered kInvalidArgument
-// before its kernels existed), asked once with a 1 x 2 x 2 product.
-bool Bf16ComputeRuns() {
-  static const bool runs = [] {
-    const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    float c[2];
-    PackedB b;
-    return PackedB::Pack(MatrixView<const float>(ones, 2, 2), Transpose::kNo,
-                         &b, WeightDtype::kBFloat16)
-               .ok() &&
-           Matmul(MatrixView<const float>(ones, 1, 2), Transpose::kNo, b,
-                  MatrixView<float>(c, 1, 2), 1.0f, 0.0f,
-                  MatmulCompute::kBFloat16)
-               .ok();
-  }();
-  return runs;
-}
-
-// bf16 weights in the bf16 compute mode: the reference rounds x to bf16 too,
-// and y's bound has o's rounding (the top of this file).
+// bf16 weights in the bf16 compute mode (the native kernel on AVX3 targets
+// of CPUs with AVX512_BF16, the fallback elsewhere): the reference rounds x
+// to bf16 too, and y's bound has o's rounding (the top of this file).
 TEST_P(AttentionLayerTest, Bf16ComputeMatchesReference) {
-  if (!Bf16ComputeRuns()) {
-    GTEST_SKIP() << "Matmul does not run MatmulCompute::kBFloat16 yet";
-  }
   ASSERT_NO_FATAL_FAILURE(StoredWeightsSweep(
       WeightDtype::kBFloat16, MatmulCompute::kBFloat16, /*seed=*/12000));
 }
