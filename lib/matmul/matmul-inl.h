@@ -72,6 +72,7 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "headway/threads.h"
@@ -945,6 +946,36 @@ HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
   }
 }
 
+// Calls f(std::integral_constant<size_t, rows>()), rows in [1, MR]: the
+// kernels are instantiated per row count.
+template <class F>
+HWY_INLINE void MatmulWithRows(size_t rows, const F& f) {
+  static_assert(kMatmulMR <= 12, "MatmulWithRows has cases up to 12 rows");
+  switch (rows) {
+#define HEADWAY_MATMUL_CASE(R)                \
+  case R:                                     \
+    if constexpr (R <= kMatmulMR) {           \
+      f(std::integral_constant<size_t, R>()); \
+    }                                         \
+    break;
+    HEADWAY_MATMUL_CASE(1)
+    HEADWAY_MATMUL_CASE(2)
+    HEADWAY_MATMUL_CASE(3)
+    HEADWAY_MATMUL_CASE(4)
+    HEADWAY_MATMUL_CASE(5)
+    HEADWAY_MATMUL_CASE(6)
+    HEADWAY_MATMUL_CASE(7)
+    HEADWAY_MATMUL_CASE(8)
+    HEADWAY_MATMUL_CASE(9)
+    HEADWAY_MATMUL_CASE(10)
+    HEADWAY_MATMUL_CASE(11)
+    HEADWAY_MATMUL_CASE(12)
+#undef HEADWAY_MATMUL_CASE
+    default:
+      HWY_DASSERT(false);
+  }
+}
+
 // Runs the micro-kernel for a strip of `rows` (1..MR) rows over a slice of B
 // of T, with `scales` [NR] its columns' scales for int8 (else unused). With a
 // source (not null), the strip a is packed from it first (by the full kernel,
@@ -970,31 +1001,11 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
   if (source != nullptr) {
     PackAStrip(source->src, source->lda, false, 0, rows, 0, kc, a);
   }
-  switch (rows) {
-#define HEADWAY_MATMUL_CASE(R)                                                \
-  case R:                                                                     \
-    if constexpr (R <= kMatmulMR) {                                           \
-      MatmulTile<R>(kc, a, b, out, i0, j0, cols, alpha, beta, first, scales); \
-    }                                                                         \
-    break;
-    HEADWAY_MATMUL_CASE(1)
-    HEADWAY_MATMUL_CASE(2)
-    HEADWAY_MATMUL_CASE(3)
-    HEADWAY_MATMUL_CASE(4)
-    HEADWAY_MATMUL_CASE(5)
-    HEADWAY_MATMUL_CASE(6)
-    HEADWAY_MATMUL_CASE(7)
-    HEADWAY_MATMUL_CASE(8)
-    HEADWAY_MATMUL_CASE(9)
-    HEADWAY_MATMUL_CASE(10)
-    HEADWAY_MATMUL_CASE(11)
-    HEADWAY_MATMUL_CASE(12)
-#undef HEADWAY_MATMUL_CASE
-    default:
-      HWY_DASSERT(false);
-  }
+  MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
+    constexpr size_t R = decltype(tag)::value;
+    MatmulTile<R>(kc, a, b, out, i0, j0, cols, alpha, beta, first, scales);
+  });
 }
-static_assert(kMatmulMR <= 12, "MatmulStrip has cases up to 12 rows");
 
 // Per target: whether this target has the native kernel.
 #undef HEADWAY_MATMUL_NATIVE_BF16
@@ -1130,30 +1141,10 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
     (void)source;
     next.All();
     const uint32_t* pairs = reinterpret_cast<const uint32_t*>(a);
-    switch (rows) {
-#define HEADWAY_MATMUL_CASE(R)                                          \
-  case R:                                                               \
-    if constexpr (R <= kMatmulMR) {                                     \
-      MatmulTileNative<R>(kc, pairs, b, out, i0, j0, cols, alpha, beta, \
-                          first);                                       \
-    }                                                                   \
-    break;
-      HEADWAY_MATMUL_CASE(1)
-      HEADWAY_MATMUL_CASE(2)
-      HEADWAY_MATMUL_CASE(3)
-      HEADWAY_MATMUL_CASE(4)
-      HEADWAY_MATMUL_CASE(5)
-      HEADWAY_MATMUL_CASE(6)
-      HEADWAY_MATMUL_CASE(7)
-      HEADWAY_MATMUL_CASE(8)
-      HEADWAY_MATMUL_CASE(9)
-      HEADWAY_MATMUL_CASE(10)
-      HEADWAY_MATMUL_CASE(11)
-      HEADWAY_MATMUL_CASE(12)
-#undef HEADWAY_MATMUL_CASE
-      default:
-        HWY_DASSERT(false);
-    }
+    MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
+      constexpr size_t R = decltype(tag)::value;
+      MatmulTileNative<R>(kc, pairs, b, out, i0, j0, cols, alpha, beta, first);
+    });
     return;
   }
 #endif
