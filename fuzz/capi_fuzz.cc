@@ -662,10 +662,11 @@ void OpCacheAppend(FuzzedDataProvider& in, Shadow& s) {
   if (in.ConsumeIntegralInRange(0, 15) == 15) n_new = INT64_MAX;
   const int64_t k_stride = ConsumeStride(in, width);
   const int64_t v_stride = ConsumeStride(in, width);
-  // Rows for every valid n_new (capacity <= 9, a ring's n_new <= 29), but not
-  // for INT64_MAX: a call the model rejects must not read them (ASan would see
-  // it).
-  const int64_t rows = std::clamp<int64_t>(n_new, 1, 32);
+  // Rows for every valid n_new (up to room + 2: a layer's ring of window +
+  // sinks <= 24 rows takes 74), but not for INT64_MAX: a call the model
+  // rejects must not read them (ASan would see it).
+  const int64_t rows =
+      std::clamp<int64_t>(n_new, 1, std::max<int64_t>(32, room + 2));
   const std::vector<float> k = MakeMatrix(in, rows, width, k_stride, true);
   const std::vector<float> v = MakeMatrix(in, rows, width, v_stride, true);
   const bool null_k = in.ConsumeIntegralInRange(0, 31) == 31;
