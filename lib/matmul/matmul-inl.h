@@ -734,6 +734,39 @@ HWY_INLINE void MatmulScaleRow(V (&acc)[kMatmulNV],
   }
 }
 
+// The end of MatmulTile and MatmulTileNative: the kSets accumulator sets of a
+// C tile [kRows, cols] at (i0, j0) summed pairwise in a fixed order, int8
+// columns scaled (scales [NR]), and the tile stored (alpha, beta, first as
+// MatmulStoreRow; lane by lane where its columns are not contiguous).
+template <class T, size_t kSets, size_t kRows, class V>
+HWY_INLINE void MatmulFinishTile(V (&acc)[kSets][kRows][kMatmulNV],
+                                 const MatmulOut& out, size_t i0, size_t j0,
+                                 size_t cols, float alpha, float beta,
+                                 bool first, const float* HWY_RESTRICT scales) {
+  for (size_t step = kSets / 2; step >= 1; step /= 2) {
+    for (size_t s = 0; s < step; ++s) {
+      for (size_t r = 0; r < kRows; ++r) {
+        for (size_t v = 0; v < kMatmulNV; ++v) {
+          acc[s][r][v] = hn::Add(acc[s][r][v], acc[s + step][r][v]);
+        }
+      }
+    }
+  }
+  const bool contiguous = out.Contiguous(j0, cols);
+  for (size_t r = 0; r < kRows; ++r) {
+    MatmulScaleRow<T>(acc[0][r], scales);
+    if (contiguous) {
+      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
+    } else {
+      MatmulStoreLanes(
+          acc[0][r],
+          [&out, i0, j0, r](size_t j)
+              HWY_ATTR { return out.At(i0 + r, j0 + j); },
+          cols, alpha, beta, first);
+    }
+  }
+}
+
 // C tile [kRows, cols] at (i0, j0) of out op= alpha * A strip
 // [MR][kMatmulAStride] * B slice [kc][NR] of T (float, bf16 or int8, loaded
 // through LoadStored; int8 accumulators times `scales` [NR] before the store).
@@ -794,28 +827,7 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
       MatmulFma<kRows>(acc[s % kSets], a + k + s, bv);
     }
   }
-  // Pairwise sum of the sets, in a fixed order.
-  for (size_t step = kSets / 2; step >= 1; step /= 2) {
-    for (size_t s = 0; s < step; ++s) {
-      for (size_t r = 0; r < kRows; ++r) {
-        for (size_t v = 0; v < kNV; ++v) {
-          acc[s][r][v] = hn::Add(acc[s][r][v], acc[s + step][r][v]);
-        }
-      }
-    }
-  }
-  for (size_t r = 0; r < kRows; ++r) {
-    MatmulScaleRow<T>(acc[0][r], scales);
-    if (contiguous) {
-      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
-    } else {
-      MatmulStoreLanes(
-          acc[0][r],
-          [&out, i0, j0, r](size_t j)
-              HWY_ATTR { return out.At(i0 + r, j0 + j); },
-          cols, alpha, beta, first);
-    }
-  }
+  MatmulFinishTile<T>(acc, out, i0, j0, cols, alpha, beta, first, scales);
 }
 
 // Where and how MatmulTileFull stores its tile.
@@ -1099,27 +1111,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, const uint32_t* HWY_RESTRICT a,
       }
     }
   }
-  HWY_UNROLL(4)
-  for (size_t step = kSets / 2; step >= 1; step /= 2) {
-    for (size_t s = 0; s < step; ++s) {
-      for (size_t r = 0; r < kRows; ++r) {
-        for (size_t v = 0; v < kNV; ++v) {
-          acc[s][r][v] = hn::Add(acc[s][r][v], acc[s + step][r][v]);
-        }
-      }
-    }
-  }
-  for (size_t r = 0; r < kRows; ++r) {
-    if (contiguous) {
-      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
-    } else {
-      MatmulStoreLanes(
-          acc[0][r],
-          [&out, i0, j0, r](size_t j)
-              HWY_ATTR { return out.At(i0 + r, j0 + j); },
-          cols, alpha, beta, first);
-    }
-  }
+  MatmulFinishTile<hwy::bfloat16_t>(acc, out, i0, j0, cols, alpha, beta, first,
+                                    nullptr);
 }
 #else
 #define HEADWAY_MATMUL_NATIVE_BF16 0
