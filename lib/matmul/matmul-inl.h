@@ -1035,16 +1035,47 @@ HWY_INLINE hn::Vec<MatmulTag> DotBF16Pairs(
   return acc;
 }
 
+// The floats lo (k0 .. k0 + N - 1) and hi (the next N) as N pairs of bf16 (k
+// even in the low half): vcvtne2ps2bf16, storage.h's rounding (nearest even)
+// except that a denormal float becomes 0, which DotBF16Pairs reads a denormal
+// bf16 as anyway, so the products are the same.
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<MatmulTag>> BF16PairsFromFloats(
+    hn::Vec<MatmulTag> lo, hn::Vec<MatmulTag> hi) {
+  hn::Vec<hn::RebindToUnsigned<MatmulTag>> pairs;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(pairs.raw) : "v"(hi.raw), "v"(lo.raw));
+  return pairs;
+}
+
+// Converts floats [k0, k0 + 2N) of each of the kRows rows at src (row stride
+// lda) into pairs [k0 / 2, k0 / 2 + N) of the native strip a.
+template <size_t kRows>
+HWY_INLINE void MatmulConvertAChunk(const float* HWY_RESTRICT src, size_t lda,
+                                    size_t k0, uint32_t* HWY_RESTRICT a) {
+  const MatmulTag d;
+  const hn::RebindToUnsigned<MatmulTag> du;
+  constexpr size_t N = kMatmulLanes;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    const float* row = src + r * lda + k0;
+    hn::Store(BF16PairsFromFloats(hn::LoadU(d, row), hn::LoadU(d, row + N)), du,
+              a + r * kMatmulAStride + k0 / 2);
+  }
+}
+
 // MatmulTile for kMatmulBF16Native: C tile [kRows, cols] at (i0, j0) op=
 // alpha * A strip of bf16 pairs (PackAStripMode) * bf16 B slice (pairs,
 // MatmulBPairs; the odd last row read as pairs (b, 0)). Sets as MatmulTile's;
 // every loop unrolled, so that the accumulators stay in registers.
-template <size_t kRows>
-HWY_NOINLINE void MatmulTileNative(size_t kc, const uint32_t* HWY_RESTRICT a,
+// kPackA: the kernel also converts its A strip from `source` (op(A) = A) into
+// `a`, as MatmulTileFull<kRows, true> copies it: each chunk of N pairs one
+// chunk ahead of the products that read it, the last kc mod 2N floats first
+// (storage.h's rule), for the 4-7% of a 512^3 call that PackAStripMode costs.
+template <size_t kRows, bool kPackA>
+HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
                                    const hwy::bfloat16_t* HWY_RESTRICT b,
                                    const MatmulOut& out, size_t i0, size_t j0,
                                    size_t cols, float alpha, float beta,
-                                   bool first) {
+                                   bool first, const MatmulASource& source) {
   const MatmulTag d;
   const hn::RebindToUnsigned<MatmulTag> du;
   const hn::Rebind<uint16_t, decltype(du)> du16;
@@ -1068,8 +1099,27 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, const uint32_t* HWY_RESTRICT a,
     }
   }
   const size_t full_pairs = kc / 2;
+  // kPackA: pairs below pairs_vec come in chunks of N, the rest before them.
+  const size_t pairs_vec = kc / (2 * N) * N;
+  if constexpr (kPackA) {
+    hwy::bfloat16_t* a16 = reinterpret_cast<hwy::bfloat16_t*>(a);
+    for (size_t r = 0; r < kRows; ++r) {
+      for (size_t k = 2 * pairs_vec; k < kc; ++k) {
+        a16[r * 2 * AS + k] =
+            internal::BF16FromFloat(source.src[r * source.lda + k]);
+      }
+      if (kc % 2 != 0) a16[r * 2 * AS + kc].bits = 0;
+    }
+    if (pairs_vec != 0)
+      MatmulConvertAChunk<kRows>(source.src, source.lda, 0, a);
+  }
   size_t kp = 0;
   for (; kp + kSets <= full_pairs; kp += kSets) {
+    if constexpr (kPackA) {
+      if (kp % N == 0 && kp + N < pairs_vec) {
+        MatmulConvertAChunk<kRows>(source.src, source.lda, 2 * (kp + N), a);
+      }
+    }
     HWY_UNROLL(4)
     for (size_t s = 0; s < kSets; ++s) {
       VU bv[kNV];
@@ -1119,7 +1169,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, const uint32_t* HWY_RESTRICT a,
 #endif
 
 // MatmulStrip for `mode` (A packed by PackAStripMode, or, for kMatmulFloat32
-// with a source, by the kernel): the native kernel, or MatmulStrip.
+// and kMatmulBF16Native with a source, by the kernel): the native kernel, or
+// MatmulStrip.
 template <int kMode, class T>
 HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
                                 const MatmulOut& out, size_t i0, size_t j0,
@@ -1131,12 +1182,17 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
   if constexpr (kMode == kMatmulBF16Native) {
     static_assert(kMatmulBPairs<T>, "native bf16 needs bf16 B");
     (void)scales;
-    (void)source;
     next.All();
-    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(a);
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(a);
     MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
       constexpr size_t R = decltype(tag)::value;
-      MatmulTileNative<R>(kc, pairs, b, out, i0, j0, cols, alpha, beta, first);
+      if (source != nullptr) {
+        MatmulTileNative<R, true>(kc, pairs, b, out, i0, j0, cols, alpha, beta,
+                                  first, *source);
+      } else {
+        MatmulTileNative<R, false>(kc, pairs, b, out, i0, j0, cols, alpha, beta,
+                                   first, MatmulASource{nullptr, 0});
+      }
     });
     return;
   }
@@ -1545,10 +1601,11 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                 // one, or the first of the next K block.
                 size_t next_r0 = 0, next_rows = 0, next_kb = kb;
                 // The strip is packed with its first kernel (by that kernel,
-                // in the common case), or here for A^T and the bf16 modes.
+                // in the common case), or here for A^T and the bf16 fallback.
                 const bool pack_a = q0 == p0;
                 const bool pack_in_kernel =
-                    pack_a && !trans_a && kMode == kMatmulFloat32;
+                    pack_a && !trans_a &&
+                    (kMode == kMatmulFloat32 || kMode == kMatmulBF16Native);
                 const MatmulASource source{
                     pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
                 if (pack_a) {
