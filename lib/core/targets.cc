@@ -23,10 +23,30 @@
 #include <string_view>
 #include <vector>
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "lib/core/targets.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 #include "hwy/targets.h"
 #include "lib/core/init.h"
 
+// Per-target part.
+HWY_BEFORE_NAMESPACE();
 namespace headway {
+namespace HWY_NAMESPACE {
+
+// The target this copy is compiled for: dispatched, the target dispatch picks.
+int64_t CompiledTargetT() { return HWY_TARGET; }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace headway {
+
+HWY_EXPORT(CompiledTargetT);
 namespace {
 
 // Bits of the compiled targets, best first (Highway's better targets have lower
@@ -127,8 +147,10 @@ std::vector<Target> SupportedTargets() {
 
 Target ActiveTarget() {
   internal::InitOnce();
-  const int64_t allowed = hwy::SupportedTargets() & HWY_TARGETS;
-  return MakeTarget(allowed & ~(allowed - 1));
+  // Dispatch's choice, a table lookup: hwy::SupportedTargets() runs CPUID on
+  // every call (36 us in this VM, where CPUID traps; per bf16-compute Matmul
+  // call, through NativeBFloat16Active).
+  return MakeTarget(HWY_DYNAMIC_DISPATCH(CompiledTargetT)());
 }
 
 Status SetMaxTarget(std::string_view name) {
@@ -175,3 +197,4 @@ void AllowNativeBFloat16(bool allow) {
 }
 
 }  // namespace headway
+#endif  // HWY_ONCE
