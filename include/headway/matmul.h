@@ -48,7 +48,8 @@ enum class WeightDtype : int {
 //              PackedB stored as kBFloat16, each pair of products (k, k + 1)
 //              added to a float32 accumulator: AVX512_BF16's vdpbf16ps where
 //              NativeBFloat16Active() (targets.h), else a kernel with the same
-//              contract. Twice the multiply rate of float32 where native.
+//              contract. Native: 1.8x float32's GEMM speed at 2048^3 on Zen 5
+//              (AVX3_DL, one thread, measured: docs/BENCHMARKS.md).
 enum class MatmulCompute : int {
   kFloat32 = 0,
   kBFloat16 = 1,
@@ -178,9 +179,17 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // with b the dequantized weights (exact scale_j * q for int8), plus one more
 // 2^-24 * |alpha| sum_k |a| |b| for int8 (the multiply by scale_j, once per
 // K block). Bit-identical for any number of threads, for every dtype.
-// Errors: as above, plus kInvalidArgument for an empty b;
-// kFailedPrecondition when b was packed for an instruction set whose panel
-// width differs from the one dispatch picks now.
+// compute kBFloat16: op(a) is rounded to bf16 (nearest even, as
+// WeightDtype::kBFloat16 stores); the products of bf16 values are exact in
+// float32 and are accumulated in float32, so the bound above holds with op(a)
+// replaced by its bf16 rounding. The native kernel (vdpbf16ps) reads denormal
+// inputs as 0 and flushes denormal results to 0, whatever MXCSR says: values
+// of op(a) and b, and partial sums, below 2^-126 in magnitude may read as 0
+// there, outside the bound; the fallback keeps them, as float32 compute does.
+// Errors: as above, plus kInvalidArgument for an empty b, a compute value
+// outside MatmulCompute, or compute kBFloat16 with b not stored as
+// WeightDtype::kBFloat16; kFailedPrecondition when b was packed for an
+// instruction set whose panel width differs from the one dispatch picks now.
 HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
                           const PackedB& b, MatrixView<float> c,
                           float alpha = 1.0f, float beta = 0.0f,
