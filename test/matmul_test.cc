@@ -542,58 +542,26 @@ class NativeBF16Scope {
   NativeBF16Scope& operator=(const NativeBF16Scope&) = delete;
 };
 
-// x rounded to bfloat16, nearest even (finite x).
-float RoundToBF16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  u &= 0xFFFF0000u;
-  std::memcpy(&x, &u, sizeof(u));
-  return x;
-}
-
-// The weights a packed op(b) [k, n] stands for (matmul.h, WeightDtype),
-// computed here from the rule: w [k, n] dense, exact in double, and for int8
-// the column scales [n].
-struct StoredWeights {
-  StoredWeights(const Operand& b, Transpose tb, int64_t k, int64_t n,
-                WeightDtype dtype)
-      : w(static_cast<size_t>(k * n)) {
-    const auto at = [&](int64_t kk, int64_t j) {
-      return tb == Transpose::kNo ? b.data[kk * b.stride + j]
-                                  : b.data[j * b.stride + kk];
-    };
-    if (dtype == WeightDtype::kInt8) scales.assign(static_cast<size_t>(n), 0);
-    for (int64_t j = 0; j < n; ++j) {
-      float max_abs = 0.0f;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        max_abs = std::max(max_abs, std::fabs(at(kk, j)));
-      }
-      const float scale = max_abs / 127.0f;
-      if (dtype == WeightDtype::kInt8) scales[j] = scale;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const float x = at(kk, j);
-        double value = x;
-        if (dtype == WeightDtype::kBFloat16) value = RoundToBF16(x);
-        if (dtype == WeightDtype::kInt8) {
-          const float q = scale > 0.0f ? std::nearbyint(x / scale) : 0.0f;
-          value = static_cast<double>(scale) *
-                  std::fmin(std::fmax(q, -127.0f), 127.0f);
-        }
-        w[kk * n + j] = value;
-      }
+// op(x) dense: [x.rows, x.cols] for kNo, [x.cols, x.rows] for kYes.
+std::vector<float> DenseOp(const Operand& x, Transpose t) {
+  const bool trans = t == Transpose::kYes;
+  const int64_t rows = trans ? x.cols : x.rows, cols = trans ? x.rows : x.cols;
+  std::vector<float> dense(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      dense[r * cols + c] =
+          trans ? x.data[c * x.stride + r] : x.data[r * x.stride + c];
     }
   }
-  std::vector<double> w;
-  std::vector<float> scales;
-};
+  return dense;
+}
 
 // Matmul with B packed as mode.dtype against the float64 product with the
-// weights it stands for (and, in bf16 compute, op(a) rounded to bf16), within
-// the documented bound (K + K / 512 + 3 roundings, one more for int8's
-// scale): vdpbf16ps rounds at most once per product as an FMA does (its
-// products of bf16 values are exact in float). C has row stride n + pad,
-// sentinels in the padding.
+// weights it stands for (test::ref::StoredWeights; in bf16 compute, with op(a)
+// rounded to bf16), within the documented bound (K + K / 512 + 3 roundings, one
+// more for int8's scale): vdpbf16ps rounds at most once per product as an FMA
+// does (its products of bf16 values are exact in float). C has row stride n +
+// pad, sentinels in the padding.
 void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
                  float alpha, float beta, StoredMode mode, int64_t pad = 0,
                  int64_t offset = 0, uint64_t seed = 1) {
@@ -609,14 +577,17 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
                << " native=" << NativeBFloat16Active() << " pad=" << pad);
   const Operand a(m, k, ta, pad, offset, seed * 3 + 1);
   const Operand b(k, n, tb, pad, offset, seed * 3 + 2);
-  const StoredWeights stored(b, tb, k, n, dtype);
+  const std::vector<float> op_b = DenseOp(b, tb);
+  const std::vector<double> w =
+      test::ref::StoredWeights(op_b.data(), k, n, n, dtype);
   PackedB packed;
   ASSERT_TRUE(PackedB::Pack(b.view(), tb, &packed, dtype).ok());
   ASSERT_EQ(packed.dtype(), dtype);
   if (dtype == WeightDtype::kInt8) {
+    const std::vector<float> scales =
+        test::ref::Int8ColumnScales(op_b.data(), k, n, n);
     for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(packed.scales()[j], stored.scales[j])
-          << "scale of column " << j;
+      ASSERT_EQ(packed.scales()[j], scales[j]) << "scale of column " << j;
     }
   } else {
     EXPECT_EQ(packed.scales(), nullptr);
@@ -643,9 +614,9 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
       for (int64_t kk = 0; kk < k; ++kk) {
         const float a_ik = ta == Transpose::kNo ? a.data[i * a.stride + kk]
                                                 : a.data[kk * a.stride + i];
-        const double x = bf16_compute ? RoundToBF16(a_ik) : a_ik;
-        sum += x * stored.w[kk * n + j];
-        abs_sum += std::fabs(x * stored.w[kk * n + j]);
+        const double x = bf16_compute ? test::ref::RoundToBFloat16(a_ik) : a_ik;
+        sum += x * w[kk * n + j];
+        abs_sum += std::fabs(x * w[kk * n + j]);
       }
       const double old = beta == 0.0f ? 0.0 : c_old[i * ldc + j];
       const double want = alpha * sum + beta * old;
@@ -763,7 +734,7 @@ TEST_P(MatmulTest, StoredFromBF16AndColumns) {
   test::FillRandom(as_float.data(), as_float.size(), 61);
   std::vector<BFloat16> as_bf16(as_float.size());
   for (size_t i = 0; i < as_float.size(); ++i) {
-    as_float[i] = RoundToBF16(as_float[i]);
+    as_float[i] = test::ref::RoundToBFloat16(as_float[i]);
     uint32_t u;
     std::memcpy(&u, &as_float[i], sizeof(u));
     as_bf16[i].bits = static_cast<uint16_t>(u >> 16);
@@ -840,7 +811,8 @@ TEST_P(MatmulTest, StoredInt8Columns) {
   const int64_t k = 9, n = t.nr + 3;
   Operand b(k, n, Transpose::kNo, 0, 0, 8);
   for (int64_t kk = 0; kk < k; ++kk) b.data[kk * b.stride + 2] = 0.0f;
-  const StoredWeights stored(b, Transpose::kNo, k, n, WeightDtype::kInt8);
+  const std::vector<double> w =
+      test::ref::StoredWeights(b.data, k, n, b.stride, WeightDtype::kInt8);
   PackedB packed;
   ASSERT_TRUE(
       PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kInt8)
@@ -855,7 +827,7 @@ TEST_P(MatmulTest, StoredInt8Columns) {
                   .ok());
   for (int64_t kk = 0; kk < k; ++kk) {
     for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(c[kk * n + j], static_cast<float>(stored.w[kk * n + j]))
+      ASSERT_EQ(c[kk * n + j], static_cast<float>(w[kk * n + j]))
           << kk << ", " << j;
     }
     EXPECT_EQ(c[kk * n + 2], 0.0f);
@@ -937,9 +909,11 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
       for (int64_t j = 0; j < s.n; ++j) {
         double abs_sum = 0.0;
         for (int64_t kk = 0; kk < s.k; ++kk) {
-          abs_sum += std::fabs(
-              static_cast<double>(RoundToBF16(a.data[i * a.stride + kk])) *
-              RoundToBF16(b.data[kk * b.stride + j]));
+          const double a_ik =
+              test::ref::RoundToBFloat16(a.data[i * a.stride + kk]);
+          const double b_kj =
+              test::ref::RoundToBFloat16(b.data[kk * b.stride + j]);
+          abs_sum += std::fabs(a_ik * b_kj);
         }
         const double tol = 2.0 * 0.75 * Tolerance(s.k, abs_sum);
         const double diff = std::fabs(static_cast<double>(native[i * s.n + j]) -

@@ -166,6 +166,8 @@ TEST(RefStoredWeightsTest, HandComputed) {
   const std::vector<double> want_int8 = {127, 0, 0,  -254, -64, 0,
                                          0,   4, 62, 0,    0,   2};
   EXPECT_EQ(int8, want_int8);
+  const std::vector<float> want_scales = {1, 0, 0, 2};
+  EXPECT_EQ(ref::Int8ColumnScales(w.data(), 3, 4, 5), want_scales);
 }
 
 // --------------------------------------------------------------------------

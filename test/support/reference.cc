@@ -120,6 +120,21 @@ float RoundToBFloat16(float x) {
   return x;
 }
 
+std::vector<float> Int8ColumnScales(const float* w, int64_t rows, int64_t cols,
+                                    int64_t stride) {
+  std::vector<float> scales(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    float max_abs = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      max_abs = std::max(max_abs, std::fabs(w[r * stride + c]));
+    }
+    scales[c] = max_abs < 127.0f * std::numeric_limits<float>::min()
+                    ? 0.0f
+                    : max_abs / 127.0f;
+  }
+  return scales;
+}
+
 std::vector<double> StoredWeights(const float* w, int64_t rows, int64_t cols,
                                   int64_t stride, WeightDtype dtype) {
   std::vector<double> stored = ToDouble(w, rows, cols, stride);
@@ -131,14 +146,9 @@ std::vector<double> StoredWeights(const float* w, int64_t rows, int64_t cols,
     }
   }
   if (dtype != WeightDtype::kInt8) return stored;
+  const std::vector<float> scales = Int8ColumnScales(w, rows, cols, stride);
   for (int64_t c = 0; c < cols; ++c) {
-    float max_abs = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      max_abs = std::max(max_abs, std::fabs(w[r * stride + c]));
-    }
-    const float scale = max_abs < 127.0f * std::numeric_limits<float>::min()
-                            ? 0.0f
-                            : max_abs / 127.0f;
+    const float scale = scales[c];
     for (int64_t r = 0; r < rows; ++r) {
       const float q =
           scale == 0.0f ? 0.0f : std::nearbyint(w[r * stride + c] / scale);

@@ -55,14 +55,21 @@ std::vector<double> ToDouble(const float* x, int64_t rows, int64_t cols,
 // weight or a bf16 compute mode's input stands for.
 float RoundToBFloat16(float x);
 
+// The int8 scales of a PackedB's columns (WeightDtype::kInt8 in
+// headway/matmul.h), from its rule, in float arithmetic as the rule says.
+//   w: op(B) [rows, cols] with row stride `stride`, finite. Returns [cols]:
+//   s_j = max_k |w[k, j]| / 127, 0 when that max is below 127 * FLT_MIN.
+std::vector<float> Int8ColumnScales(const float* w, int64_t rows, int64_t cols,
+                                    int64_t stride);
+
 // The weights a PackedB stored as dtype stands for (WeightDtype in
 // headway/matmul.h), from its rule.
 //   w: op(B) [rows, cols] with row stride `stride`, finite; column j is
 //     output feature j. Returns [rows, cols] dense.
 // float32: w. bf16: RoundToBFloat16(w). int8: per column, in float
-// arithmetic as the rule says, s_j = max_k |w[k, j]| / 127 (0 when that max is
-// below 127 * FLT_MIN) and q = nearest even (w / s_j) in [-127, 127]; the
-// weight is s_j * q, exact in double.
+// arithmetic as the rule says, s_j = Int8ColumnScales(w)[j] and q = nearest
+// even (w / s_j) in [-127, 127] (0 when s_j is 0); the weight is s_j * q,
+// exact in double.
 std::vector<double> StoredWeights(const float* w, int64_t rows, int64_t cols,
                                   int64_t stride, WeightDtype dtype);
 
