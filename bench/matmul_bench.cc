@@ -239,6 +239,16 @@ const std::vector<PackedB>* SharedPacked(benchmark::State& state,
   return &packed;
 }
 
+// Allows or forbids the native bf16 kernel (AllowNativeBFloat16) for a scope,
+// and allows it again at its end.
+class NativeBF16Allowed {
+ public:
+  explicit NativeBF16Allowed(bool allow) { AllowNativeBFloat16(allow); }
+  ~NativeBF16Allowed() { AllowNativeBFloat16(true); }
+  NativeBF16Allowed(const NativeBF16Allowed&) = delete;
+  NativeBF16Allowed& operator=(const NativeBF16Allowed&) = delete;
+};
+
 void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   const Shape s = Shape::From(state);
   Operands& ops = SharedOperands(s);
@@ -272,9 +282,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // for an unpacked 4096 x 4096 B) and faults its pages in, once per process;
   // with a short --benchmark_min_time that call was often the only one timed.
   // The native bf16 kernel as the row asks, allowed again on every return.
-  AllowNativeBFloat16(s.allow_native);
-  const std::unique_ptr<void, void (*)(void*)> allow_again(
-      &state, [](void*) { AllowNativeBFloat16(true); });
+  const NativeBF16Allowed native(s.allow_native);
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;
