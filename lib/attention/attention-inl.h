@@ -132,12 +132,6 @@ inline bool SomeTokenMissesBlock(const AttentionDims& dims,
   return !KeysSeenByAll(dims, work, t0, nt).Contains(k0, k0 + n);
 }
 
-// The fused path's per-thread tiles: QT, ST, OT or their narrow forms.
-inline ScratchBuffer& ThreadAttentionScratch() {
-  thread_local ThreadScratchBuffer scratch;
-  return scratch;
-}
-
 }  // namespace headway
 
 #endif  // HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_PLAN_
@@ -1189,22 +1183,34 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 // with the tiles inside, so that each K and V block is read (KvRows::Block,
 // which converts a narrower type here) once and serves all the tiles while it
 // is in cache (every tile sees the same blocks as it would alone).
+// Floats of RunWideGroup's scratch for n tiles of `rows` rows: [tile][QT, OT,
+// m, l, WideLanes], then ST shared by the tiles, then the K and V blocks'
+// scratch (converting types).
+template <class T>
+HWY_INLINE size_t WideGroupFloats(const AttentionDims& dims, size_t rows,
+                                  size_t n) {
+  const size_t rp = RoundUp(rows, hn::Lanes(AttnD()));
+  const size_t tile_floats =
+      2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp;
+  const size_t kv_floats =
+      KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
+                               static_cast<size_t>(dims.row_stride));
+  return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats;
+}
+
 template <class T>
 HWY_INLINE void RunWideGroup(const AttentionDims& dims,
                              const AttentionTile* tiles, int64_t n,
-                             TileResult* results) {
+                             ScratchBuffer& scratch, TileResult* results) {
   const size_t N = hn::Lanes(AttnD());
   const size_t rp = RoundUp(static_cast<size_t>(tiles[0].rows), N);
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  // [tile][QT, OT, m, l, WideLanes], then ST shared by the tiles, then the K
-  // and V blocks' scratch (converting types).
   const size_t tile_floats = 2 * dim * rp + 4 * rp;
   const size_t kv_floats =
       KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
                                static_cast<size_t>(dims.row_stride));
-  float* buf =
-      ThreadAttentionScratch().Get(static_cast<size_t>(n) * tile_floats +
-                                   kAttentionKeyBlock * rp + 2 * kv_floats);
+  float* buf = scratch.Get(WideGroupFloats<T>(
+      dims, static_cast<size_t>(tiles[0].rows), static_cast<size_t>(n)));
   float* st = buf + static_cast<size_t>(n) * tile_floats;
   float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
@@ -1240,17 +1246,26 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   }
 }
 
-// A narrow tile: [qs, o, sc, m, l] in the thread's scratch.
+// Floats of RunNarrowTile's scratch for a tile of `rows` rows: [qs, o, sc, m,
+// l].
+HWY_INLINE size_t NarrowTileFloats(const AttentionDims& dims, size_t rows) {
+  const size_t N = hn::Lanes(AttnD());
+  const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
+  return 2 * rows * static_cast<size_t>(dims.row_stride) + rows * bkp +
+         2 * RoundUp(rows, N);
+}
+
+// A narrow tile, in the thread's scratch.
 template <class T>
 HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
-                              const AttentionTile& tile, TileResult* result) {
+                              const AttentionTile& tile, ScratchBuffer& scratch,
+                              TileResult* result) {
   const size_t N = hn::Lanes(AttnD());
   const size_t rows = static_cast<size_t>(tile.rows);
   const size_t rp = RoundUp(rows, N);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
-  float* qs =
-      ThreadAttentionScratch().Get(2 * rows * row_stride + rows * bkp + 2 * rp);
+  float* qs = scratch.Get(NarrowTileFloats(dims, rows));
   float* o = qs + rows * row_stride;
   float* sc = o + rows * row_stride;
   *result = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
@@ -1367,7 +1382,7 @@ HWY_INLINE void SavePartial(const AttentionDims& dims,
 template <class T>
 HWY_INLINE void RunWorkItem(const AttentionWork* works,
                             const AttentionDims& dims, AttentionPlan& plan,
-                            int64_t item) {
+                            int64_t item, ScratchBuffer& scratch) {
   const AttentionItem it = LocateItem(plan, item);
   const AttentionSplit& sp = plan.splits[it.work];
   AttentionTile tiles[kAttentionGroupTiles];
@@ -1377,9 +1392,9 @@ HWY_INLINE void RunWorkItem(const AttentionWork* works,
   }
   TileResult results[kAttentionGroupTiles];
   if (sp.wide) {
-    RunWideGroup<T>(dims, tiles, it.n_tiles, results);
+    RunWideGroup<T>(dims, tiles, it.n_tiles, scratch, results);
   } else {
-    RunNarrowTile<T>(dims, tiles[0], &results[0]);
+    RunNarrowTile<T>(dims, tiles[0], scratch, &results[0]);
   }
   for (int64_t i = 0; i < it.n_tiles; ++i) {
     NormalizeTile(dims, tiles[i], results[i], !sp.merged);
@@ -1476,11 +1491,25 @@ template <class T>
 HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
                                const AttentionDims& dims, AttentionPlan* plan) {
   PlanAttention(works, n_works, dims, plan);
+  // Every thread's tile scratch, for the call's largest item.
+  const int64_t group = dims.n_heads / dims.n_kv_heads;
+  size_t tile_floats = 0;
+  for (size_t i = 0; i < n_works; ++i) {
+    const AttentionSplit& sp = plan->splits[i];
+    const size_t rows = static_cast<size_t>(sp.tile_tokens * group);
+    tile_floats =
+        std::max(tile_floats,
+                 sp.wide ? WideGroupFloats<T>(
+                               dims, rows, static_cast<size_t>(sp.group_tiles))
+                         : NarrowTileFloats(dims, rows));
+  }
+  plan->thread_tiles.Reserve(tile_floats);
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, plan->first_item[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
+        ScratchBuffer& scratch = plan->thread_tiles.Mine();
         for (int64_t item = range.begin(); item < range.end(); ++item) {
-          RunWorkItem<T>(works, dims, *plan, item);
+          RunWorkItem<T>(works, dims, *plan, item, scratch);
         }
       });
   if (plan->merge_first[n_works] > 0) MergeChunks(works, n_works, dims, *plan);

@@ -27,7 +27,7 @@ struct ThreadAttentionPlan final : ThreadScratch {
            (plan.first_item.capacity() + plan.first_partial.capacity() +
             plan.merge_first.capacity()) *
                sizeof(int64_t) +
-           plan.partials.capacity * sizeof(float);
+           plan.partials.capacity * sizeof(float) + plan.thread_tiles.Bytes();
   }
   void Release() override { plan = AttentionPlan(); }
 

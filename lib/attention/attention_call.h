@@ -103,6 +103,9 @@ struct AttentionPlan {
   ScratchBuffer partials;
   int64_t partial_rows = 0;
   size_t partial_floats = 0;
+  // The work items' tiles, a buffer per thread sized for the call's largest
+  // item.
+  ThreadSlots thread_tiles;
 };
 
 }  // namespace headway

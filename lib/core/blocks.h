@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <new>
+#include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/base.h"
+#include "tbb/task_arena.h"
 
 namespace headway {
 
@@ -63,6 +66,37 @@ struct ScratchBuffer {
 
   hwy::AlignedFreeUniquePtr<float[]> buffer;
   size_t capacity = 0;
+};
+
+// Scratch of a caller that runs one call at a time (a layer, an attention
+// plan): one buffer per thread of the arena, indexed by
+// tbb::this_task_arena::current_thread_index(), every one sized before the
+// parallel loop for the call's largest task. A call no bigger than an earlier
+// one then allocates nothing whichever threads take its tasks; a thread_local
+// buffer grows on the first task its thread takes (flaky in a test that
+// counts allocations of a warm call).
+struct ThreadSlots {
+  // Every slot of the current arena holds at least `floats` floats.
+  void Reserve(size_t floats) {
+    const size_t threads =
+        static_cast<size_t>(tbb::this_task_arena::max_concurrency());
+    if (slots.size() < threads) slots.resize(threads);
+    for (ScratchBuffer& slot : slots) slot.Get(floats);
+  }
+  // The calling thread's slot (in a task of the loop Reserve was for).
+  ScratchBuffer& Mine() {
+    const int index = tbb::this_task_arena::current_thread_index();
+    HWY_DASSERT(index >= 0 && static_cast<size_t>(index) < slots.size());
+    return slots[static_cast<size_t>(index)];
+  }
+  size_t Bytes() const {
+    size_t bytes = slots.capacity() * sizeof(ScratchBuffer);
+    for (const ScratchBuffer& slot : slots)
+      bytes += slot.capacity * sizeof(float);
+    return bytes;
+  }
+
+  std::vector<ScratchBuffer> slots;
 };
 
 // Base of every thread_local scratch object of the library: while it lives it

@@ -1451,6 +1451,13 @@ class MatmulB {
   size_t first_panel_ = 0;
 };
 
+// The calling thread's scratch `which` of MatmulPackedOut: 0 for A's strips,
+// 1 for a window of B.
+HWY_INLINE ScratchBuffer& MatmulThreadScratch(int which) {
+  thread_local ThreadScratchBuffer scratch[2];
+  return scratch[which];
+}
+
 // Work split of MatmulPackedOut into row blocks x panel groups (never changes
 // the arithmetic, see the top of this file). One thread: blocks of up to
 // kMatmulMCOneThread rows (fewer rows: one block, so that B is read once).
@@ -1500,7 +1507,8 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
 template <class T = float, int kMode = kMatmulFloat32>
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta) {
+                                const MatmulOut& out, float alpha, float beta,
+                                ThreadSlots* a_slots = nullptr) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -1539,16 +1547,21 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const bool one_nc_block =
       !small_m && (panels + panel_blocks - 1) / panel_blocks <= nc_panels;
   const size_t a_strips = one_nc_block ? 1 : strips_max;
+  // A's strips: in the caller's slots (sized here), or in a thread_local
+  // buffer of each thread.
+  if (a_slots != nullptr) a_slots->Reserve(a_strips * strip_floats);
   tbb::parallel_for(
       tbb::blocked_range<size_t>(0, tasks, 1),
       [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        thread_local ThreadScratchBuffer scratch, window_scratch;
-        float* a_buf = scratch.Get(a_strips * strip_floats);
+        float* a_buf =
+            (a_slots != nullptr ? a_slots->Mine() : MatmulThreadScratch(0))
+                .Get(a_strips * strip_floats);
         // B for this task: its window, the thread's own copy, or the shared
         // copy.
         float* window =
-            b.Windowed() ? window_scratch.Get(nc_panels * kblocks.length * NR)
-                         : nullptr;
+            b.Windowed()
+                ? MatmulThreadScratch(1).Get(nc_panels * kblocks.length * NR)
+                : nullptr;
         const void* b_base = b.Begin();
         for (size_t task = range.begin(); task < range.end(); ++task) {
           // Panel-group major: TBB hands each thread a contiguous range of
