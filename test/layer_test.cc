@@ -1325,6 +1325,20 @@ TEST_P(AttentionLayerTest, SizesAndConfig) {
   EXPECT_EQ(mha.n_weights(), 4 * 64 * 64);
   EXPECT_EQ(gqa.n_weights(), 64 * (64 + 2 * 16) + 64 * 64);
   EXPECT_EQ(mqa.n_weights(), 64 * (64 + 2 * 8) + 64 * 64);
+  // Sink logits are parameters too, one per head, each in its head's shard.
+  std::vector<float> sinks(8, 0.5f);
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 8}, {4, 8}}) {
+    AttentionLayerConfig plain = Config(64, 8, 2);
+    plain.head_begin = begin;
+    plain.head_end = end;
+    AttentionLayerConfig with_sinks = plain;
+    with_sinks.attention.sink_logits = sinks.data();
+    AttentionLayer plain_layer, sinks_layer;
+    ASSERT_TRUE(gqa_model.Create(plain, &plain_layer).ok());
+    ASSERT_TRUE(gqa_model.Create(with_sinks, &sinks_layer).ok());
+    EXPECT_EQ(sinks_layer.n_weights(), plain_layer.n_weights() + end - begin)
+        << "heads [" << begin << ", " << end << ")";
+  }
   EXPECT_LT(mqa.cache_bytes_per_token(), gqa.cache_bytes_per_token());
   EXPECT_LT(gqa.cache_bytes_per_token(), mha.cache_bytes_per_token());
 }

@@ -670,7 +670,8 @@ HEADWAY_C_API int hw_attention_layer_get_config(
 HEADWAY_C_API int hw_attention_layer_get_variants(
     const hw_attention_layer* layer, hw_attention_layer_variants* variants);
 
-/* *n = parameters of the layer (its shard): weights plus the biases given;
+/* *n = parameters of the layer (its shard), as AttentionLayer::n_weights:
+ * weights plus the biases given, QK-norm's weights and its heads' sink logits;
  * 4 * d_model^2 for an MHA layer without bias with n_heads * head_dim ==
  * d_model. Errors: HW_INVALID_ARGUMENT for a NULL layer or n. */
 HEADWAY_C_API int hw_attention_layer_n_weights(const hw_attention_layer* layer,

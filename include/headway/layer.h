@@ -160,8 +160,9 @@ class HEADWAY_API AttentionLayer {
   int64_t local_heads() const;
   int64_t local_kv_heads() const;
   // Parameters of this layer (its shard): weights plus biases given (and
-  // QK-norm's weights); b_o and the QK-norm weights count in the shard with
-  // head_begin == 0, so the shards' counts sum to the whole layer's. For the
+  // QK-norm's weights, and the sink logits of its heads); b_o and the QK-norm
+  // weights count in the shard with head_begin == 0, so the shards' counts
+  // sum to the whole layer's. For the
   // whole MHA layer without bias, 4 * d_model^2 when head_dim * n_heads ==
   // d_model (the seed's count); less for GQA and MQA.
   int64_t n_weights() const;

@@ -551,6 +551,8 @@ Status AttentionLayer::Impl::Pack(const char* fn, const AttentionLayerConfig& c,
     k_norm.assign(weights.k_norm, weights.k_norm + hd);
     if (h0 == 0) n_weights += 2 * hd;  // every shard has them; one counts
   }
+  // Sink logits are learned, one per head: a shard counts its heads'.
+  if (c.attention.sink_logits != nullptr) n_weights += h1 - h0;
   if (c.rope.rotary_dim != 0) {
     rope_freq.resize(static_cast<size_t>(c.rope.rotary_dim / 2));
     internal::RopeFrequencies(c.rope, rope_freq.data());
