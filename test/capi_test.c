@@ -1512,6 +1512,15 @@ static void TestLayerShape(const Model* m) {
   ReferenceLayer(m, kN, x, NULL, ref);
   for (int64_t i = 0; i < kN * d; ++i) ref_f[i] = (float)ref[i];
   CHECK(NormwiseDiff(y_full, d, ref_f, d, kN, d) <= kTolerance);
+  /* The scratch the call left: released whole, then grown again. */
+  size_t scratch = 0, released = 0;
+  CHECK_OK(hw_attention_layer_scratch_bytes(layer, &scratch));
+  CHECK(scratch > 0);
+  CHECK_OK(hw_attention_layer_release_scratch(layer, &released));
+  CHECK(released == scratch);
+  CHECK_OK(hw_attention_layer_scratch_bytes(layer, &scratch));
+  CHECK(scratch == 0);
+  CHECK_OK(hw_attention_layer_release_scratch(layer, NULL));
 
   if (m->mask == HW_MASK_CAUSAL) {
     /* Sequence 1: prefill of kPrefix tokens, then one decode step per token:
@@ -1863,6 +1872,12 @@ static void TestLayerErrors(void) {
             "n is null");
   CHECK_ERR(hw_attention_layer_packed_bytes(layer, NULL), HW_INVALID_ARGUMENT,
             "bytes is null");
+  CHECK_ERR(hw_attention_layer_scratch_bytes(NULL, &bytes), HW_INVALID_ARGUMENT,
+            "layer");
+  CHECK_ERR(hw_attention_layer_scratch_bytes(layer, NULL), HW_INVALID_ARGUMENT,
+            "bytes is null");
+  CHECK_ERR(hw_attention_layer_release_scratch(NULL, &bytes),
+            HW_INVALID_ARGUMENT, "layer");
   CHECK_ERR(hw_attention_layer_cache_bytes_per_token(NULL, &bytes),
             HW_INVALID_ARGUMENT, "layer is null");
   CHECK_ERR(hw_attention_layer_create_cache(layer, 1, 8, NULL),

@@ -1440,6 +1440,48 @@ TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
   }
 }
 
+// ReleaseScratch frees what scratch_bytes() reports, and later calls give
+// the same bits as on a layer that kept its scratch (plain and ring caches).
+TEST_P(AttentionLayerTest, ReleaseScratchFreesIt) {
+  AttentionLayer empty;
+  EXPECT_EQ(empty.scratch_bytes(), 0u);
+  EXPECT_EQ(empty.ReleaseScratch(), 0u);
+  for (const int64_t window : {0, 8}) {
+    AttentionLayerConfig config = Config(64, 8, 2, 16);
+    config.attention.window = window;
+    const std::string what = Describe(config);
+    Model model(ShapeOf(config), "qkvo", 7100);
+    AttentionLayer kept, released;
+    ASSERT_TRUE(model.Create(config, &kept).ok()) << what;
+    ASSERT_TRUE(model.Create(config, &released).ok()) << what;
+    const KvCacheConfig cache_config =
+        window > 0 ? kept.RingCacheConfig(1) : kept.CacheConfig(1, 64);
+    KvCache kept_cache = MakeCache(cache_config);
+    KvCache released_cache = MakeCache(cache_config);
+    const int64_t d = config.d_model;
+    // A prefill of 40 tokens, then decode steps, releasing before each.
+    for (const int64_t n : {40, 1, 1}) {
+      const std::vector<LayerSequence> seqs = {{0, n}};
+      const std::vector<float> x = test::RandomVector(n * d, 7101 + n);
+      std::vector<float> y_kept(n * d), y_released(n * d);
+      Status status;
+      const size_t held = released.scratch_bytes();
+      EXPECT_EQ(released.ReleaseScratch(), held) << what;
+      EXPECT_EQ(released.scratch_bytes(), 0u) << what;
+      CountForward(&kept, &kept_cache, seqs, x, &y_kept, &status);
+      ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+      CountForward(&released, &released_cache, seqs, x, &y_released, &status);
+      ASSERT_TRUE(status.ok()) << what << ": " << status.ToString();
+      EXPECT_GT(released.scratch_bytes(), 0u) << what;
+      EXPECT_EQ(0, std::memcmp(y_kept.data(), y_released.data(),
+                               y_kept.size() * sizeof(float)))
+          << what << ", " << n << " tokens";
+    }
+    // After the 40-token prefill the kept layer holds more than a decode's.
+    EXPECT_GT(kept.scratch_bytes(), released.scratch_bytes()) << what;
+  }
+}
+
 // A NaN in the last token's x gives NaN in its Q, K and V rows: under the
 // causal mask no earlier token sees that key, so their rows are those of a
 // prefill without it, and only the last row is NaN (wide and narrow tiles).

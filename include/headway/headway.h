@@ -683,6 +683,18 @@ HEADWAY_C_API int hw_attention_layer_n_weights(const hw_attention_layer* layer,
 HEADWAY_C_API int hw_attention_layer_packed_bytes(
     const hw_attention_layer* layer, size_t* bytes);
 
+/* *bytes = bytes of the scratch the layer keeps for its next forward call,
+ * grown to its largest call so far (AttentionLayer::scratch_bytes).
+ * Errors: HW_INVALID_ARGUMENT for a NULL layer or bytes. */
+HEADWAY_C_API int hw_attention_layer_scratch_bytes(
+    const hw_attention_layer* layer, size_t* bytes);
+
+/* Frees that scratch (after a long prefill, say); *released, unless NULL,
+ * = its bytes. The next forward call allocates again. Not while a forward
+ * call of this layer runs. Errors: HW_INVALID_ARGUMENT for a NULL layer. */
+HEADWAY_C_API int hw_attention_layer_release_scratch(hw_attention_layer* layer,
+                                                     size_t* released);
+
 /* *bytes = float32 KV cache bytes per token of one sequence for this layer
  * (2 * local KV heads * row stride * 4); a cache of another dtype says its own
  * with hw_kv_cache_bytes_per_token.

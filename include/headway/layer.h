@@ -170,6 +170,13 @@ class HEADWAY_API AttentionLayer {
   // stored: the sum of their PackedB::bytes(), panel padding and int8 scales
   // included (about 4, 2 or 1 bytes per weight of this shard).
   size_t packed_bytes() const;
+  // Bytes of the scratch that Forward keeps for its next call (grown to the
+  // largest call so far: activations, the projections' and attention's
+  // per-thread buffers, a ring cache's new rows); 0 for an empty layer.
+  size_t scratch_bytes() const;
+  // Frees that scratch (after a long prefill, say) and returns its bytes; the
+  // next Forward allocates again. Not while a Forward of this layer runs.
+  size_t ReleaseScratch();
   // A cache config for this layer: its local KV heads and head_dim, K and V
   // stored as dtype.
   KvCacheConfig CacheConfig(int64_t n_sequences, int64_t capacity,

@@ -22,13 +22,7 @@ namespace HWY_NAMESPACE {
 
 // The calling thread's AttentionPlan, freed by ReleaseThreadScratch.
 struct ThreadAttentionPlan final : ThreadScratch {
-  size_t Bytes() const override {
-    return plan.splits.capacity() * sizeof(AttentionSplit) +
-           (plan.first_item.capacity() + plan.first_partial.capacity() +
-            plan.merge_first.capacity()) *
-               sizeof(int64_t) +
-           plan.partials.capacity * sizeof(float) + plan.thread_tiles.Bytes();
-  }
+  size_t Bytes() const override { return plan.Bytes(); }
   void Release() override { plan = AttentionPlan(); }
 
   AttentionPlan plan;

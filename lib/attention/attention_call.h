@@ -106,6 +106,15 @@ struct AttentionPlan {
   // The work items' tiles, a buffer per thread sized for the call's largest
   // item.
   ThreadSlots thread_tiles;
+
+  // Bytes held.
+  size_t Bytes() const {
+    return splits.capacity() * sizeof(AttentionSplit) +
+           (first_item.capacity() + first_partial.capacity() +
+            merge_first.capacity()) *
+               sizeof(int64_t) +
+           partials.capacity * sizeof(float) + thread_tiles.Bytes();
+  }
 };
 
 }  // namespace headway

@@ -1195,6 +1195,28 @@ int hw_attention_layer_packed_bytes(const hw_attention_layer* layer,
   });
 }
 
+int hw_attention_layer_scratch_bytes(const hw_attention_layer* layer,
+                                     size_t* bytes) {
+  constexpr const char* kFn = "hw_attention_layer_scratch_bytes";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    if (bytes == nullptr) return Null(kFn, "bytes");
+    *bytes = layer->layer.scratch_bytes();
+    return Succeed();
+  });
+}
+
+int hw_attention_layer_release_scratch(hw_attention_layer* layer,
+                                       size_t* released) {
+  constexpr const char* kFn = "hw_attention_layer_release_scratch";
+  return Guard(kFn, [&]() -> int {
+    if (layer == nullptr) return Null(kFn, "layer");
+    const size_t bytes = layer->layer.ReleaseScratch();
+    if (released != nullptr) *released = bytes;
+    return Succeed();
+  });
+}
+
 int hw_attention_layer_cache_bytes_per_token(const hw_attention_layer* layer,
                                              size_t* bytes) {
   constexpr const char* kFn = "hw_attention_layer_cache_bytes_per_token";

@@ -428,7 +428,40 @@ Status CheckInt8Storable(const char* fn, const WeightPart& part) {
 
 }  // namespace
 
-struct AttentionLayer::Impl {
+// What Forward reuses from call to call: grown to the largest call, freed by
+// ReleaseScratch.
+struct LayerScratch {
+  ScratchBuffer q, attn;             // grow-only (lib/core/blocks.h)
+  ScratchBuffer kv_chunk;            // stored K/V: [chunk_rows, scratch_cols]
+  std::vector<float*> rows;          // [3][T]
+  std::vector<char*> kv_rows;        // stored K/V: [2][T]
+  std::vector<float*> kv_scales;     // int8: [2][T]
+  std::vector<int64_t> positions;    // RoPE: [T]
+  ScratchBuffer rope_table;          // RoPE: [T, rotary_dim]
+  std::vector<AttentionWork> works;  // up to kMaxKeySegments per sequence
+  std::vector<uint8_t> seen;         // [cache sequences]
+  // A ring cache: the new tokens' K and V, sequence i of the call in row
+  // i, until attention has read them with the ring's rows (before they
+  // overwrite the oldest) and CommitRing moves them into the ring.
+  KvCache fresh;
+  AttentionPlan plan;
+  ThreadSlots matmul_slots;  // the projections' A strips, per thread
+
+  size_t Bytes() const {
+    return (q.capacity + attn.capacity + kv_chunk.capacity +
+            rope_table.capacity) *
+               sizeof(float) +
+           VectorBytes(rows) + VectorBytes(kv_rows) + VectorBytes(kv_scales) +
+           VectorBytes(positions) + VectorBytes(works) + VectorBytes(seen) +
+           fresh.bytes() + plan.Bytes() + matmul_slots.Bytes();
+  }
+  template <typename T>
+  static size_t VectorBytes(const std::vector<T>& v) {
+    return v.capacity() * sizeof(T);
+  }
+};
+
+struct AttentionLayer::Impl : LayerScratch {
   // Packs this shard's part of checked weights for a resolved config, as
   // config.weight_dtype (errors named as fn's).
   Status Pack(const char* fn, const AttentionLayerConfig& c,
@@ -460,22 +493,6 @@ struct AttentionLayer::Impl {
   // Copies of config.attention's per-head arrays, [n_heads] (the whole
   // model's, as config() reports them); empty: none.
   std::vector<float> alibi_slopes, sink_logits;
-  // Reused by Forward.
-  ScratchBuffer q, attn;             // grow-only (lib/core/blocks.h)
-  ScratchBuffer kv_chunk;            // stored K/V: [chunk_rows, scratch_cols]
-  std::vector<float*> rows;          // [3][T]
-  std::vector<char*> kv_rows;        // stored K/V: [2][T]
-  std::vector<float*> kv_scales;     // int8: [2][T]
-  std::vector<int64_t> positions;    // RoPE: [T]
-  ScratchBuffer rope_table;          // RoPE: [T, rotary_dim]
-  std::vector<AttentionWork> works;  // up to kMaxKeySegments per sequence
-  std::vector<uint8_t> seen;         // [cache sequences]
-  // A ring cache: the new tokens' K and V, sequence i of the call in row
-  // i, until attention has read them with the ring's rows (before they
-  // overwrite the oldest) and CommitRing moves them into the ring.
-  KvCache fresh;
-  AttentionPlan plan;
-  ThreadSlots matmul_slots;  // the projections' A strips, per thread
 };
 
 Status AttentionLayer::Impl::Pack(const char* fn, const AttentionLayerConfig& c,
@@ -617,6 +634,15 @@ int64_t AttentionLayer::n_weights() const {
 }
 size_t AttentionLayer::packed_bytes() const {
   return impl_ ? impl_->qkv.bytes() + impl_->o.bytes() : 0;
+}
+size_t AttentionLayer::scratch_bytes() const {
+  return impl_ ? impl_->LayerScratch::Bytes() : 0;
+}
+size_t AttentionLayer::ReleaseScratch() {
+  if (!impl_) return 0;
+  const size_t bytes = scratch_bytes();
+  static_cast<LayerScratch&>(*impl_) = LayerScratch();
+  return bytes;
 }
 KvCacheConfig AttentionLayer::CacheConfig(int64_t n_sequences, int64_t capacity,
                                           KvDtype dtype) const {
