@@ -170,9 +170,11 @@ class HEADWAY_API AttentionLayer {
   // stored: the sum of their PackedB::bytes(), panel padding and int8 scales
   // included (about 4, 2 or 1 bytes per weight of this shard).
   size_t packed_bytes() const;
-  // Bytes of the scratch that Forward keeps for its next call (grown to the
-  // largest call so far: activations, the projections' and attention's
-  // per-thread buffers, a ring cache's new rows); 0 for an empty layer.
+  // Bytes of the scratch that this layer's Forward keeps for its next call
+  // (grown to the largest call so far: Q, the attention output, stored K/V
+  // rows, the attention plan, a ring cache's new rows); 0 for an empty layer.
+  // The per-thread tiles that all layers share are the calling thread's
+  // (ReleaseThreadScratch, threads.h).
   size_t scratch_bytes() const;
   // Frees that scratch (after a long prefill, say) and returns its bytes; the
   // next Forward allocates again. Not while a Forward of this layer runs.
@@ -201,7 +203,8 @@ class HEADWAY_API AttentionLayer {
   // n_tokens), then each new token attends to its sequence's cached tokens up
   // to its own position (causal) or to all of them (kNone). Scratch memory is
   // kept and reused: after a first call of a given size, calls of that size or
-  // smaller allocate nothing.
+  // smaller from the same thread allocate nothing, whichever of TBB's threads
+  // run their parts.
   // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
   // empty layer or a dispatch target of another vector width than at Create;
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache

@@ -132,6 +132,13 @@ inline bool SomeTokenMissesBlock(const AttentionDims& dims,
   return !KeysSeenByAll(dims, work, t0, nt).Contains(k0, k0 + n);
 }
 
+// The fused path's tiles (QT, ST, OT or their narrow forms): the calling
+// thread's slots, one buffer per thread of the arena.
+inline ThreadScratchSlots& AttentionTileSlots() {
+  thread_local ThreadScratchSlots slots;
+  return slots;
+}
+
 }  // namespace headway
 
 #endif  // HEADWAY_LIB_ATTENTION_ATTENTION_INL_H_PLAN_
@@ -1491,7 +1498,7 @@ template <class T>
 HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
                                const AttentionDims& dims, AttentionPlan* plan) {
   PlanAttention(works, n_works, dims, plan);
-  // Every thread's tile scratch, for the call's largest item.
+  // Every thread's tiles, for the call's largest item.
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   size_t tile_floats = 0;
   for (size_t i = 0; i < n_works; ++i) {
@@ -1503,11 +1510,13 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
                                dims, rows, static_cast<size_t>(sp.group_tiles))
                          : NarrowTileFloats(dims, rows));
   }
-  plan->thread_tiles.Reserve(tile_floats);
+  // FusedAttentionT runs this under isolate() (ThreadSlots).
+  ThreadSlots& thread_tiles = AttentionTileSlots();
+  thread_tiles.Reserve(tile_floats);
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, plan->first_item[n_works], 1),
       [&](const tbb::blocked_range<int64_t>& range) HWY_ATTR {
-        ScratchBuffer& scratch = plan->thread_tiles.Mine();
+        ScratchBuffer& scratch = thread_tiles.Mine();
         for (int64_t item = range.begin(); item < range.end(); ++item) {
           RunWorkItem<T>(works, dims, *plan, item, scratch);
         }

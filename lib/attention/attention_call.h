@@ -103,9 +103,6 @@ struct AttentionPlan {
   ScratchBuffer partials;
   int64_t partial_rows = 0;
   size_t partial_floats = 0;
-  // The work items' tiles, a buffer per thread sized for the call's largest
-  // item.
-  ThreadSlots thread_tiles;
 
   // Bytes held.
   size_t Bytes() const {
@@ -113,7 +110,7 @@ struct AttentionPlan {
            (first_item.capacity() + first_partial.capacity() +
             merge_first.capacity()) *
                sizeof(int64_t) +
-           partials.capacity * sizeof(float) + thread_tiles.Bytes();
+           partials.capacity * sizeof(float);
   }
 };
 

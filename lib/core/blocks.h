@@ -68,13 +68,15 @@ struct ScratchBuffer {
   size_t capacity = 0;
 };
 
-// Scratch of a caller that runs one call at a time (a layer, an attention
-// plan): one buffer per thread of the arena, indexed by
-// tbb::this_task_arena::current_thread_index(), every one sized before the
-// parallel loop for the call's largest task. A call no bigger than an earlier
-// one then allocates nothing whichever threads take its tasks; a thread_local
-// buffer grows on the first task its thread takes (flaky in a test that
-// counts allocations of a warm call).
+// A caller's scratch for the tasks of its parallel loops: one buffer per
+// thread of the arena, indexed by tbb::this_task_arena::current_thread_index(),
+// every one sized before the loop for the call's largest task, so that a call
+// no bigger than an earlier one of the same caller allocates nothing whichever
+// threads take its tasks (a thread_local buffer of each worker grows on the
+// first task its thread takes: TBB's choice). The caller keeps it in a
+// thread_local (ThreadScratchSlots) and runs the loop under
+// this_task_arena::isolate, so that while it waits it takes no task of
+// another call of its own that would resize the buffers in use.
 struct ThreadSlots {
   // Every slot of the current arena holds at least `floats` floats.
   void Reserve(size_t floats) {
@@ -125,6 +127,12 @@ class ThreadScratch {
 struct ThreadScratchBuffer final : ScratchBuffer, ThreadScratch {
   size_t Bytes() const override { return capacity * sizeof(float); }
   void Release() override { Trim(0); }
+};
+
+// ThreadSlots that are a thread_local of the calling thread.
+struct ThreadScratchSlots final : ThreadSlots, ThreadScratch {
+  size_t Bytes() const override { return ThreadSlots::Bytes(); }
+  void Release() override { slots = std::vector<ScratchBuffer>(); }
 };
 
 }  // namespace headway

@@ -445,7 +445,6 @@ struct LayerScratch {
   // overwrite the oldest) and CommitRing moves them into the ring.
   KvCache fresh;
   AttentionPlan plan;
-  ThreadSlots matmul_slots;  // the projections' A strips, per thread
 
   size_t Bytes() const {
     return (q.capacity + attn.capacity + kv_chunk.capacity +
@@ -453,7 +452,7 @@ struct LayerScratch {
                sizeof(float) +
            VectorBytes(rows) + VectorBytes(kv_rows) + VectorBytes(kv_scales) +
            VectorBytes(positions) + VectorBytes(works) + VectorBytes(seen) +
-           fresh.bytes() + plan.Bytes() + matmul_slots.Bytes();
+           fresh.bytes() + plan.Bytes();
   }
   template <typename T>
   static size_t VectorBytes(const std::vector<T>& v) {
@@ -950,7 +949,6 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->tokens = t_rows;
   step->d_model = static_cast<size_t>(c.d_model);
   step->packed_qkv = PackedWeights(qkv, c.projection_compute);
-  step->packed_qkv.a_slots = &matmul_slots;
   step->panel_width = static_cast<size_t>(qkv.panel_width());
   step->n_qkv = lq + 2 * lkv;
   step->b_qkv = b_qkv.empty() ? nullptr : b_qkv.data();
@@ -1002,7 +1000,6 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
   step->ld_attn = lq;
   step->k_o = lq;
   step->packed_o = PackedWeights(o, c.projection_compute);
-  step->packed_o.a_slots = &matmul_slots;
   step->y = y.data;
   step->ldy = static_cast<size_t>(y.stride);
   step->b_o = b_o.empty() ? nullptr : b_o.data();

@@ -1451,11 +1451,19 @@ class MatmulB {
   size_t first_panel_ = 0;
 };
 
-// The calling thread's scratch `which` of MatmulPackedOut: 0 for A's strips,
-// 1 for a window of B.
-HWY_INLINE ScratchBuffer& MatmulThreadScratch(int which) {
-  thread_local ThreadScratchBuffer scratch[2];
-  return scratch[which];
+// A task's window of B (MatmulB::Window), a thread_local of the thread that
+// runs it, constructed on its first use only (constructing a thread_local
+// registers its destructor: a malloc).
+HWY_INLINE ScratchBuffer& MatmulWindowScratch() {
+  thread_local ThreadScratchBuffer window;
+  return window;
+}
+
+// MatmulPackedOut's A strips: the calling thread's slots, one buffer per
+// thread of the arena.
+HWY_INLINE ThreadScratchSlots& MatmulASlots() {
+  thread_local ThreadScratchSlots slots;
+  return slots;
 }
 
 // Work split of MatmulPackedOut into row blocks x panel groups (never changes
@@ -1507,8 +1515,7 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
 template <class T = float, int kMode = kMatmulFloat32>
 HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta,
-                                ThreadSlots* a_slots = nullptr) {
+                                const MatmulOut& out, float alpha, float beta) {
   constexpr size_t MR = kMatmulMR;
   constexpr size_t NR = kMatmulNR;
   const MatmulPackedLayout layout(k, n);
@@ -1547,134 +1554,140 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
   const bool one_nc_block =
       !small_m && (panels + panel_blocks - 1) / panel_blocks <= nc_panels;
   const size_t a_strips = one_nc_block ? 1 : strips_max;
-  // A's strips: in the caller's slots (sized here), or in a thread_local
-  // buffer of each thread.
-  if (a_slots != nullptr) a_slots->Reserve(a_strips * strip_floats);
-  tbb::parallel_for(
-      tbb::blocked_range<size_t>(0, tasks, 1),
-      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
-        float* a_buf =
-            (a_slots != nullptr ? a_slots->Mine() : MatmulThreadScratch(0))
-                .Get(a_strips * strip_floats);
-        // B for this task: its window, the thread's own copy, or the shared
-        // copy.
-        float* window =
-            b.Windowed()
-                ? MatmulThreadScratch(1).Get(nc_panels * kblocks.length * NR)
-                : nullptr;
-        const void* b_base = b.Begin();
-        for (size_t task = range.begin(); task < range.end(); ++task) {
-          // Panel-group major: TBB hands each thread a contiguous range of
-          // tasks, so threads mostly work on different panels of B (their own
-          // B in their own L2, and no waiting for a slice another packs).
-          const size_t row_block = task % row_blocks;
-          const size_t group = task / row_blocks;
-          const size_t i0 = row_block * strips_total / row_blocks * MR;
-          const size_t i1 =
-              std::min(m, (row_block + 1) * strips_total / row_blocks * MR);
-          const size_t p0 = group * panels / panel_blocks;
-          const size_t p1 = (group + 1) * panels / panel_blocks;
-          const size_t strips = (i1 - i0 + MR - 1) / MR;
-          if (small_m) {
-            // A once for all of K; then per K block the task's panels in
-            // order, which lie one after the other: B streams once.
-            for (size_t s = 0; s < strips; ++s) {
-              const size_t r0 = i0 + s * MR;
-              for (size_t kb = 0; kb < kblocks.count; ++kb) {
-                PackAStripMode<kMode>(
-                    a, lda, trans_a, r0, std::min(MR, i1 - r0),
-                    kblocks.Begin(kb), kblocks.Size(kb, k),
-                    a_buf + s * strip_floats + kb * kMatmulAStripFloats);
-              }
-            }
-            for (size_t kb = 0; kb < kblocks.count; ++kb) {
-              const size_t kc = kblocks.Size(kb, k);
-              for (size_t p = p0; p < p1; ++p) {
-                const size_t j0 = p * NR;
-                const size_t cols = std::min(NR, n - j0);
-                const T* slice =
-                    b.template Slice<T>(layout, b_base, window, kb, p, 0, true);
-                for (size_t s = 0; s < strips; ++s) {
-                  const size_t r0 = i0 + s * MR;
-                  MatmulStripMode<kMode>(
-                      std::min(MR, i1 - r0), kc,
-                      a_buf + s * strip_floats + kb * kMatmulAStripFloats,
-                      slice, out, r0, j0, cols, alpha, beta, kb == 0,
-                      b.Scales(j0), nullptr, MatmulAPrefetch());
-                }
-              }
-            }
-            continue;
-          }
-          for (size_t kb = 0; kb < kblocks.count; ++kb) {
-            const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
-            // NC blocks of panels: their B (kc x NC) stays in L2 while every
-            // strip passes over it; each strip's A (MR x kc) stays in L1 across
-            // the panels. A strip is packed by its first kernel (A^T: just
-            // before it), and the next strip's A (the first of the next K block
-            // after the last) is prefetched during its kernels, so that memory
-            // delivers it then instead of in a packing phase of its own.
-            for (size_t q0 = p0; q0 < p1; q0 += nc_panels) {
-              const size_t q1 = std::min(p1, q0 + nc_panels);
+  // A's strips: the calling thread's slots, every one sized here, and the
+  // loop isolated (ThreadSlots).
+  ThreadSlots& a_slots = MatmulASlots();
+  a_slots.Reserve(a_strips * strip_floats);
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, tasks, 1),
+        [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+          float* a_buf = a_slots.Mine().Get(a_strips * strip_floats);
+          // B for this task: its window, the thread's own copy, or the shared
+          // copy.
+          float* window =
+              b.Windowed()
+                  ? MatmulWindowScratch().Get(nc_panels * kblocks.length * NR)
+                  : nullptr;
+          const void* b_base = b.Begin();
+          for (size_t task = range.begin(); task < range.end(); ++task) {
+            // Panel-group major: TBB hands each thread a contiguous range of
+            // tasks, so threads mostly work on different panels of B (their own
+            // B in their own L2, and no waiting for a slice another packs).
+            const size_t row_block = task % row_blocks;
+            const size_t group = task / row_blocks;
+            const size_t i0 = row_block * strips_total / row_blocks * MR;
+            const size_t i1 =
+                std::min(m, (row_block + 1) * strips_total / row_blocks * MR);
+            const size_t p0 = group * panels / panel_blocks;
+            const size_t p1 = (group + 1) * panels / panel_blocks;
+            const size_t strips = (i1 - i0 + MR - 1) / MR;
+            if (small_m) {
+              // A once for all of K; then per K block the task's panels in
+              // order, which lie one after the other: B streams once.
               for (size_t s = 0; s < strips; ++s) {
                 const size_t r0 = i0 + s * MR;
-                const size_t rows = std::min(MR, i1 - r0);
-                float* a_strip = a_buf + (one_nc_block ? 0 : s) * strip_floats;
-                // The strip to prefetch during this one's kernels: the next
-                // one, or the first of the next K block.
-                size_t next_r0 = 0, next_rows = 0, next_kb = kb;
-                // The strip is packed with its first kernel (by that kernel,
-                // in the common case), or here for A^T and the bf16 fallback.
-                const bool pack_a = q0 == p0;
-                const bool pack_in_kernel =
-                    pack_a && !trans_a &&
-                    (kMode == kMatmulFloat32 || kMode == kMatmulBF16Native);
-                const MatmulASource source{
-                    pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
-                if (pack_a) {
-                  if (!pack_in_kernel) {
-                    PackAStripMode<kMode>(a, lda, trans_a, r0, rows, k0, kc,
-                                          a_strip);
-                  }
-                  if (s + 1 < strips) {
-                    next_r0 = r0 + MR;
-                    next_rows = std::min(MR, i1 - next_r0);
-                  } else if (kb + 1 < kblocks.count) {
-                    next_r0 = i0;
-                    next_rows = std::min(MR, i1 - i0);
-                    next_kb = kb + 1;
+                for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                  PackAStripMode<kMode>(
+                      a, lda, trans_a, r0, std::min(MR, i1 - r0),
+                      kblocks.Begin(kb), kblocks.Size(kb, k),
+                      a_buf + s * strip_floats + kb * kMatmulAStripFloats);
+                }
+              }
+              for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                const size_t kc = kblocks.Size(kb, k);
+                for (size_t p = p0; p < p1; ++p) {
+                  const size_t j0 = p * NR;
+                  const size_t cols = std::min(NR, n - j0);
+                  const T* slice = b.template Slice<T>(layout, b_base, window,
+                                                       kb, p, 0, true);
+                  for (size_t s = 0; s < strips; ++s) {
+                    const size_t r0 = i0 + s * MR;
+                    MatmulStripMode<kMode>(
+                        std::min(MR, i1 - r0), kc,
+                        a_buf + s * strip_floats + kb * kMatmulAStripFloats,
+                        slice, out, r0, j0, cols, alpha, beta, kb == 0,
+                        b.Scales(j0), nullptr, MatmulAPrefetch());
                   }
                 }
-                for (size_t p = q0; p < q1; ++p) {
-                  MatmulAPrefetch next;
-                  if (next_rows != 0) {
-                    // Piece p - q0 of the q1 - q0 kernels' shares of the next
-                    // strip's rows in memory.
-                    const size_t pieces = q1 - q0, piece = p - q0;
-                    const size_t next_k0 = kblocks.Begin(next_kb);
-                    const size_t next_kc = kblocks.Size(next_kb, k);
-                    const size_t rows_in_memory = trans_a ? next_kc : next_rows;
-                    const size_t first = piece * rows_in_memory / pieces;
-                    next.row0 = trans_a ? a + (next_k0 + first) * lda + next_r0
-                                        : a + (next_r0 + first) * lda + next_k0;
-                    next.lda = lda;
-                    next.rows = (piece + 1) * rows_in_memory / pieces - first;
-                    next.cols = trans_a ? next_rows : next_kc;
+              }
+              continue;
+            }
+            for (size_t kb = 0; kb < kblocks.count; ++kb) {
+              const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
+              // NC blocks of panels: their B (kc x NC) stays in L2 while every
+              // strip passes over it; each strip's A (MR x kc) stays in L1
+              // across the panels. A strip is packed by its first kernel (A^T:
+              // just before it), and the next strip's A (the first of the next
+              // K block after the last) is prefetched during its kernels, so
+              // that memory delivers it then instead of in a packing phase of
+              // its own.
+              for (size_t q0 = p0; q0 < p1; q0 += nc_panels) {
+                const size_t q1 = std::min(p1, q0 + nc_panels);
+                for (size_t s = 0; s < strips; ++s) {
+                  const size_t r0 = i0 + s * MR;
+                  const size_t rows = std::min(MR, i1 - r0);
+                  float* a_strip =
+                      a_buf + (one_nc_block ? 0 : s) * strip_floats;
+                  // The strip to prefetch during this one's kernels: the next
+                  // one, or the first of the next K block.
+                  size_t next_r0 = 0, next_rows = 0, next_kb = kb;
+                  // The strip is packed with its first kernel (by that kernel,
+                  // in the common case), or here for A^T and the bf16 fallback.
+                  const bool pack_a = q0 == p0;
+                  const bool pack_in_kernel =
+                      pack_a && !trans_a &&
+                      (kMode == kMatmulFloat32 || kMode == kMatmulBF16Native);
+                  const MatmulASource source{
+                      pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
+                  if (pack_a) {
+                    if (!pack_in_kernel) {
+                      PackAStripMode<kMode>(a, lda, trans_a, r0, rows, k0, kc,
+                                            a_strip);
+                    }
+                    if (s + 1 < strips) {
+                      next_r0 = r0 + MR;
+                      next_rows = std::min(MR, i1 - next_r0);
+                    } else if (kb + 1 < kblocks.count) {
+                      next_r0 = i0;
+                      next_rows = std::min(MR, i1 - i0);
+                      next_kb = kb + 1;
+                    }
                   }
-                  const size_t j0 = p * NR;
-                  const T* slice = b.template Slice<T>(layout, b_base, window,
-                                                       kb, p, p - q0, s == 0);
-                  MatmulStripMode<kMode>(
-                      rows, kc, a_strip, slice, out, r0, j0,
-                      std::min(NR, n - j0), alpha, beta, kb == 0, b.Scales(j0),
-                      pack_in_kernel && p == q0 ? &source : nullptr, next);
+                  for (size_t p = q0; p < q1; ++p) {
+                    MatmulAPrefetch next;
+                    if (next_rows != 0) {
+                      // Piece p - q0 of the q1 - q0 kernels' shares of the next
+                      // strip's rows in memory.
+                      const size_t pieces = q1 - q0, piece = p - q0;
+                      const size_t next_k0 = kblocks.Begin(next_kb);
+                      const size_t next_kc = kblocks.Size(next_kb, k);
+                      const size_t rows_in_memory =
+                          trans_a ? next_kc : next_rows;
+                      const size_t first = piece * rows_in_memory / pieces;
+                      next.row0 = trans_a
+                                      ? a + (next_k0 + first) * lda + next_r0
+                                      : a + (next_r0 + first) * lda + next_k0;
+                      next.lda = lda;
+                      next.rows = (piece + 1) * rows_in_memory / pieces - first;
+                      next.cols = trans_a ? next_rows : next_kc;
+                    }
+                    const size_t j0 = p * NR;
+                    const T* slice = b.template Slice<T>(layout, b_base, window,
+                                                         kb, p, p - q0, s == 0);
+                    MatmulStripMode<kMode>(
+                        rows, kc, a_strip, slice, out, r0, j0,
+                        std::min(NR, n - j0), alpha, beta, kb == 0,
+                        b.Scales(j0),
+                        pack_in_kernel && p == q0 ? &source : nullptr, next);
+                  }
                 }
               }
             }
           }
-        }
-      },
-      tbb::simple_partitioner());
+        },
+        tbb::simple_partitioner());
+  });
 }
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the

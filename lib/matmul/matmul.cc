@@ -85,24 +85,22 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
     case WeightDtype::kBFloat16:
       if (!w.bf16_compute) {
         MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
-                                         alpha, beta, w.a_slots);
+                                         alpha, beta);
 #if HEADWAY_MATMUL_NATIVE_BF16
       } else if (w.native) {
         MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
-            a, lda, trans_a, b, m, n, k, out, alpha, beta, w.a_slots);
+            a, lda, trans_a, b, m, n, k, out, alpha, beta);
 #endif
       } else {
         MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
-            a, lda, trans_a, b, m, n, k, out, alpha, beta, w.a_slots);
+            a, lda, trans_a, b, m, n, k, out, alpha, beta);
       }
       break;
     case WeightDtype::kInt8:
-      MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta,
-                              w.a_slots);
+      MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
       break;
     default:
-      MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta,
-                             w.a_slots);
+      MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
   }
 }
 

@@ -10,7 +10,6 @@
 
 #include "headway/matmul.h"
 #include "headway/targets.h"
-#include "lib/core/blocks.h"
 
 namespace headway {
 
@@ -92,9 +91,6 @@ struct MatmulPackedWeights {
   // at the call, AVX3 targets only).
   bool bf16_compute = false;
   bool native = false;
-  // The caller's per-thread scratch for A's strips (a layer's, so that its
-  // warm calls allocate nothing), or null: thread_local buffers.
-  ThreadSlots* a_slots = nullptr;
 };
 
 // How the kernels read b, multiplied in `compute` (checked by the caller: bf16
