@@ -63,6 +63,8 @@ namespace bench {
 namespace HWY_NAMESPACE {
 
 using ::headway::HWY_NAMESPACE::AccumulateRows;
+using ::headway::HWY_NAMESPACE::DecodePrefetch;
+using ::headway::HWY_NAMESPACE::DecodePrefetchFor;
 using ::headway::HWY_NAMESPACE::ScoreRows;
 
 // Heads [head_begin, head_end) of `ops`, key block by key block; returns a
@@ -73,6 +75,7 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
   HWY_ALIGN float sc[kDecodeMaxRows * kDecodeBlock];
   HWY_ALIGN float o[kDecodeMaxRows * kDecodeDim];
   const size_t head_elements = kDecodeKeys * kDecodeDim;
+  const DecodePrefetch prefetch = DecodePrefetchFor<T>(rows);
   float result = 0.0f;
   for (size_t h = head_begin; h < head_end; ++h) {
     const T* k = static_cast<const T*>(ops.k) + h * head_elements;
@@ -84,12 +87,12 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
     for (size_t i = 0; i < rows * kDecodeDim; ++i) o[i] = 0.0f;
     for (size_t k0 = 0; k0 < kDecodeKeys; k0 += kDecodeBlock) {
       const size_t at = k0 * kDecodeDim;
-      // NarrowTile's prefetch rule: for several rows, V passed to ScoreRows
-      // and the next block's K to AccumulateRows (both prefetched).
+      // NarrowTile's prefetches.
       ScoreRows(ops.q, kDecodeDim, rows, k + at, kDecodeDim,
                 k_scales ? k_scales + k0 : nullptr, kDecodeBlock, kDecodeDim,
-                rows > 1 ? v + at : nullptr, kDecodeDim, sc, kDecodeBlock);
-      const bool next = rows > 1 && k0 + kDecodeBlock < kDecodeKeys;
+                prefetch.values ? v + at : nullptr, kDecodeDim, sc,
+                kDecodeBlock);
+      const bool next = prefetch.next_keys && k0 + kDecodeBlock < kDecodeKeys;
       AccumulateRows(sc, kDecodeBlock, rows, v + at, kDecodeDim,
                      v_scales ? v_scales + k0 : nullptr, kDecodeBlock,
                      kDecodeDim, o, kDecodeDim,

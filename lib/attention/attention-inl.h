@@ -965,17 +965,18 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
   const KvRows<T> values =
       HeadRows<T>(dims, work, KvSide::kValues, tile.kv_head, nullptr);
   const ScoreRules rules = WorkScoreRules(dims, work);
+  const DecodePrefetch prefetch = DecodePrefetchFor<T>(rows);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
         static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
     // Scores key by key: a K row comes from memory once and serves every query
-    // row while it is in L1. With several query rows, the block's V rows are
-    // prefetched as the keys go by, and the next block's K rows as V is
-    // summed (decode.h's ScoreRows says why and what it gains).
+    // row while it is in L1. The block's V rows may be prefetched as the keys
+    // go by, and the next block's K rows as V is summed (DecodePrefetchFor).
     ScoreRows(qs, row_stride, rows, keys.Stored(k0), row_stride,
               keys.Scales(k0), n_keys, row_stride,
-              rows > 1 ? values.Stored(k0) : nullptr, row_stride, sc, bkp);
+              prefetch.values ? values.Stored(k0) : nullptr, row_stride, sc,
+              bkp);
     // Soft-capping and ALiBi, the additive mask, each row's VisibleKeys, -inf
     // for the padding.
     const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
@@ -1005,9 +1006,8 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
                       static_cast<int64_t>(n_keys)) ||
         values.Finite(k0, n_keys)) {
-      // With several rows, the next block's K rows stream in meanwhile.
       const int64_t k1 = k0 + kAttentionKeyBlock;
-      const size_t next_n = rows > 1 && k1 < tile.key_end
+      const size_t next_n = prefetch.next_keys && k1 < tile.key_end
                                 ? static_cast<size_t>(std::min(
                                       kAttentionKeyBlock, tile.key_end - k1))
                                 : 0;

@@ -33,11 +33,7 @@ namespace HWY_NAMESPACE {
 // Error: float32 sums in a target-dependent order, at most (dim + 1) u sum_p |q
 // K k_scale| (u = 2^-24). v (may be null) are the same keys' V rows, stride
 // v_stride: with v, K rows 16 keys ahead and the V rows are prefetched into L2
-// as the keys go by (KeyPrefetch). Pass it for several query rows, whose dot
-// products let the hardware prefetchers fall behind: GQA-8 decode at 16384
-// keys ran 1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches and
-// AccumulateRows' next_k than without (AVX3_DL, one thread, in-process
-// interleaved runs); one row does without, where they cost 4-9%.
+// as the keys go by (KeyPrefetch). Callers pass v as DecodePrefetch says.
 template <class T>
 void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
                const T* HWY_RESTRICT k, size_t k_stride,
@@ -55,7 +51,7 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 // 2) u (|o| + sum_s |w v_scale V|). next_k (may be null) are the next key
 // block's next_n K rows, stride next_k_stride: prefetched one per key as the
 // keys go by, so that memory streams while V is summed from cache (ScoreRows
-// with v streams the other half).
+// with v streams the other half). Callers pass next_k as DecodePrefetch says.
 template <class T>
 void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     const T* HWY_RESTRICT v, size_t v_stride,
@@ -63,6 +59,26 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     float* HWY_RESTRICT o, size_t o_stride,
                     const T* HWY_RESTRICT next_k, size_t next_k_stride,
                     size_t next_n);
+
+// Which prefetches a key block's ScoreRows and AccumulateRows issue for `rows`
+// query rows over stored type T (NarrowTile and decode_bench ask here):
+// - values: ScoreRows gets the block's V rows, for several rows, whose dot
+//   products let the hardware prefetchers fall behind: GQA-8 decode at 16384
+//   keys ran 1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches
+//   and next_keys than without; one row does without, where they cost 4-9%.
+// - next_keys: AccumulateRows gets the next block's K rows, for several rows,
+//   and for one row of a 16-bit type: MHA decode at 16384 keys ran 1.25-1.35x
+//   faster with them in bf16 and f16, where float32 and int8 ran 4-20%
+//   slower (1 and 2 threads).
+// (AVX3_DL, in-process interleaved runs.)
+struct DecodePrefetch {
+  bool values;
+  bool next_keys;
+};
+template <class T>
+HWY_INLINE DecodePrefetch DecodePrefetchFor(size_t rows) {
+  return {rows > 1, rows > 1 || sizeof(T) == 2};
+}
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
