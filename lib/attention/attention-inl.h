@@ -1190,41 +1190,41 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 // with the tiles inside, so that each K and V block is read (KvRows::Block,
 // which converts a narrower type here) once and serves all the tiles while it
 // is in cache (every tile sees the same blocks as it would alone).
-// Floats of RunWideGroup's scratch for n tiles of `rows` rows: [tile][QT, OT,
-// m, l, WideLanes], then ST shared by the tiles, then the K and V blocks'
-// scratch (converting types).
+// The layout of RunWideGroup's scratch for tiles of `rows` rows:
+// [tile][QT, OT, m, l, WideLanes] (tile_floats each), then ST shared by the
+// tiles, then the K and V blocks' scratch (kv_floats each; converting types).
 template <class T>
-HWY_INLINE size_t WideGroupFloats(const AttentionDims& dims, size_t rows,
-                                  size_t n) {
-  const size_t rp = RoundUp(rows, hn::Lanes(AttnD()));
-  const size_t tile_floats =
-      2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp;
-  const size_t kv_floats =
-      KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
-                               static_cast<size_t>(dims.row_stride));
-  return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats;
-}
+struct WideGroupLayout {
+  size_t rp;  // rows rounded up to vectors
+  size_t tile_floats;
+  size_t kv_floats;
+  WideGroupLayout(const AttentionDims& dims, size_t rows)
+      : rp(RoundUp(rows, hn::Lanes(AttnD()))),
+        tile_floats(2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp),
+        kv_floats(
+            KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
+                                     static_cast<size_t>(dims.row_stride))) {}
+  // Floats for n tiles.
+  size_t Floats(size_t n) const {
+    return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats;
+  }
+};
 
 template <class T>
 HWY_INLINE void RunWideGroup(const AttentionDims& dims,
                              const AttentionTile* tiles, int64_t n,
                              ScratchBuffer& scratch, TileResult* results) {
-  const size_t N = hn::Lanes(AttnD());
-  const size_t rp = RoundUp(static_cast<size_t>(tiles[0].rows), N);
+  const WideGroupLayout<T> layout(dims, static_cast<size_t>(tiles[0].rows));
+  const size_t rp = layout.rp;
   const size_t dim = static_cast<size_t>(dims.head_dim);
-  const size_t tile_floats = 2 * dim * rp + 4 * rp;
-  const size_t kv_floats =
-      KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
-                               static_cast<size_t>(dims.row_stride));
-  float* buf = scratch.Get(WideGroupFloats<T>(
-      dims, static_cast<size_t>(tiles[0].rows), static_cast<size_t>(n)));
-  float* st = buf + static_cast<size_t>(n) * tile_floats;
+  float* buf = scratch.Get(layout.Floats(static_cast<size_t>(n)));
+  float* st = buf + static_cast<size_t>(n) * layout.tile_floats;
   float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
   WideLanes lanes[kAttentionGroupTiles];
   int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
   for (int64_t i = 0; i < n; ++i) {
-    qt[i] = buf + static_cast<size_t>(i) * tile_floats;
+    qt[i] = buf + static_cast<size_t>(i) * layout.tile_floats;
     float* ot = qt[i] + dim * rp;
     float* stats = ot + dim * rp;  // m, l, then WideLanes
     results[i] = {ot, 1, rp, {stats, stats + rp}};
@@ -1237,7 +1237,7 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
                                      tiles[0].kv_head, kv_scratch);
   const KvRows<T> values =
       HeadRows<T>(dims, *tiles[0].work, KvSide::kValues, tiles[0].kv_head,
-                  kv_scratch + kv_floats);
+                  kv_scratch + layout.kv_floats);
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
     const size_t n_block =
         static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
@@ -1504,11 +1504,10 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
   for (size_t i = 0; i < n_works; ++i) {
     const AttentionSplit& sp = plan->splits[i];
     const size_t rows = static_cast<size_t>(sp.tile_tokens * group);
-    tile_floats =
-        std::max(tile_floats,
-                 sp.wide ? WideGroupFloats<T>(
-                               dims, rows, static_cast<size_t>(sp.group_tiles))
-                         : NarrowTileFloats(dims, rows));
+    tile_floats = std::max(
+        tile_floats, sp.wide ? WideGroupLayout<T>(dims, rows)
+                                   .Floats(static_cast<size_t>(sp.group_tiles))
+                             : NarrowTileFloats(dims, rows));
   }
   // FusedAttentionT runs this under isolate() (ThreadSlots).
   ThreadSlots& thread_tiles = AttentionTileSlots();
