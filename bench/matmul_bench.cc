@@ -239,16 +239,6 @@ const std::vector<PackedB>* SharedPacked(benchmark::State& state,
   return &packed;
 }
 
-// Allows or forbids the native bf16 kernel (AllowNativeBFloat16) for a scope,
-// and allows it again at its end.
-class NativeBF16Allowed {
- public:
-  explicit NativeBF16Allowed(bool allow) { AllowNativeBFloat16(allow); }
-  ~NativeBF16Allowed() { AllowNativeBFloat16(true); }
-  NativeBF16Allowed(const NativeBF16Allowed&) = delete;
-  NativeBF16Allowed& operator=(const NativeBF16Allowed&) = delete;
-};
-
 void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   const Shape s = Shape::From(state);
   Operands& ops = SharedOperands(s);
@@ -282,7 +272,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // for an unpacked 4096 x 4096 B) and faults its pages in, once per process;
   // with a short --benchmark_min_time that call was often the only one timed.
   // The native bf16 kernel as the row asks, allowed again on every return.
-  const NativeBF16Allowed native(s.allow_native);
+  const NativeBFloat16Scope native(s.allow_native);
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;

@@ -533,15 +533,6 @@ constexpr StoredMode kStoredModes[] = {
     {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, true},
     {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, false}};
 
-// Allows or forbids the native bf16 kernel for a scope.
-class NativeBF16Scope {
- public:
-  explicit NativeBF16Scope(bool allow) { AllowNativeBFloat16(allow); }
-  ~NativeBF16Scope() { AllowNativeBFloat16(true); }
-  NativeBF16Scope(const NativeBF16Scope&) = delete;
-  NativeBF16Scope& operator=(const NativeBF16Scope&) = delete;
-};
-
 // op(x) dense: [x.rows, x.cols] for kNo, [x.cols, x.rows] for kYes.
 std::vector<float> DenseOp(const Operand& x, Transpose t) {
   const bool trans = t == Transpose::kYes;
@@ -567,7 +558,7 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
                  int64_t offset = 0, uint64_t seed = 1) {
   const WeightDtype dtype = mode.dtype;
   const bool bf16_compute = mode.compute == MatmulCompute::kBFloat16;
-  const NativeBF16Scope native(mode.allow_native);
+  const NativeBFloat16Scope native(mode.allow_native);
   SCOPED_TRACE(testing::Message()
                << "m=" << m << " n=" << n << " k=" << k
                << " ta=" << static_cast<int>(ta)
@@ -699,7 +690,7 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
     int64_t m, n, k;
   };
   for (const StoredMode& mode : kStoredModes) {
-    const NativeBF16Scope native(mode.allow_native);
+    const NativeBFloat16Scope native(mode.allow_native);
     for (const Shape& s :
          {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 701}}) {
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
@@ -878,9 +869,16 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
   const bool avx3 = std::string(active.name).rfind("AVX3", 0) == 0;
   EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
   {
-    const NativeBF16Scope forbid(false);
+    const NativeBFloat16Scope forbid(false);
+    EXPECT_FALSE(NativeBFloat16Active());
+    {
+      const NativeBFloat16Scope allow(true);
+      EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
+    }
+    // The inner scope gave back the setting it found.
     EXPECT_FALSE(NativeBFloat16Active());
   }
+  EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
   const Tile t = ActiveTile();
   struct Shape {
     int64_t m, n, k;
@@ -895,12 +893,12 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
             .ok());
     std::vector<float> native, fallback;
     {
-      const NativeBF16Scope allow(true);
+      const NativeBFloat16Scope allow(true);
       native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                          &packed, 0.0f, MatmulCompute::kBFloat16);
     }
     {
-      const NativeBF16Scope forbid(false);
+      const NativeBFloat16Scope forbid(false);
       fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                            &packed, 0.0f, MatmulCompute::kBFloat16);
     }

@@ -66,8 +66,23 @@ HEADWAY_API bool NativeBFloat16Active();
 
 // Allows (the default) or forbids the native bf16 dot product: tests and
 // benchmarks run the fallback kernel on a CPU that has it. Process-wide, like
-// SetMaxTarget: change it while no Headway call runs.
-HEADWAY_API void AllowNativeBFloat16(bool allow);
+// SetMaxTarget: change it while no Headway call runs. Returns the setting
+// before the call.
+HEADWAY_API bool AllowNativeBFloat16(bool allow);
+
+// AllowNativeBFloat16(allow) for the lifetime of the scope, then the setting
+// it found.
+class NativeBFloat16Scope {
+ public:
+  explicit NativeBFloat16Scope(bool allow)
+      : previous_(AllowNativeBFloat16(allow)) {}
+  ~NativeBFloat16Scope() { AllowNativeBFloat16(previous_); }
+  NativeBFloat16Scope(const NativeBFloat16Scope&) = delete;
+  NativeBFloat16Scope& operator=(const NativeBFloat16Scope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace headway
 

@@ -192,8 +192,8 @@ bool NativeBFloat16Active() {
 #endif
 }
 
-void AllowNativeBFloat16(bool allow) {
-  g_allow_native_bf16.store(allow, std::memory_order_relaxed);
+bool AllowNativeBFloat16(bool allow) {
+  return g_allow_native_bf16.exchange(allow, std::memory_order_relaxed);
 }
 
 }  // namespace headway
