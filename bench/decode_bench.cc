@@ -1,8 +1,9 @@
 // The decode tile kernels alone (lib/attention/decode.h): ScoreRows then
-// AccumulateRows per 128-key block, as NarrowTile calls them, streaming the
-// stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB, float32:
-// 512 MiB, all far past the 32 MiB L3) once per iteration, per stored type,
-// with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group).
+// AccumulateRows per 128-key block (ScoreRowPair and AccumulateRowPair on
+// pairs of heads where NarrowTile pairs them), as NarrowTile calls them,
+// streaming the stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB,
+// float32: 512 MiB, all far past the 32 MiB L3) once per iteration, per stored
+// type, with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group).
 //
 // Bytes counted: the stored K and V elements and the int8 scales (what decode
 // must read); flops: 4 per query row and key element (the score's and the
@@ -62,44 +63,72 @@ namespace headway {
 namespace bench {
 namespace HWY_NAMESPACE {
 
+using ::headway::HWY_NAMESPACE::AccumulateRowPair;
 using ::headway::HWY_NAMESPACE::AccumulateRows;
+using ::headway::HWY_NAMESPACE::DecodeInPairs;
 using ::headway::HWY_NAMESPACE::DecodePrefetch;
 using ::headway::HWY_NAMESPACE::DecodePrefetchFor;
+using ::headway::HWY_NAMESPACE::ScoreRowPair;
 using ::headway::HWY_NAMESPACE::ScoreRows;
 
-// Heads [head_begin, head_end) of `ops`, key block by key block; returns a
-// sum of the outputs (kept so that nothing is optimised away).
+// Heads [head_begin, head_end) of `ops`, key block by key block, one by one
+// or, for one row where NarrowTile would (DecodeInPairs), two at a time;
+// returns a sum of the outputs (kept so that nothing is optimised away).
 template <class T>
 float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
                   size_t head_end) {
-  HWY_ALIGN float sc[kDecodeMaxRows * kDecodeBlock];
-  HWY_ALIGN float o[kDecodeMaxRows * kDecodeDim];
+  HWY_ALIGN float sc[2][kDecodeMaxRows * kDecodeBlock];
+  HWY_ALIGN float o[2][kDecodeMaxRows * kDecodeDim];
   const size_t head_elements = kDecodeKeys * kDecodeDim;
   const DecodePrefetch prefetch = DecodePrefetchFor<T>(rows);
+  const bool pairs = DecodeInPairs(internal::kKvDtypeOf<T>, rows);
   float result = 0.0f;
-  for (size_t h = head_begin; h < head_end; ++h) {
-    const T* k = static_cast<const T*>(ops.k) + h * head_elements;
-    const T* v = static_cast<const T*>(ops.v) + h * head_elements;
-    const float* k_scales =
-        ops.k_scales ? ops.k_scales + h * kDecodeKeys : nullptr;
-    const float* v_scales =
-        ops.v_scales ? ops.v_scales + h * kDecodeKeys : nullptr;
-    for (size_t i = 0; i < rows * kDecodeDim; ++i) o[i] = 0.0f;
+  for (size_t h = head_begin; h < head_end; h += pairs ? 2 : 1) {
+    const size_t n_heads = pairs ? HWY_MIN(2, head_end - h) : 1;
+    const T* k[2];
+    const T* v[2];
+    const float* k_scales[2] = {nullptr, nullptr};
+    const float* v_scales[2] = {nullptr, nullptr};
+    for (size_t i = 0; i < 2; ++i) {
+      const size_t head = h + HWY_MIN(i, n_heads - 1);
+      k[i] = static_cast<const T*>(ops.k) + head * head_elements;
+      v[i] = static_cast<const T*>(ops.v) + head * head_elements;
+      if (ops.k_scales) {
+        k_scales[i] = ops.k_scales + head * kDecodeKeys;
+        v_scales[i] = ops.v_scales + head * kDecodeKeys;
+      }
+      for (size_t j = 0; j < rows * kDecodeDim; ++j) o[i][j] = 0.0f;
+    }
     for (size_t k0 = 0; k0 < kDecodeKeys; k0 += kDecodeBlock) {
       const size_t at = k0 * kDecodeDim;
+      const float* ks[2] = {k_scales[0], k_scales[1]};
+      const float* vs[2] = {v_scales[0], v_scales[1]};
+      for (size_t i = 0; i < 2 && ks[0] != nullptr; ++i) {
+        ks[i] += k0;
+        vs[i] += k0;
+      }
+      if (n_heads == 2) {
+        const float* const q[2] = {ops.q, ops.q + kDecodeDim};
+        const T* const kb[2] = {k[0] + at, k[1] + at};
+        const T* const vb[2] = {v[0] + at, v[1] + at};
+        float* const scs[2] = {sc[0], sc[1]};
+        const float* const w[2] = {sc[0], sc[1]};
+        float* const os[2] = {o[0], o[1]};
+        ScoreRowPair(q, kb, ks, kDecodeDim, kDecodeBlock, kDecodeDim, scs);
+        AccumulateRowPair(w, vb, vs, kDecodeDim, kDecodeBlock, kDecodeDim, os);
+        continue;
+      }
       // NarrowTile's prefetches.
-      ScoreRows(ops.q, kDecodeDim, rows, k + at, kDecodeDim,
-                k_scales ? k_scales + k0 : nullptr, kDecodeBlock, kDecodeDim,
-                prefetch.values ? v + at : nullptr, kDecodeDim, sc,
-                kDecodeBlock);
+      ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
+                kDecodeBlock, kDecodeDim, prefetch.values ? v[0] + at : nullptr,
+                kDecodeDim, sc[0], kDecodeBlock);
       const bool next = prefetch.next_keys && k0 + kDecodeBlock < kDecodeKeys;
-      AccumulateRows(sc, kDecodeBlock, rows, v + at, kDecodeDim,
-                     v_scales ? v_scales + k0 : nullptr, kDecodeBlock,
-                     kDecodeDim, o, kDecodeDim,
-                     next ? k + at + kDecodeBlock * kDecodeDim : nullptr,
+      AccumulateRows(sc[0], kDecodeBlock, rows, v[0] + at, kDecodeDim, vs[0],
+                     kDecodeBlock, kDecodeDim, o[0], kDecodeDim,
+                     next ? k[0] + at + kDecodeBlock * kDecodeDim : nullptr,
                      kDecodeDim, next ? kDecodeBlock : 0);
     }
-    result += o[0];
+    result += o[0][0] + o[1][0];
   }
   return result;
 }

@@ -946,32 +946,41 @@ TEST_P(AttentionTest, LargeLogitsWithinTheBound) {
 // other, and no NaN is converted to an integer on the way (as EMU128's Exp
 // would; the clang build's -fsanitize=undefined reports one). Every dtype
 // (int8: the row's NaN scale).
+// GQA (query heads 0 and 1 read KV head 0) and MHA over 3 KV heads (heads 0
+// and 1 run as a pair, head 2 alone): a NaN in q, K or V of KV head 0 reaches
+// the heads that read it and no other.
 TEST_P(AttentionTest, DecodeWithNaNInQKOrV) {
-  const int64_t d = 16, n_heads = 4, n_kv_heads = 2, kv_len = 70;
+  const int64_t d = 16, kv_len = 70;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const KvDtype dtype : kDtypes) {
-    for (const int where : {0, 1, 2}) {  // q, K, V
-      std::vector<float> k(kv_len * n_kv_heads * d), v(k.size());
-      test::FillRandom(k.data(), k.size(), 201);
-      test::FillRandom(v.data(), v.size(), 203);
-      // Key 5 of KV head 0 (query heads 0 and 1), column 3.
-      if (where > 0) (where == 1 ? k : v)[5 * n_kv_heads * d + 3] = nan;
-      const KvCache cache = CacheHolding(dtype, n_kv_heads, d, kv_len, k, v);
-      std::vector<float> q(n_heads * d), out(q.size());
-      test::FillRandom(q.data(), q.size(), 202);
-      if (where == 0) q[3] = nan;  // head 0
-      AttentionQuery query;
-      query.q_pos0 = kv_len - 1;
-      query.q = MatrixView<const float>(q.data(), 1, n_heads * d);
-      query.out = MatrixView<float>(out.data(), 1, n_heads * d);
-      ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
-      const std::string what = DtypeName(dtype) + ", " + std::to_string(where);
-      EXPECT_TRUE(std::isnan(out[where == 2 ? 3 : 0])) << what;
-      if (where > 0) {
-        EXPECT_TRUE(std::isnan(out[d + (where == 2 ? 3 : 0)])) << what;
-      }
-      for (int64_t i = 2 * d; i < n_heads * d; ++i) {
-        ASSERT_FALSE(std::isnan(out[i])) << what << ", " << i;
+  for (const Layout layout : {Layout{4, 2}, Layout{3, 3}}) {
+    const int64_t n_heads = layout.n_heads, n_kv_heads = layout.n_kv_heads;
+    const int64_t group = n_heads / n_kv_heads;
+    for (const KvDtype dtype : kDtypes) {
+      for (const int where : {0, 1, 2}) {  // q, K, V
+        std::vector<float> k(kv_len * n_kv_heads * d), v(k.size());
+        test::FillRandom(k.data(), k.size(), 201);
+        test::FillRandom(v.data(), v.size(), 203);
+        // Key 5 of KV head 0, column 3.
+        if (where > 0) (where == 1 ? k : v)[5 * n_kv_heads * d + 3] = nan;
+        const KvCache cache = CacheHolding(dtype, n_kv_heads, d, kv_len, k, v);
+        std::vector<float> q(n_heads * d), out(q.size());
+        test::FillRandom(q.data(), q.size(), 202);
+        if (where == 0) q[3] = nan;  // head 0
+        AttentionQuery query;
+        query.q_pos0 = kv_len - 1;
+        query.q = MatrixView<const float>(q.data(), 1, n_heads * d);
+        query.out = MatrixView<float>(out.data(), 1, n_heads * d);
+        ASSERT_TRUE(Attention(cache, n_heads, &query, 1).ok());
+        const std::string what = DtypeName(dtype) + ", " +
+                                 std::to_string(where) + ", heads " +
+                                 std::to_string(n_heads);
+        EXPECT_TRUE(std::isnan(out[where == 2 ? 3 : 0])) << what;
+        if (where > 0 && group > 1) {
+          EXPECT_TRUE(std::isnan(out[d + (where == 2 ? 3 : 0)])) << what;
+        }
+        for (int64_t i = group * d; i < n_heads * d; ++i) {
+          ASSERT_FALSE(std::isnan(out[i])) << what << ", " << i;
+        }
       }
     }
   }

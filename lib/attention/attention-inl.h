@@ -932,38 +932,57 @@ HWY_INLINE void NarrowSoftmaxStep(float* HWY_RESTRICT sc, size_t rows,
   }
 }
 
-// One work item on a narrow tile, reading the stored K and V rows directly
-// (ScoreRows and AccumulateRows, decode.h). qs [rows, row_stride]:
-// QueryScale * q, zero-padded; sc [rows, bkp] scores (bkp: the key block
-// rounded up to vectors); o [rows, row_stride] unnormalised output.
+// A narrow tile's buffers: qs [rows, row_stride]: QueryScale * q,
+// zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
+// vectors); o [rows, row_stride] unnormalised output; m and l.
+struct NarrowBuffers {
+  float* qs;
+  float* sc;
+  float* o;
+  OnlineSoftmaxState state;
+};
+
+// A work item on n_tiles narrow tiles (1, or a pair: one row each, the same
+// key range, two KV heads; NarrowPairs), reading the stored K and V rows
+// directly: ScoreRows and AccumulateRows, or for a pair ScoreRowPair and
+// AccumulateRowPair, whose results are the same.
 template <class T>
-HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
-                           float* HWY_RESTRICT qs, float* HWY_RESTRICT sc,
-                           float* HWY_RESTRICT o, OnlineSoftmaxState state) {
+HWY_INLINE void NarrowTiles(const AttentionDims& dims,
+                            const AttentionTile* tiles, size_t n_tiles,
+                            const NarrowBuffers* bufs) {
   const AttnD d;
   const size_t N = hn::Lanes(d);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
+  const AttentionTile& tile = tiles[0];  // what the tiles share
   const size_t rows = static_cast<size_t>(tile.rows);
   const int64_t group = dims.n_heads / dims.n_kv_heads;
   const AttentionWork& work = *tile.work;
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const bool pair = n_tiles == 2;
 
   const float qscale = QueryScale(dims, work);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* q_row = TileQRow(dims, tile, static_cast<int64_t>(r));
-    float* qs_row = qs + r * row_stride;
-    for (int64_t p = 0; p < dims.head_dim; ++p) qs_row[p] = qscale * q_row[p];
-    std::fill(qs_row + dims.head_dim, qs_row + row_stride, 0.0f);
+  KvRows<T> keys[2] = {
+      HeadRows<T>(dims, work, KvSide::kKeys, tile.kv_head, nullptr),
+      HeadRows<T>(dims, work, KvSide::kKeys, tiles[n_tiles - 1].kv_head,
+                  nullptr)};
+  KvRows<T> values[2] = {
+      HeadRows<T>(dims, work, KvSide::kValues, tile.kv_head, nullptr),
+      HeadRows<T>(dims, work, KvSide::kValues, tiles[n_tiles - 1].kv_head,
+                  nullptr)};
+  for (size_t i = 0; i < n_tiles; ++i) {
+    const NarrowBuffers& b = bufs[i];
+    for (size_t r = 0; r < rows; ++r) {
+      const float* q_row = TileQRow(dims, tiles[i], static_cast<int64_t>(r));
+      float* qs_row = b.qs + r * row_stride;
+      for (int64_t p = 0; p < dims.head_dim; ++p) qs_row[p] = qscale * q_row[p];
+      std::fill(qs_row + dims.head_dim, qs_row + row_stride, 0.0f);
+    }
+    std::fill(b.o, b.o + rows * row_stride, 0.0f);
+    std::fill(b.state.max, b.state.max + rows, neg_inf);
+    std::fill(b.state.sum, b.state.sum + rows, 0.0f);
   }
-  std::fill(o, o + rows * row_stride, 0.0f);
-  std::fill(state.max, state.max + rows, neg_inf);
-  std::fill(state.sum, state.sum + rows, 0.0f);
 
-  const KvRows<T> keys =
-      HeadRows<T>(dims, work, KvSide::kKeys, tile.kv_head, nullptr);
-  const KvRows<T> values =
-      HeadRows<T>(dims, work, KvSide::kValues, tile.kv_head, nullptr);
   const ScoreRules rules = WorkScoreRules(dims, work);
   const DecodePrefetch prefetch = DecodePrefetchFor<T>(rows);
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end;
@@ -973,68 +992,100 @@ HWY_INLINE void NarrowTile(const AttentionDims& dims, const AttentionTile& tile,
     // Scores key by key: a K row comes from memory once and serves every query
     // row while it is in L1. The block's V rows may be prefetched as the keys
     // go by, and the next block's K rows as V is summed (DecodePrefetchFor).
-    ScoreRows(qs, row_stride, rows, keys.Stored(k0), row_stride,
-              keys.Scales(k0), n_keys, row_stride,
-              prefetch.values ? values.Stored(k0) : nullptr, row_stride, sc,
-              bkp);
+    if (pair) {
+      const float* const qs[2] = {bufs[0].qs, bufs[1].qs};
+      const T* const k[2] = {keys[0].Stored(k0), keys[1].Stored(k0)};
+      const float* const k_scales[2] = {keys[0].Scales(k0), keys[1].Scales(k0)};
+      float* const sc[2] = {bufs[0].sc, bufs[1].sc};
+      ScoreRowPair(qs, k, k_scales, row_stride, n_keys, row_stride, sc);
+    } else {
+      ScoreRows(bufs[0].qs, row_stride, rows, keys[0].Stored(k0), row_stride,
+                keys[0].Scales(k0), n_keys, row_stride,
+                prefetch.values ? values[0].Stored(k0) : nullptr, row_stride,
+                bufs[0].sc, bkp);
+    }
     // Soft-capping and ALiBi, the additive mask, each row's VisibleKeys, -inf
     // for the padding.
     const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
                                                static_cast<int64_t>(n_keys));
-    for (size_t r = 0; r < rows; ++r) {
-      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-      float* sc_row = sc + r * bkp;
-      if (rules.any()) {
-        RuleScoreRow(rules,
-                     tile.kv_head * group + static_cast<int64_t>(r) % group,
-                     work.q_pos0 + t, k0, sc_row, n_keys);
+    for (size_t i = 0; i < n_tiles; ++i) {
+      const NarrowBuffers& b = bufs[i];
+      for (size_t r = 0; r < rows; ++r) {
+        const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+        float* sc_row = b.sc + r * bkp;
+        if (rules.any()) {
+          RuleScoreRow(
+              rules, tiles[i].kv_head * group + static_cast<int64_t>(r) % group,
+              work.q_pos0 + t, k0, sc_row, n_keys);
+        }
+        if (work.mask) {
+          const float* mask_row = work.mask + t * work.mask_stride + k0;
+          for (size_t s = 0; s < n_keys; ++s)
+            sc_row[s] = MaskedScore(sc_row[s], mask_row[s]);
+        }
+        if (crossing) {
+          HideOutside(VisibleKeys(dims, work, t), k0, n_keys, sc_row);
+        }
+        std::fill(sc_row + n_keys, sc_row + bkp, neg_inf);
       }
-      if (work.mask) {
-        const float* mask_row = work.mask + t * work.mask_stride + k0;
-        for (size_t s = 0; s < n_keys; ++s)
-          sc_row[s] = MaskedScore(sc_row[s], mask_row[s]);
+      if (ScoresInBase2(work)) {
+        NarrowSoftmaxStep<true>(b.sc, rows, bkp, b.o, row_stride, b.state);
+      } else {
+        NarrowSoftmaxStep<false>(b.sc, rows, bkp, b.o, row_stride, b.state);
       }
-      if (crossing) HideOutside(VisibleKeys(dims, work, t), k0, n_keys, sc_row);
-      std::fill(sc_row + n_keys, sc_row + bkp, neg_inf);
     }
-    if (ScoresInBase2(work)) {
-      NarrowSoftmaxStep<true>(sc, rows, bkp, o, row_stride, state);
-    } else {
-      NarrowSoftmaxStep<false>(sc, rows, bkp, o, row_stride, state);
+    // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride]: at once
+    // where no key that a row must not see holds a NaN or inf in V.
+    const bool may_hide = BlockMayHide(dims, work, tile.t0, tile.nt, k0,
+                                       static_cast<int64_t>(n_keys));
+    bool fast[2] = {false, false};
+    for (size_t i = 0; i < n_tiles; ++i) {
+      fast[i] = !may_hide || values[i].Finite(k0, n_keys);
     }
-    // O [rows, row_stride] += P [rows, n_keys] V [n_keys, row_stride].
-    if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
-                      static_cast<int64_t>(n_keys)) ||
-        values.Finite(k0, n_keys)) {
-      const int64_t k1 = k0 + kAttentionKeyBlock;
-      const size_t next_n = prefetch.next_keys && k1 < tile.key_end
-                                ? static_cast<size_t>(std::min(
-                                      kAttentionKeyBlock, tile.key_end - k1))
-                                : 0;
-      AccumulateRows(sc, bkp, rows, values.Stored(k0), row_stride,
-                     values.Scales(k0), n_keys, row_stride, o, row_stride,
-                     next_n ? keys.Stored(k1) : nullptr, row_stride, next_n);
+    if (pair && fast[0] && fast[1]) {
+      const float* const w[2] = {bufs[0].sc, bufs[1].sc};
+      const T* const v[2] = {values[0].Stored(k0), values[1].Stored(k0)};
+      const float* const v_scales[2] = {values[0].Scales(k0),
+                                        values[1].Scales(k0)};
+      float* const o[2] = {bufs[0].o, bufs[1].o};
+      AccumulateRowPair(w, v, v_scales, row_stride, n_keys, row_stride, o);
       continue;
     }
-    // A NaN or inf in V where some row must not see it: row by row, over the
-    // runs of keys it sees (a hidden key's 0 * V would add a NaN).
-    for (size_t r = 0; r < rows; ++r) {
-      const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
-      const auto hidden = [&](size_t s) {
-        return KeyHidden(dims, work, t, k0 + static_cast<int64_t>(s));
-      };
-      for (size_t s = 0; s < n_keys;) {
-        if (hidden(s)) {
-          ++s;
-          continue;
+    for (size_t i = 0; i < n_tiles; ++i) {
+      const NarrowBuffers& b = bufs[i];
+      const KvRows<T>& vals = values[i];
+      if (fast[i]) {
+        const int64_t k1 = k0 + kAttentionKeyBlock;
+        const size_t next_n = !pair && prefetch.next_keys && k1 < tile.key_end
+                                  ? static_cast<size_t>(std::min(
+                                        kAttentionKeyBlock, tile.key_end - k1))
+                                  : 0;
+        AccumulateRows(b.sc, bkp, rows, vals.Stored(k0), row_stride,
+                       vals.Scales(k0), n_keys, row_stride, b.o, row_stride,
+                       next_n ? keys[0].Stored(k1) : nullptr, row_stride,
+                       next_n);
+        continue;
+      }
+      // A NaN or inf in V where some row must not see it: row by row, over
+      // the runs of keys it sees (a hidden key's 0 * V would add a NaN).
+      for (size_t r = 0; r < rows; ++r) {
+        const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
+        const auto hidden = [&](size_t s) {
+          return KeyHidden(dims, work, t, k0 + static_cast<int64_t>(s));
+        };
+        for (size_t s = 0; s < n_keys;) {
+          if (hidden(s)) {
+            ++s;
+            continue;
+          }
+          const size_t begin = s;
+          while (s < n_keys && !hidden(s)) ++s;
+          const int64_t key = k0 + static_cast<int64_t>(begin);
+          AccumulateRows(b.sc + r * bkp + begin, bkp, 1, vals.Stored(key),
+                         row_stride, vals.Scales(key), s - begin, row_stride,
+                         b.o + r * row_stride, row_stride,
+                         static_cast<T*>(nullptr), 0, 0);
         }
-        const size_t begin = s;
-        while (s < n_keys && !hidden(s)) ++s;
-        const int64_t key = k0 + static_cast<int64_t>(begin);
-        AccumulateRows(sc + r * bkp + begin, bkp, 1, values.Stored(key),
-                       row_stride, values.Scales(key), s - begin, row_stride,
-                       o + r * row_stride, row_stride, static_cast<T*>(nullptr),
-                       0, 0);
       }
     }
   }
@@ -1061,6 +1112,13 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   split.n_tiles = (work.n_tokens + split.tile_tokens - 1) / split.tile_tokens;
   split.group_tiles = split.wide ? kAttentionGroupTiles : 1;
   split.n_groups = (split.n_tiles + split.group_tiles - 1) / split.group_tiles;
+  // Narrow tiles of one row (MHA decode) may go in pairs of KV heads.
+  split.head_pair =
+      !split.wide && DecodeInPairs(dims.dtype, static_cast<size_t>(
+                                                   split.tile_tokens * group))
+          ? 2
+          : 1;
+  split.head_items = (dims.n_kv_heads + split.head_pair - 1) / split.head_pair;
   // Chunks cut the keys that some token sees (a window's, not the cache's),
   // from the key block that holds the first, on the segment's block grid.
   const KeyRange seen = KeysSeenByAny(dims, work, 0, work.n_tokens);
@@ -1092,7 +1150,7 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
   int64_t items = 0;
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
-    items += dims.n_kv_heads * splits[i].n_groups;
+    items += splits[i].head_items * splits[i].n_groups;
   }
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], items);
@@ -1105,7 +1163,7 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
     const AttentionSplit& sp = splits[i];
     const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
     plan->first_item[i + 1] =
-        plan->first_item[i] + dims.n_kv_heads * sp.n_groups * sp.n_chunks;
+        plan->first_item[i] + sp.head_items * sp.n_groups * sp.n_chunks;
     plan->first_partial[i + 1] =
         plan->first_partial[i] + (sp.merged ? tiles * sp.n_chunks : 0);
     // A sequence's segments have the same tiles (the same queries).
@@ -1121,17 +1179,20 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
   }
 }
 
-// One work item: tiles [tile_begin, tile_begin + n_tiles) of one KV head of
+// One work item: tiles [tile_begin, tile_begin + n_tiles) of KV heads
+// [kv_head, kv_head + n_heads) (one head, or a pair of one-tile heads) of
 // sequence `work`, over key chunk `chunk`.
 struct AttentionItem {
   size_t work;
   int64_t kv_head;
+  int64_t n_heads;
   int64_t tile_begin;
   int64_t n_tiles;
   int64_t chunk;
 };
 
-HWY_INLINE AttentionItem LocateItem(const AttentionPlan& plan, int64_t item) {
+HWY_INLINE AttentionItem LocateItem(const AttentionDims& dims,
+                                    const AttentionPlan& plan, int64_t item) {
   AttentionItem it;
   it.work = static_cast<size_t>(
       std::upper_bound(plan.first_item.begin(), plan.first_item.end(), item) -
@@ -1140,7 +1201,8 @@ HWY_INLINE AttentionItem LocateItem(const AttentionPlan& plan, int64_t item) {
   const int64_t local = item - plan.first_item[it.work];
   it.chunk = local % sp.n_chunks;
   const int64_t group_index = local / sp.n_chunks;
-  it.kv_head = group_index / sp.n_groups;
+  it.kv_head = group_index / sp.n_groups * sp.head_pair;
+  it.n_heads = std::min(sp.head_pair, dims.n_kv_heads - it.kv_head);
   it.tile_begin = (group_index % sp.n_groups) * sp.group_tiles;
   it.n_tiles = std::min(sp.group_tiles, sp.n_tiles - it.tile_begin);
   return it;
@@ -1253,8 +1315,8 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   }
 }
 
-// Floats of RunNarrowTile's scratch for a tile of `rows` rows: [qs, o, sc, m,
-// l].
+// Floats of RunNarrowTiles' scratch per tile of `rows` rows: [qs, o, sc, m,
+// l] (a multiple of the vector length).
 HWY_INLINE size_t NarrowTileFloats(const AttentionDims& dims, size_t rows) {
   const size_t N = hn::Lanes(AttnD());
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
@@ -1262,21 +1324,27 @@ HWY_INLINE size_t NarrowTileFloats(const AttentionDims& dims, size_t rows) {
          2 * RoundUp(rows, N);
 }
 
-// A narrow tile, in the thread's scratch.
+// n narrow tiles (NarrowTiles), in the thread's scratch.
 template <class T>
-HWY_INLINE void RunNarrowTile(const AttentionDims& dims,
-                              const AttentionTile& tile, ScratchBuffer& scratch,
-                              TileResult* result) {
+HWY_INLINE void RunNarrowTiles(const AttentionDims& dims,
+                               const AttentionTile* tiles, int64_t n,
+                               ScratchBuffer& scratch, TileResult* results) {
   const size_t N = hn::Lanes(AttnD());
-  const size_t rows = static_cast<size_t>(tile.rows);
+  const size_t rows = static_cast<size_t>(tiles[0].rows);
   const size_t rp = RoundUp(rows, N);
   const size_t row_stride = static_cast<size_t>(dims.row_stride);
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
-  float* qs = scratch.Get(NarrowTileFloats(dims, rows));
-  float* o = qs + rows * row_stride;
-  float* sc = o + rows * row_stride;
-  *result = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
-  NarrowTile<T>(dims, tile, qs, sc, o, result->state);
+  const size_t tile_floats = NarrowTileFloats(dims, rows);
+  float* buf = scratch.Get(static_cast<size_t>(n) * tile_floats);
+  NarrowBuffers bufs[2];
+  for (int64_t i = 0; i < n; ++i) {
+    float* qs = buf + static_cast<size_t>(i) * tile_floats;
+    float* o = qs + rows * row_stride;
+    float* sc = o + rows * row_stride;
+    results[i] = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
+    bufs[i] = {qs, sc, o, results[i].state};
+  }
+  NarrowTiles<T>(dims, tiles, static_cast<size_t>(n), bufs);
 }
 
 // Applies RowNormalizer to a finished tile's output, in place; with_sinks:
@@ -1390,25 +1458,28 @@ template <class T>
 HWY_INLINE void RunWorkItem(const AttentionWork* works,
                             const AttentionDims& dims, AttentionPlan& plan,
                             int64_t item, ScratchBuffer& scratch) {
-  const AttentionItem it = LocateItem(plan, item);
+  const AttentionItem it = LocateItem(dims, plan, item);
   const AttentionSplit& sp = plan.splits[it.work];
+  // Up to kAttentionGroupTiles tiles of one head, or one tile of each head.
   AttentionTile tiles[kAttentionGroupTiles];
-  for (int64_t i = 0; i < it.n_tiles; ++i) {
-    tiles[i] = MakeTile(dims, works[it.work], sp, it.kv_head, it.tile_begin + i,
-                        it.chunk);
+  const int64_t n = it.n_tiles * it.n_heads;
+  for (int64_t i = 0; i < n; ++i) {
+    tiles[i] = MakeTile(dims, works[it.work], sp, it.kv_head + i / it.n_tiles,
+                        it.tile_begin + i % it.n_tiles, it.chunk);
   }
   TileResult results[kAttentionGroupTiles];
   if (sp.wide) {
-    RunWideGroup<T>(dims, tiles, it.n_tiles, scratch, results);
+    RunWideGroup<T>(dims, tiles, n, scratch, results);
   } else {
-    RunNarrowTile<T>(dims, tiles[0], scratch, &results[0]);
+    RunNarrowTiles<T>(dims, tiles, n, scratch, results);
   }
-  for (int64_t i = 0; i < it.n_tiles; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     NormalizeTile(dims, tiles[i], results[i], !sp.merged);
     if (!sp.merged) {
       WriteTileOutput(dims, tiles[i], results[i]);
     } else {
-      const int64_t tile_index = it.kv_head * sp.n_tiles + it.tile_begin + i;
+      const int64_t tile_index =
+          tiles[i].kv_head * sp.n_tiles + it.tile_begin + i % it.n_tiles;
       SavePartial(dims, tiles[i], results[i],
                   PartialAt(plan, it.work, tile_index, it.chunk));
     }
@@ -1507,7 +1578,8 @@ HWY_INLINE void FusedAttention(const AttentionWork* works, size_t n_works,
     tile_floats = std::max(
         tile_floats, sp.wide ? WideGroupLayout<T>(dims, rows)
                                    .Floats(static_cast<size_t>(sp.group_tiles))
-                             : NarrowTileFloats(dims, rows));
+                             : static_cast<size_t>(sp.head_pair) *
+                                   NarrowTileFloats(dims, rows));
   }
   // FusedAttentionT runs this under isolate() (ThreadSlots).
   ThreadSlots& thread_tiles = AttentionTileSlots();

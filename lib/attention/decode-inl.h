@@ -125,6 +125,47 @@ HWY_INLINE hn::Vec<hn::Full128<float>> SumsOf4(D d, hn::Vec<D> a, hn::Vec<D> b,
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// One query row's products with one stored key row, as every one-row tile
+// takes them: two FMA chains along dim (even and odd vectors), added; the
+// sum of the lanes is the score (dim a multiple of the vector length).
+template <class D, class T>
+HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
+                                   const T* HWY_RESTRICT k_row, size_t dim) {
+  const size_t N = hn::Lanes(d);
+  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  size_t p = 0;
+  for (; p + 2 * N <= dim; p += 2 * N) {
+    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
+    acc1 =
+        hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k_row + p + N), acc1);
+  }
+  if (p < dim) {
+    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
+  }
+  return hn::Add(acc0, acc1);
+}
+
+// Stores the scores of 4 consecutive keys from their lane vectors acc[0, 4)
+// (times k_scales[0, 4) with kScaled) at sc[0, 4).
+template <bool kScaled, class D>
+HWY_INLINE void StoreKeyScores4(D d, const hn::Vec<D>* acc,
+                                const float* HWY_RESTRICT k_scales,
+                                float* HWY_RESTRICT sc) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  for (size_t j = 0; j < 4; ++j) {
+    float score = hn::GetLane(acc[j]);
+    if constexpr (kScaled) score *= k_scales[j];
+    sc[j] = score;
+  }
+#else
+  const hn::Full128<float> d4;
+  auto scores = SumsOf4(d, acc[0], acc[1], acc[2], acc[3]);
+  if constexpr (kScaled) scores = hn::Mul(scores, hn::LoadU(d4, k_scales));
+  hn::StoreU(scores, d4, sc);
+#endif
+}
+
 // Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
 // kRows x kKeys accumulators along dim, each K vector converted once for all
 // rows, then reduced 4 keys at a time (SumsOf4) and stored as one vector per
@@ -144,27 +185,13 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
     for (size_t j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
   }
   if constexpr (kRows == 1) {
-    // Key by key, each row read front to back with two accumulators: one
-    // ascending stream for the hardware prefetchers (reading the kKeys rows
-    // side by side ran a third slower, float32 and bf16 on AVX-512, one
-    // thread).
+    // Key by key, each row read front to back: one ascending stream for the
+    // hardware prefetchers (reading the kKeys rows side by side ran a third
+    // slower, float32 and bf16 on AVX-512, one thread).
     HWY_UNROLL(8)
     for (size_t j = 0; j < kKeys; ++j) {
       prefetch(j);
-      const T* k_row = k + j * k_stride;
-      auto acc1 = hn::Zero(d);
-      size_t p = 0;
-      for (; p + 2 * N <= dim; p += 2 * N) {
-        acc[0][j] =
-            hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc[0][j]);
-        acc1 = hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k_row + p + N),
-                          acc1);
-      }
-      if (p < dim) {
-        acc[0][j] =
-            hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc[0][j]);
-      }
-      acc[0][j] = hn::Add(acc[0][j], acc1);
+      acc[0][j] = OneRowKeyDot(d, q, k + j * k_stride, dim);
     }
   } else {
     HWY_UNROLL(8)
@@ -195,16 +222,12 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
   }
 #else
   if constexpr (kKeys % 4 == 0) {
-    const hn::Full128<float> d4;
     HWY_UNROLL(8)
     for (size_t r = 0; r < kRows; ++r) {
       HWY_UNROLL(8)
       for (size_t j = 0; j < kKeys; j += 4) {
-        auto scores =
-            SumsOf4(d, acc[r][j], acc[r][j + 1], acc[r][j + 2], acc[r][j + 3]);
-        if constexpr (kScaled)
-          scores = hn::Mul(scores, hn::LoadU(d4, k_scales + j));
-        hn::StoreU(scores, d4, sc + r * sc_stride + j);
+        StoreKeyScores4<kScaled>(d, acc[r] + j, k_scales + (kScaled ? j : 0),
+                                 sc + r * sc_stride + j);
       }
     }
   } else {
@@ -329,6 +352,53 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
   // One instantiation per type: int8 always has scales, the others never.
   ScoreBlocks<internal::kKvScaled<T>>(q, q_stride, rows, k, k_stride, k_scales,
                                       n, dim, v, v_stride, sc, sc_stride);
+}
+
+// Keys [s, s + kKeys) of ScoreRowPair: each head's one-row tile, the two
+// heads' K rows alternating key by key.
+template <size_t kKeys, bool kScaled, class T>
+HWY_INLINE void ScorePairTile(const float* const q[2], const T* const k[2],
+                              const float* const k_scales[2], size_t stride,
+                              size_t s, size_t dim, float* const sc[2]) {
+  const hn::ScalableTag<float> d;
+  hn::Vec<decltype(d)> acc[2][kKeys];
+  HWY_UNROLL(8)
+  for (size_t j = 0; j < kKeys; ++j) {
+    HWY_UNROLL(2)
+    for (size_t h = 0; h < 2; ++h) {
+      acc[h][j] = OneRowKeyDot(d, q[h], k[h] + (s + j) * stride, dim);
+    }
+  }
+  HWY_UNROLL(2)
+  for (size_t h = 0; h < 2; ++h) {
+    HWY_UNROLL(2)
+    for (size_t j = 0; j < kKeys; j += 4) {
+      StoreKeyScores4<kScaled>(d, acc[h] + j,
+                               kScaled ? k_scales[h] + s + j : nullptr,
+                               sc[h] + s + j);
+    }
+  }
+}
+
+// ScoreRowPair (decode.h): tiles of 8 keys per head on AVX-512 (16 sums of
+// 32 registers), 4 elsewhere; the keys past the last tile head by head, as
+// ScoreBlocks' one-row path takes them.
+template <class T>
+void ScoreRowPair(const float* const q[2], const T* const k[2],
+                  const float* const k_scales[2], size_t stride, size_t n,
+                  size_t dim, float* const sc[2]) {
+  constexpr bool kScaled = internal::kKvScaled<T>;
+  constexpr size_t kKeys = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+  size_t s = 0;
+  for (; s + kKeys <= n; s += kKeys) {
+    ScorePairTile<kKeys, kScaled>(q, k, k_scales, stride, s, dim, sc);
+  }
+  if (s == n) return;
+  for (size_t h = 0; h < 2; ++h) {
+    ScoreBlocks<kScaled>(q[h], dim, 1, k[h] + s * stride, stride,
+                         kScaled ? k_scales[h] + s : nullptr, n - s, dim,
+                         static_cast<const T*>(nullptr), 0, sc[h] + s, n - s);
+  }
 }
 
 // o[i][j] += sum_{s < n} w[i * w_stride + s] * V[s][j] for kI rows i and kJ
@@ -493,6 +563,88 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                            v_stride, keys, dim, o + r0 * o_stride, o_stride,
                            next.Skip(chunk_next == 0 ? 0 : s0), chunk_next);
       }
+    }
+  }
+}
+
+// Vectors [0, kJ) of AccumulateRowPair's two heads: AccumulateTile<1, kJ> of
+// each, the two heads' V rows alternating key by key.
+template <size_t kJ, class T>
+HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
+                                   size_t stride, size_t n, float* const o[2]) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  hn::Vec<decltype(d)> acc[2][kJ];
+  HWY_UNROLL(2)
+  for (size_t h = 0; h < 2; ++h) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) acc[h][j] = hn::Load(d, o[h] + j * N);
+  }
+  for (size_t s = 0; s < n; ++s) {
+    HWY_UNROLL(2)
+    for (size_t h = 0; h < 2; ++h) {
+      const auto wh = hn::Set(d, w[h][s]);
+      const T* v_row = v[h] + s * stride;
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kJ; ++j) {
+        acc[h][j] = hn::MulAdd(wh, LoadStored(d, v_row + j * N), acc[h][j]);
+      }
+    }
+  }
+  HWY_UNROLL(2)
+  for (size_t h = 0; h < 2; ++h) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kJ; ++j) hn::Store(acc[h][j], d, o[h] + j * N);
+  }
+}
+
+// The vectors of AccumulateRowPair's rows: 8 at a time per head on AVX-512
+// (16 sums of 32 registers), 4 elsewhere, then one by one. Each element is
+// one FMA chain in key order, as in AccumulateTile, whatever the tile width.
+template <class T>
+HWY_INLINE void AccumulatePairUnscaled(const float* const w[2],
+                                       const T* const v[2], size_t stride,
+                                       size_t n, size_t dim,
+                                       float* const o[2]) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  constexpr size_t kJ = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+  const size_t n_vec = dim / N;
+  size_t j = 0;
+  for (; j + kJ <= n_vec; j += kJ) {
+    const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
+    float* const oj[2] = {o[0] + j * N, o[1] + j * N};
+    AccumulatePairTile<kJ>(w, vj, stride, n, oj);
+  }
+  for (; j < n_vec; ++j) {
+    const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
+    float* const oj[2] = {o[0] + j * N, o[1] + j * N};
+    AccumulatePairTile<1>(w, vj, stride, n, oj);
+  }
+}
+
+// AccumulateRowPair (decode.h): with scales, the weights times the scales
+// (the same products as AccumulateRows) through a buffer of 2 x 128 keys.
+template <class T>
+void AccumulateRowPair(const float* const w[2], const T* const v[2],
+                       const float* const v_scales[2], size_t stride, size_t n,
+                       size_t dim, float* const o[2]) {
+  if constexpr (!internal::kKvScaled<T>) {
+    (void)v_scales;
+    AccumulatePairUnscaled(w, v, stride, n, dim, o);
+  } else {
+    constexpr size_t kKeyChunk = 128;
+    HWY_ALIGN float scaled[2][kKeyChunk];
+    const float* ws[2] = {scaled[0], scaled[1]};
+    for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+      const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+      const T* vs[2];
+      for (size_t h = 0; h < 2; ++h) {
+        for (size_t s = 0; s < keys; ++s) {
+          scaled[h][s] = w[h][s0 + s] * v_scales[h][s0 + s];
+        }
+        vs[h] = v[h] + s0 * stride;
+      }
+      AccumulatePairUnscaled(ws, vs, stride, keys, dim, o);
     }
   }
 }

@@ -61,6 +61,17 @@ struct KvStored<KvDtype::kInt8> {
   using type = int8_t;
 };
 
+// The KvDtype that stores T, KvStored's inverse: kKvDtypeOf<int8_t> is
+// KvDtype::kInt8.
+template <class T>
+inline constexpr KvDtype kKvDtypeOf = hwy::IsSame<T, float>()
+                                          ? KvDtype::kFloat32
+                                      : hwy::IsSame<T, hwy::bfloat16_t>()
+                                          ? KvDtype::kBFloat16
+                                      : hwy::IsSame<T, hwy::float16_t>()
+                                          ? KvDtype::kFloat16
+                                          : KvDtype::kInt8;
+
 // Whether rows of T carry one float scale each (int8).
 template <class T>
 inline constexpr bool kKvScaled = sizeof(T) == 1;
