@@ -1,6 +1,6 @@
 // The decode tile kernels alone (lib/attention/decode.h): ScoreRows then
 // AccumulateRows per 128-key block (ScoreRowPair and AccumulateRowPair on
-// pairs of heads where NarrowTile pairs them), as NarrowTile calls them,
+// pairs of heads where NarrowTiles pairs them), as NarrowTiles calls them,
 // streaming the stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB,
 // float32: 512 MiB, all far past the 32 MiB L3) once per iteration, per stored
 // type, with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group).
@@ -72,7 +72,7 @@ using ::headway::HWY_NAMESPACE::ScoreRowPair;
 using ::headway::HWY_NAMESPACE::ScoreRows;
 
 // Heads [head_begin, head_end) of `ops`, key block by key block, one by one
-// or, for one row where NarrowTile would (DecodeInPairs), two at a time;
+// or, for one row where NarrowTiles would (DecodeInPairs), two at a time;
 // returns a sum of the outputs (kept so that nothing is optimised away).
 template <class T>
 float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
@@ -118,7 +118,7 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
         AccumulateRowPair(w, vb, vs, kDecodeDim, kDecodeBlock, kDecodeDim, os);
         continue;
       }
-      // NarrowTile's prefetches.
+      // NarrowTiles' prefetches.
       ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
                 kDecodeBlock, kDecodeDim, prefetch.values ? v[0] + at : nullptr,
                 kDecodeDim, sc[0], kDecodeBlock);

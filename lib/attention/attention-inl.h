@@ -943,7 +943,7 @@ struct NarrowBuffers {
 };
 
 // A work item on n_tiles narrow tiles (1, or a pair: one row each, the same
-// key range, two KV heads; NarrowPairs), reading the stored K and V rows
+// key range, two KV heads; DecodeInPairs), reading the stored K and V rows
 // directly: ScoreRows and AccumulateRows, or for a pair ScoreRowPair and
 // AccumulateRowPair, whose results are the same.
 template <class T>
@@ -1062,7 +1062,7 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
                                   : 0;
         AccumulateRows(b.sc, bkp, rows, vals.Stored(k0), row_stride,
                        vals.Scales(k0), n_keys, row_stride, b.o, row_stride,
-                       next_n ? keys[0].Stored(k1) : nullptr, row_stride,
+                       next_n ? keys[i].Stored(k1) : nullptr, row_stride,
                        next_n);
         continue;
       }
@@ -1118,7 +1118,6 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
                                                    split.tile_tokens * group))
           ? 2
           : 1;
-  split.head_items = (dims.n_kv_heads + split.head_pair - 1) / split.head_pair;
   // Chunks cut the keys that some token sees (a window's, not the cache's),
   // from the key block that holds the first, on the segment's block grid.
   const KeyRange seen = KeysSeenByAny(dims, work, 0, work.n_tokens);
@@ -1139,6 +1138,13 @@ HWY_INLINE AttentionSplit SplitSequence(const AttentionDims& dims,
   return split;
 }
 
+// Work items per tile group and chunk of a sequence: its KV heads in
+// split.head_pair's.
+HWY_INLINE int64_t HeadItems(const AttentionDims& dims,
+                             const AttentionSplit& split) {
+  return (dims.n_kv_heads + split.head_pair - 1) / split.head_pair;
+}
+
 // Fills plan: each sequence's split (chunked so that the call has about
 // kAttentionMinItems items; shapes only), the item and partial index ranges
 // per sequence, and the partials' buffer.
@@ -1150,7 +1156,7 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
   int64_t items = 0;
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], kAttentionMinItems);
-    items += splits[i].head_items * splits[i].n_groups;
+    items += HeadItems(dims, splits[i]) * splits[i].n_groups;
   }
   for (size_t i = 0; i < n_works; ++i) {
     splits[i] = SplitSequence(dims, works[i], items);
@@ -1163,7 +1169,7 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
     const AttentionSplit& sp = splits[i];
     const int64_t tiles = dims.n_kv_heads * sp.n_tiles;
     plan->first_item[i + 1] =
-        plan->first_item[i] + sp.head_items * sp.n_groups * sp.n_chunks;
+        plan->first_item[i] + HeadItems(dims, sp) * sp.n_groups * sp.n_chunks;
     plan->first_partial[i + 1] =
         plan->first_partial[i] + (sp.merged ? tiles * sp.n_chunks : 0);
     // A sequence's segments have the same tiles (the same queries).

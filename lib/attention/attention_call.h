@@ -82,7 +82,6 @@ struct AttentionSplit {
   int64_t group_tiles;  // consecutive tiles of a KV head in one work item
   int64_t n_groups;     // per KV head
   int64_t head_pair;    // KV heads per work item: 2 for one-row narrow tiles
-  int64_t head_items;   // work items per group and chunk: KV heads / head_pair
   int64_t key0;         // the first chunk's first key (on the block grid)
   int64_t chunk;        // keys per chunk (multiple of the key block)
   int64_t n_chunks;

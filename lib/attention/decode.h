@@ -4,7 +4,7 @@
 // is bound by reading K and V; these stream each stored row once for all query
 // rows. Per target, for the four stored types (storage.h's KvStored), compiled
 // once in decode.cc (tiles: decode-inl.h) and called by attention-inl.h's
-// NarrowTile, decode_test and decode_bench.
+// NarrowTiles, decode_test and decode_bench.
 
 // Per-target part: toggle guard.
 #if defined(HEADWAY_LIB_ATTENTION_DECODE_H_) == defined(HWY_TARGET_TOGGLE)
@@ -67,9 +67,8 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
 // types), scores sc[h] and output o[h]. The same operations per head as
 // ScoreRows and AccumulateRows with rows = 1 (bit-identical results), with
 // the two heads' rows read alternately, key by key: two memory streams, where
-// one head's rows are one. MHA decode at 16384 keys
-// ran 1.2x (float32) to 1.3x (bf16, f16) faster in pairs than head by head
-// (AVX3_DL, one thread, a standalone copy of the tiles).
+// one head's rows are one: a standalone copy of MHA decode at 16384 keys read
+// 1.18x (float32), 1.14x (f16) and 1.04x (bf16) faster (AVX3_DL, one thread).
 template <class T>
 void ScoreRowPair(const float* const q[2], const T* const k[2],
                   const float* const k_scales[2], size_t stride, size_t n,
@@ -80,28 +79,23 @@ void AccumulateRowPair(const float* const w[2], const T* const v[2],
                        size_t dim, float* const o[2]);
 
 // Whether narrow tiles of `rows` query rows over a cache of `dtype` run in
-// pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode),
-// not int8. MHA decode at 16384 keys (AVX3_DL, one binary run alternately
-// with and without pairs, medians of 3-5 rounds): float32 5-13% faster at
-// one thread; bf16 and f16 12-14% faster at two threads, and at one thread
-// 8-12% faster or 15-20% slower from one process to the next (the two heads'
-// streams collide or not, it seems, with where the pages land); int8, whose
-// one-row tiles alone read fastest of all types, 10-25% slower. With the
-// next block's K prefetched as below, pairs of bf16 and f16 ran 5-15% slower.
+// pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode)
+// but not int8, whose pairs ran 10-25% slower than its single heads (AVX3_DL,
+// MHA decode at 16384 keys; docs/BENCHMARKS.md has the other types).
 inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
   return rows == 1 && dtype != KvDtype::kInt8;
 }
 
 // Which prefetches a key block's ScoreRows and AccumulateRows issue for `rows`
-// query rows over stored type T (NarrowTile and decode_bench ask here):
+// query rows over stored type T (NarrowTiles and decode_bench ask here):
 // - values: ScoreRows gets the block's V rows, for several rows, whose dot
 //   products let the hardware prefetchers fall behind: GQA-8 decode at 16384
 //   keys ran 1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches
 //   and next_keys than without; one row does without, where they cost 4-9%.
 // - next_keys: AccumulateRows gets the next block's K rows, for several rows,
-//   and for one row of a 16-bit type: MHA decode at 16384 keys ran 1.25-1.35x
-//   faster with them in bf16 and f16, where float32 and int8 ran 4-20%
-//   slower (1 and 2 threads).
+//   and for one row of a 16-bit type (a head left out of DecodeInPairs'
+//   pairs): one-row bf16 and f16 decode ran 1.25-1.35x faster with them,
+//   float32 and int8 4-20% slower. Pairs do not prefetch (5-15% slower).
 // (AVX3_DL, in-process interleaved runs.)
 struct DecodePrefetch {
   bool values;
