@@ -166,6 +166,26 @@ HWY_INLINE void StoreKeyScores4(D d, const hn::Vec<D>* acc,
 #endif
 }
 
+// v, opaque to the compiler, so that it stays in a register: GCC 12 would
+// otherwise re-load a q vector at each of its FMAs (a memory operand).
+template <class V>
+HWY_INLINE V KeepInRegister(V v) {
+#if HWY_TARGET <= HWY_AVX3
+  asm("" : "+v"(v.raw));
+#endif
+  return v;
+}
+
+// Whether ScoreTile runs dim outer, keys inner: 4 x 4 tiles on AVX-512 (16
+// sums, 8 q and 2 K vectors of 32 registers). Per key that loads 8 q vectors,
+// not 32 (key outer, q as FMA memory operands): GQA-8 decode at 16384 keys
+// ran 5-8% (float32), 1-8% (bf16), 1% (f16) and 7-9% (int8) faster, the
+// scores in L2 1.2x faster (bf16); 2 x 4 tiles gained with int8 only (AVX3_DL,
+// one thread, a standalone copy alternated with the key-outer loop).
+template <size_t kRows, size_t kKeys>
+inline constexpr bool kDimOuter =
+    HWY_TARGET <= HWY_AVX3&& kRows == 4 && kKeys == 4;
+
 // Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
 // kRows x kKeys accumulators along dim, each K vector converted once for all
 // rows, then reduced 4 keys at a time (SumsOf4) and stored as one vector per
@@ -192,6 +212,42 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
     for (size_t j = 0; j < kKeys; ++j) {
       prefetch(j);
       acc[0][j] = OneRowKeyDot(d, q, k + j * k_stride, dim);
+    }
+  } else if constexpr (kDimOuter<kRows, kKeys>) {
+    // Two vectors of dim at a time: each row's q vectors once for the kKeys
+    // keys, the keys' prefetches one per step. The same FMAs, in the same
+    // order per accumulator, as the key-outer loop below.
+    size_t p = 0, fetched = 0;
+    for (; p + 2 * N <= dim; p += 2 * N) {
+      if (fetched < kKeys) prefetch(fetched++);
+      hn::Vec<decltype(d)> q0[kRows], q1[kRows];
+      HWY_UNROLL(8)
+      for (size_t r = 0; r < kRows; ++r) {
+        q0[r] = KeepInRegister(hn::Load(d, q + r * q_stride + p));
+        q1[r] = KeepInRegister(hn::Load(d, q + r * q_stride + p + N));
+      }
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        const auto k0 = LoadStored(d, k + j * k_stride + p);
+        const auto k1 = LoadStored(d, k + j * k_stride + p + N);
+        HWY_UNROLL(8)
+        for (size_t r = 0; r < kRows; ++r) {
+          acc[r][j] = hn::MulAdd(q0[r], k0, acc[r][j]);
+          acc[r][j] = hn::MulAdd(q1[r], k1, acc[r][j]);
+        }
+      }
+    }
+    for (; fetched < kKeys; ++fetched) prefetch(fetched);
+    if (p < dim) {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        const auto k0 = LoadStored(d, k + j * k_stride + p);
+        HWY_UNROLL(8)
+        for (size_t r = 0; r < kRows; ++r) {
+          acc[r][j] =
+              hn::MulAdd(hn::Load(d, q + r * q_stride + p), k0, acc[r][j]);
+        }
+      }
     }
   } else {
     HWY_UNROLL(8)
