@@ -2398,6 +2398,27 @@ TEST(AttentionLayerErrors, EmptyAndMovedFromLayers) {
   EXPECT_EQ(cache.length(0), 2);
 }
 
+// q_norm() and k_norm() are the layer's own copies of QK-norm's weights (the
+// caller's arrays are NaN after Create), null without QK-norm.
+TEST(AttentionLayerErrors, QkNormWeightsAreTheLayersCopies) {
+  const AttentionLayerConfig config = WithVariants(Config(64, 4), true, 0);
+  Model model(ShapeOf(config), "", 9600);
+  AttentionLayer layer;
+  ASSERT_TRUE(model.Create(config, &layer).ok());
+  ASSERT_NE(layer.q_norm(), nullptr);
+  ASSERT_NE(layer.k_norm(), nullptr);
+  for (size_t p = 0; p < model.q_norm.size(); ++p) {
+    EXPECT_EQ(layer.q_norm()[p], model.q_norm[p]) << p;
+    EXPECT_EQ(layer.k_norm()[p], model.k_norm[p]) << p;
+  }
+  AttentionLayer plain;
+  ASSERT_TRUE(model.Create(Config(64, 4), &plain).ok());
+  EXPECT_EQ(plain.q_norm(), nullptr);
+  EXPECT_EQ(plain.k_norm(), nullptr);
+  EXPECT_EQ(AttentionLayer().q_norm(), nullptr);
+  EXPECT_EQ(AttentionLayer().k_norm(), nullptr);
+}
+
 // The packing is for the vector width at Create: Forward under a target of
 // another width fails (kFailedPrecondition, nothing written), under one of
 // the same width (AVX3_DL and AVX3, SSE4 and SSSE3) it works.

@@ -156,6 +156,11 @@ class HEADWAY_API AttentionLayer {
   // attention.scale, head_end filled in); all zeros (and mask kNone) for an
   // empty layer.
   const AttentionLayerConfig& config() const;
+  // QK-norm's weights, [head_dim] each: the layer's copies of
+  // weights.q_norm and k_norm, valid while the layer lives; null without
+  // config.qk_norm (and for an empty layer).
+  const float* q_norm() const;
+  const float* k_norm() const;
   // Query and KV heads this layer owns.
   int64_t local_heads() const;
   int64_t local_kv_heads() const;

@@ -108,9 +108,6 @@ struct hw_attention_layer {
   // Forward's sequences converted to the C++ struct; kept so that a forward no
   // larger than an earlier one allocates nothing here either.
   std::vector<headway::LayerSequence> sequences;
-  // Copies of the QK-norm weights, [head_dim] each (empty without qk_norm),
-  // for hw_attention_layer_get_variants.
-  std::vector<float> q_norm, k_norm;
 };
 
 namespace {
@@ -619,12 +616,6 @@ int CreateLayer(const char* fn, const hw_attention_layer_config* config,
   const int code = FromStatus(
       fn, headway::AttentionLayer::Create(c, w, &handle->layer), kLayerCreate);
   if (code != HW_OK) return code;
-  // Create has checked q_norm and k_norm: [head_dim] finite floats each.
-  const size_t head_dim = static_cast<size_t>(handle->layer.config().head_dim);
-  if (c.qk_norm && w.q_norm != nullptr && w.k_norm != nullptr) {
-    handle->q_norm.assign(w.q_norm, w.q_norm + head_dim);
-    handle->k_norm.assign(w.k_norm, w.k_norm + head_dim);
-  }
   *out = handle.release();
   return HW_OK;
 }
@@ -1156,8 +1147,8 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     result.struct_size = size;
     result.qk_norm = c.qk_norm ? 1 : 0;
     result.qk_norm_eps = c.qk_norm_eps;
-    result.q_norm = layer->q_norm.empty() ? nullptr : layer->q_norm.data();
-    result.k_norm = layer->k_norm.empty() ? nullptr : layer->k_norm.data();
+    result.q_norm = layer->layer.q_norm();
+    result.k_norm = layer->layer.k_norm();
     result.rope = CRope(c.rope);
     // The attention variants; the per-head arrays are the C++ layer's copies
     // of the whole model's [n_heads].

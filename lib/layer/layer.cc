@@ -622,6 +622,12 @@ const AttentionLayerConfig& AttentionLayer::config() const {
   }();
   return impl_ ? impl_->config : kEmpty;
 }
+const float* AttentionLayer::q_norm() const {
+  return impl_ && !impl_->q_norm.empty() ? impl_->q_norm.data() : nullptr;
+}
+const float* AttentionLayer::k_norm() const {
+  return impl_ && !impl_->k_norm.empty() ? impl_->k_norm.data() : nullptr;
+}
 int64_t AttentionLayer::local_heads() const {
   return impl_ ? impl_->local_heads : 0;
 }
