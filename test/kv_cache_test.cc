@@ -26,9 +26,14 @@
 #include <utility>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "gtest/gtest.h"
 #include "headway/targets.h"
 #include "lib/core/storage.h"
+#include "tbb/task_arena.h"
 #include "test/support/cache.h"
 #include "test/support/random.h"
 #include "test/support/status_matchers.h"
@@ -393,6 +398,54 @@ TEST_P(KvCacheTest, CreateLayout) {
       EXPECT_TRUE(Snapshot(cache).AllZero());
     }
   }
+}
+
+// A cache over several 2 MiB pieces, the last one partial, created in arenas
+// of 1, 2 and 7 threads (AllocateLargeZeroed gives each thread a share of the
+// pieces to zero), in memory that held a dirty cache of the same size just
+// before (glibc's heap serves both once its mmap and trim thresholds are
+// raised, so a piece left unzeroed shows; AddressSanitizer's allocator
+// ignores them, and catches a write past the buffer instead): every byte is
+// zero, scales and padding included.
+TEST(KvCache, LargeCacheIsZeroOnEveryThreadCount) {
+#if defined(__GLIBC__)
+  (void)mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  (void)mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+  for (const KvDtype dtype : {KvDtype::kFloat32, KvDtype::kBFloat16,
+                              KvDtype::kFloat16, KvDtype::kInt8}) {
+    // 3 x 7001 rows of 112 elements: 9.0 MiB of float32 per buffer.
+    const KvCacheConfig config = ConfigOf(dtype, 1, 3, 100, 7001);
+    for (const int threads : {1, 2, 7}) {
+      SCOPED_TRACE(testing::Message() << "dtype " << static_cast<int>(dtype)
+                                      << ", " << threads << " threads");
+      {
+        KvCache dirty = MakeCache(config);
+        for (const KvView& buffer : {dirty.KeyBuffer(), dirty.ValueBuffer()}) {
+          // The test's own cache, written behind its back to leave the
+          // memory dirty.
+          std::memset(const_cast<void*>(buffer.data), 0xA5,
+                      buffer.rows * buffer.stride * Size(dtype));
+          if (buffer.scales != nullptr) {
+            std::memset(const_cast<float*>(buffer.scales), 0xA5,
+                        buffer.rows * sizeof(float));
+          }
+        }
+      }
+      KvCache cache;
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        const Status status = KvCache::Create(config, &cache);
+        EXPECT_TRUE(status.ok()) << status.ToString();
+      });
+      EXPECT_TRUE(Snapshot(cache).AllZero());
+    }
+  }
+#if defined(__GLIBC__)
+  // glibc's defaults.
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+  mallopt(M_TRIM_THRESHOLD, 128 << 10);
+#endif
 }
 
 // Exact byte counts of a typical config (8 KV heads of 128): 2 x 8 x 128 x

@@ -167,9 +167,12 @@ class HEADWAY_API KvCache {
  public:
   // Allocates a cache (all sequences empty, every element 0) into *out,
   // replacing what it held. Cost: writes bytes() bytes once, which also commits
-  // the memory up front (the first decode steps take no page faults). From 4
-  // MiB up the buffers are advised as transparent huge pages (Linux), which
-  // decode reads 10-20% faster; where the kernel gives none they are 4 KiB.
+  // the memory up front (the first decode steps take no page faults); from 4
+  // MiB up the threads of the calling arena write it, each a contiguous share,
+  // so that on a NUMA machine its pages spread over their nodes (a 256 MiB
+  // cache: 20 ms on one thread, 11 ms on two). From 4 MiB up the buffers are
+  // advised as transparent huge pages (Linux), which decode reads 10-20%
+  // faster; where the kernel gives none they are 4 KiB.
   // Errors (*out unchanged): kInvalidArgument for a null out, any size < 1, an
   // unknown dtype, n_sink_tokens < 0, n_sink_tokens >= capacity with ring,
   // n_sink_tokens != 0 without ring; kResourceExhausted for a byte count that

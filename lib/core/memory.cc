@@ -1,6 +1,12 @@
 #include "lib/core/memory.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+#include "tbb/partitioner.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -31,6 +37,31 @@ void* AllocateLarge(size_t bytes) {
 }
 
 void FreeLarge(void* data) { std::free(data); }
+
+void* AllocateLargeZeroed(size_t bytes) {
+  void* data = AllocateLarge(bytes);
+  if (data == nullptr) return nullptr;
+  char* base = static_cast<char*>(data);
+  if (bytes < 2 * kHugePage) {
+    std::memset(base, 0, bytes);
+    return data;
+  }
+  const size_t pieces = (bytes + kHugePage - 1) / kHugePage;
+  try {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, pieces),
+        [&](const tbb::blocked_range<size_t>& range) {
+          const size_t begin = range.begin() * kHugePage;
+          const size_t end = std::min(bytes, range.end() * kHugePage);
+          std::memset(base + begin, 0, end - begin);
+        },
+        tbb::static_partitioner());
+  } catch (...) {
+    FreeLarge(data);
+    throw;
+  }
+  return data;
+}
 
 }  // namespace internal
 }  // namespace headway

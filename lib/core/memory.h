@@ -19,6 +19,15 @@ namespace internal {
 void* AllocateLarge(size_t bytes);
 void FreeLarge(void* data);
 
+// AllocateLarge's `bytes`, zeroed, and first touched by the threads of the
+// calling thread's arena, each a contiguous share of 2 MiB pieces: a page
+// lands on the NUMA node of the thread that first writes it, so the buffer
+// spreads over the nodes the library's threads run on, whose decode reads it
+// from all of them, instead of sitting on the creating thread's node (what
+// one memset does). Below 4 MiB, one memset. null as AllocateLarge; an
+// exception from the threads frees the buffer and propagates.
+void* AllocateLargeZeroed(size_t bytes);
+
 struct LargeFree {
   void operator()(void* data) const { FreeLarge(data); }
 };

@@ -143,13 +143,12 @@ bool BufferSizes(const KvCacheConfig& config, Sizes* sizes) {
              &sizes->token_bytes);
 }
 
-// `bytes` zeroed bytes, kAlignment-aligned, in huge pages where large
-// (AllocateLarge); null when out of memory (or for 0 bytes).
+// `bytes` zeroed bytes, kAlignment-aligned, in huge pages where large, first
+// touched by the library's threads (AllocateLargeZeroed); null when out of
+// memory (or for 0 bytes).
 void* AllocateZeroed(size_t bytes) {
   static_assert(64 % kAlignment == 0, "alignment");
-  void* data = internal::AllocateLarge(bytes);
-  if (data != nullptr) std::memset(data, 0, bytes);
-  return data;
+  return internal::AllocateLargeZeroed(bytes);
 }
 
 }  // namespace
