@@ -1177,8 +1177,12 @@ HWY_INLINE void PlanAttention(const AttentionWork* works, size_t n_works,
         plan->merge_first[i] + (sp.merged && works[i].segment == 0 ? tiles : 0);
     plan->partial_rows = std::max(plan->partial_rows, sp.tile_tokens * group);
   }
-  plan->partial_floats = static_cast<size_t>(plan->partial_rows) *
-                         (2 + static_cast<size_t>(dims.head_dim));
+  // Whole cache lines per partial: the items that write neighbouring
+  // partials run on different threads (decode: 1 x (2 + 128) floats, 520
+  // bytes, would share a line with the next).
+  plan->partial_floats = RoundUp(static_cast<size_t>(plan->partial_rows) *
+                                     (2 + static_cast<size_t>(dims.head_dim)),
+                                 size_t{16});
   if (plan->first_partial[n_works] > 0) {
     plan->partials.Get(static_cast<size_t>(plan->first_partial[n_works]) *
                        plan->partial_floats);
