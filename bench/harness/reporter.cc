@@ -181,6 +181,14 @@ bool Float32Storage(const Row& row) {
   return row.dtype.empty() || row.dtype == "f32";
 }
 
+// True if the row's weights (a matmul's B) are float32: plain ("packed:0" or
+// none) or pre-packed as float32 ("packed:1"); not bf16 or int8 weights
+// ("packed:2", "packed:3") or the bf16 compute mode ("packed:4", "packed:5").
+bool Float32Weights(const Row& row) {
+  return row.packed.empty() || row.packed == "packed:0" ||
+         row.packed == "packed:1";
+}
+
 // Prints the summary of `rows` (in run order) to `out`.
 void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
   if (rows.empty()) return;
@@ -216,9 +224,11 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
 
   out << "\nSummary (figure: the rate that the bounding ceiling limits; bound: "
          "its % of that\nceiling; vs peer, vs SCALAR, vs f32: the fastest "
-         "peer's, SCALAR's or the float32-cache\nrow's time / this row's "
-         "time on the same shape, target and thread count, so 2.00x\nis "
-         "twice as fast; bf16, f16, int8: the KV cache's stored type)\n";
+         "peer's, SCALAR's or the float32-cache\nrow's (matmul: the "
+         "float32-weights row's) time / this row's time on the same\nshape, "
+         "target and thread count, so 2.00x is twice as fast; bf16, f16, "
+         "int8: the KV\ncache's stored type; bf16 / int8 weights: B stored "
+         "so; bf16 (matmul): bf16 compute)\n";
   char line[288];
   size_t previous_group = rows.size();
   for (size_t i : order) {
@@ -241,6 +251,10 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       if (row.peer.empty()) {
         variant += row.packed == "packed:5" ? " bf16 fallback" : " bf16";
       }
+    } else if (row.packed == "packed:2") {
+      variant += " bf16 weights";
+    } else if (row.packed == "packed:3") {
+      variant += " int8 weights";
     } else if (!row.packed.empty() && row.packed != "packed:0") {
       variant += " packed";
     }
@@ -263,7 +277,9 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     // float32 peers.
     const Row* best_peer = nullptr;
     const Row* scalar = nullptr;
-    const Row* float32 = nullptr;  // this row with a float32 cache
+    // This row with a float32 cache, or for narrower weights with float32
+    // weights pre-packed.
+    const Row* float32 = nullptr;
     for (const Row& other : rows) {
       if (!other.error.empty() || other.threads != row.threads) continue;
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
@@ -277,6 +293,11 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
           other.family == row.family && other.target == row.target &&
           other.peer == row.peer && other.peer_shape == row.peer_shape &&
           other.packed == row.packed) {
+        float32 = &other;
+      }
+      if (!Float32Weights(row) && row.peer.empty() && other.peer.empty() &&
+          other.packed == "packed:1" && other.family == row.family &&
+          other.target == row.target && other.peer_shape == row.peer_shape) {
         float32 = &other;
       }
       if (!row.target.empty() && other.target == "SCALAR" &&
