@@ -149,8 +149,8 @@ def roofline_chart(plt, rows, context, targets, out_dir):
     markers = "os^vDPX*hp<>dH8+x1234"
     marker = {f: markers[i % len(markers)] for i, f in enumerate(families)}
 
-    fig, ax = plt.subplots(figsize=(13, 8.5))
-    fig.subplots_adjust(left=0.07, right=0.77, top=0.95, bottom=0.08)
+    fig, ax = plt.subplots(figsize=(15, 8.5))
+    fig.subplots_adjust(left=0.07, right=0.66, top=0.95, bottom=0.08)
     ax.set_xscale("log")
     ax.set_yscale("log")
     intensity = [r.gflops / r.gbps for r in points]
@@ -243,18 +243,26 @@ def roofline_chart(plt, rows, context, targets, out_dir):
                markerfacecolor="none"),
         Line2D([], [], ls="", marker="o", color="grey",
                label="%d threads" % all_threads)]
+    # The legends stacked right of the axes, each below the one before (its
+    # drawn height, in axes units); the kernels in two columns past 20 of them.
+    def below(legend):
+        fig.canvas.draw()
+        box = legend.get_window_extent().transformed(ax.transAxes.inverted())
+        return box.y0 - 0.02
+
     first = ax.legend(handles=family_handles,
                       title="kernel (and KV dtype)", fontsize=7,
                       title_fontsize=8, loc="upper left",
+                      ncol=2 if len(family_handles) > 20 else 1,
                       bbox_to_anchor=(1.01, 1.0))
     ax.add_artist(first)
     second = ax.legend(handles=target_handles, title="target (line: FMA peak)",
                        fontsize=7, title_fontsize=8, loc="upper left",
-                       bbox_to_anchor=(1.01, 0.45))
+                       bbox_to_anchor=(1.01, below(first)))
     ax.add_artist(second)
     ax.legend(handles=thread_handles, title="threads (dashed: 1 thread)",
               fontsize=7, title_fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 0.12))
+              bbox_to_anchor=(1.01, below(second)))
     paths = save(fig, out_dir, "roofline")
     plt.close(fig)
     return paths
