@@ -3,14 +3,15 @@
 #
 #   bench/smoke_test.sh <headway_bench> <tools/report.py> <output folder>
 #
-# Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and
-# the fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers (the prefills, seconds long on
-# the fallback, on the best target only), plus two rows on stored KV types (GQA-8 decode on an
-# int8 cache, MHA prefill on a bf16 cache) and matmul 512^3 in bf16 compute with its peer,
-# oneDNN's bf16 matmul. Checks that the progress line and the summary table appear
-# and that the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs
-# is refused with a message. The charts are drawn only where
-# matplotlib is installed; the test passes without it.
+# Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and the
+# fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers
+# (the prefills, seconds long on the fallback, on the best target only), plus two rows on stored
+# KV types (GQA-8 decode on an int8 cache, MHA prefill on a bf16 cache) and matmul 512^3 in bf16
+# compute with its peer, oneDNN's bf16 matmul. Checks that the progress line and the summary
+# table appear (with "in run" figures: the ceiling rows fma_peak and read_peak run too) and that
+# the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs is
+# refused with a message. The charts are drawn only where matplotlib is installed; the test
+# passes without it.
 set -eu
 bench=$1
 report=$2
@@ -24,7 +25,7 @@ not_scalar='([^SE]|S[^C]|E[^M])[^/]*'
 filter="^(softmax/[^/]+/rows:32/cols:2048/"
 filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:[04]/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
-filter="$filter|fma_peak/[^/]+/"
+filter="$filter|(fma|read)_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
 filter="$filter|attention_decode/[^/]+/kv_heads:8/dtype:3/"
 filter="$filter|attention_prefill/$not_scalar/kv_heads:(1/|32/dtype:1/)"
@@ -43,6 +44,8 @@ fail() {
 }
 grep -q '^\[1/[0-9]* ' "$out/stderr.txt" || fail "no progress line on stderr"
 grep -q '^Summary' "$out/stdout.txt" || fail "no summary table on stdout"
+# A bound followed by the "in run" percentage (of the run's fma_peak or read_peak row).
+grep -Eq '% (FMA|read) +[0-9]+%' "$out/stdout.txt" || fail "no \"in run\" figure in the summary"
 grep -q '"GFLOP/s"' "$out/bench.json" || fail "no GFLOP/s in the JSON"
 grep -q '"GB/s"' "$out/bench.json" || fail "no GB/s in the JSON"
 if grep -q '"error_occurred": true' "$out/bench.json"; then

@@ -362,6 +362,50 @@ void BM_FmaPeak(benchmark::State& state, const RunConfig& run) {
 void RegisterFmaPeak() { RegisterPerTarget("fma_peak", BM_FmaPeak, {}, {{}}); }
 HEADWAY_REGISTER_BENCHMARKS(RegisterFmaPeak);
 
+// The read ceiling as a benchmark row, read_peak/<TARGET>/threads:N, the
+// fma_peak row's counterpart for the memory-bound rows: each thread sums its
+// share of a buffer the size of the ceiling's (512 MiB, huge pages) once per
+// iteration, the loop that MeasureRead times. A row's GB/s median over this
+// row's median in the same interleaved run is its fraction of the bandwidth
+// that this run's machine gave (bf16 MHA decode took 7.1 to 16.0 ms in
+// alternating processes within 3 minutes); its own "%read" says how far the
+// run's conditions were from the start-up trial. On the key targets: the loop is the same
+// loads on every vector target.
+void BM_ReadPeak(benchmark::State& state, const RunConfig& run) {
+  const Ceilings& c = GetCeilings();
+  const size_t bytes = c.measured ? c.memory_bytes : kMemoryBytes;
+  const size_t floats = bytes / sizeof(float);
+  // One buffer for every read_peak row, touched once.
+  static const BufferPtr<float> buffer = [&] {
+    BufferPtr<float> made = AllocateBuffer<float>(floats);
+    std::fill(made.get(), made.get() + floats, 1.0f);
+    return made;
+  }();
+  const size_t threads = static_cast<size_t>(run.threads);
+  const size_t slice = floats / threads / kStreamElements * kStreamElements;
+  std::vector<float> sums(threads);
+  const auto step = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, threads, 1),
+        [&](const tbb::blocked_range<size_t>& range) {
+          for (size_t i = range.begin(); i != range.end(); ++i) {
+            sums[i] = internal::ReadSum(buffer.get() + i * slice, slice);
+          }
+        },
+        tbb::simple_partitioner());
+    for (float sum : sums) sink = sum;
+    return Status::Ok();
+  };
+  if (!TimeSteps(state, step)) return;
+  ReportMemory(state, static_cast<double>(threads * slice * sizeof(float)),
+               MemoryCeiling::kRead, run.threads);
+}
+
+void RegisterReadPeak() {
+  RegisterPerTarget("read_peak", BM_ReadPeak, {}, {{}}, 0);
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterReadPeak);
+
 }  // namespace
 }  // namespace bench
 }  // namespace headway

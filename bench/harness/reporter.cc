@@ -189,6 +189,31 @@ bool Float32Weights(const Row& row) {
          row.packed == "packed:1";
 }
 
+// The run's own ceiling row for `row`'s bound: fma_peak of its target and
+// thread count for "FMA", read_peak of its target (or of the best target that
+// has one: the loop reads the same bytes on every vector target) for "read";
+// null for another ceiling, a ceiling row itself or where the run has none.
+const Row* RunCeiling(const std::vector<Row>& rows, const Row& row) {
+  const char* family = row.ceiling == "FMA"    ? "fma_peak"
+                       : row.ceiling == "read" ? "read_peak"
+                                               : nullptr;
+  if (family == nullptr || row.family == family) return nullptr;
+  const Row* found = nullptr;
+  for (const Row& other : rows) {
+    if (other.family != family || other.threads != row.threads ||
+        !other.error.empty()) {
+      continue;
+    }
+    if (other.target == row.target) return &other;
+    // Rows come best target first; peers have no target and FMA-bound peers
+    // use the best target's peak, as their "bound" does.
+    if (found == nullptr && (row.ceiling == "read" || row.target.empty())) {
+      found = &other;
+    }
+  }
+  return found;
+}
+
 // Prints the summary of `rows` (in run order) to `out`.
 void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
   if (rows.empty()) return;
@@ -222,13 +247,16 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     return rank(rows[a]) < rank(rows[b]);
   });
 
-  out << "\nSummary (figure: the rate that the bounding ceiling limits; bound: "
-         "its % of that\nceiling; vs peer, vs SCALAR, vs f32: the fastest "
-         "peer's, SCALAR's or the float32-cache\nrow's (matmul: the "
-         "float32-weights row's) time / this row's time on the same\nshape, "
-         "target and thread count, so 2.00x is twice as fast; bf16, f16, "
-         "int8: the KV\ncache's stored type; bf16 / int8 weights: B stored "
-         "so; bf16 (matmul): bf16 compute)\n";
+  out << "\nSummary (figure: the rate that the bounding ceiling limits; "
+         "bound: its % of that\nceiling, measured at start; in run: its "
+         "% of the same run's fma_peak or read_peak row,\nwhich shares "
+         "the run's conditions when repetitions are interleaved; vs "
+         "peer, vs SCALAR,\nvs f32: the fastest peer's, SCALAR's or the "
+         "float32-cache row's (matmul: the\nfloat32-weights row's) time "
+         "/ this row's time on the same shape, target and thread\ncount, "
+         "so 2.00x is twice as fast; bf16, f16, int8: the KV cache's "
+         "stored type; bf16 /\nint8 weights: B stored so; bf16 (matmul): "
+         "bf16 compute)\n";
   char line[288];
   size_t previous_group = rows.size();
   for (size_t i : order) {
@@ -239,8 +267,9 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       for (const std::string& arg : Split(row.peer_shape, '/')) {
         title += " " + arg;
       }
-      snprintf(line, sizeof(line), "\n%s\n  %-22s %3s %16s %9s %20s %9s %7s\n",
-               title.c_str(), "variant", "thr", "figure", "bound", "vs peer",
+      snprintf(line, sizeof(line),
+               "\n%s\n  %-22s %3s %16s %9s %6s %20s %9s %7s\n", title.c_str(),
+               "variant", "thr", "figure", "bound", "in run", "vs peer",
                "vs SCALAR", "vs f32");
       out << line;
     }
@@ -321,9 +350,17 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       snprintf(vs_f32, sizeof(vs_f32), "%6.2fx",
                float32->seconds / row.seconds);
     }
-    snprintf(line, sizeof(line), "  %-22s %3d %16s %9s %20s %9s %7s\n",
-             variant.c_str(), row.threads, Figure(row).c_str(), bound, vs_peer,
-             vs_scalar, vs_f32);
+    char in_run[16] = "-";
+    if (const Row* peak = RunCeiling(rows, row)) {
+      const double figure = row.ceiling == "FMA" ? row.gflops : row.gbps;
+      const double ceiling = row.ceiling == "FMA" ? peak->gflops : peak->gbps;
+      if (ceiling > 0.0) {
+        snprintf(in_run, sizeof(in_run), "%4.0f%%", 100.0 * figure / ceiling);
+      }
+    }
+    snprintf(line, sizeof(line), "  %-22s %3d %16s %9s %6s %20s %9s %7s\n",
+             variant.c_str(), row.threads, Figure(row).c_str(), bound, in_run,
+             vs_peer, vs_scalar, vs_f32);
     out << line;
   }
   out.flush();
