@@ -39,8 +39,10 @@
 // K], weights bf16 [K, N] in the layout it picks and dst float32 [M, N], the
 // peer of Headway's packed:4 rows (and packed:5's). Its B is reordered into
 // that layout once and its A rounded to bf16 once, both untimed, which favours
-// it: Headway's packed:4 rows round A inside every call. The row's label, and
-// the context's onednn_bf16_matmul_impl, is oneDNN's implementation
+// it: Headway's packed:4 rows round A inside every call. The rows
+// matmul_onednn/bf16_convert_a/... round A in every call too (a oneDNN
+// reorder, timed): the same inputs and outputs as Headway's. The row's label,
+// and the context's onednn_bf16_matmul_impl, is oneDNN's implementation
 // ("brg:avx512_core_bf16" where it runs its AVX512_BF16 kernel). The peers
 // count the flops and bytes of the Headway rows they pair with (bf16 B: 2 bytes
 // per weight), so their percentages compare directly.
@@ -356,9 +358,13 @@ PeerBF16Matmul* SharedOneDnnBF16(benchmark::State& state, const Shape& s,
 }
 
 // matmul_onednn/bf16/<the bf16 compute shape, packed:4>/threads:N: C = alpha *
-// bf16(A) * bf16(B), float32 C, on oneDNN's matmul primitive; the row's label
-// is oneDNN's implementation ("brg:avx512_core_bf16": its AVX512_BF16 kernel).
-void BM_OneDnnBF16Matmul(benchmark::State& state) {
+// bf16(A) * bf16(B), float32 C, on oneDNN's matmul primitive, A rounded to
+// bf16 once before the timing; matmul_onednn/bf16_convert_a/...: the same with
+// A rounded in every call (a oneDNN reorder before the product), as Headway's
+// packed:4 rows round it: the same inputs and outputs as Headway's call. The
+// row's label is oneDNN's implementation ("brg:avx512_core_bf16": its
+// AVX512_BF16 kernel).
+void BM_OneDnnBF16Matmul(benchmark::State& state, bool convert_a) {
   const Shape s = Shape::From(state);
   const int threads = static_cast<int>(state.range(6));
   Operands& ops = SharedOperands(s);
@@ -366,7 +372,7 @@ void BM_OneDnnBF16Matmul(benchmark::State& state) {
   if (peer == nullptr) return;
   float alpha = 1.0f;
   const auto run_once = [&]() {
-    peer->Run(alpha, ops.NextCopy(), ops.c.get());
+    peer->Run(alpha, ops.NextCopy(), ops.c.get(), convert_a);
     benchmark::ClobberMemory();
     alpha = 1.5f - alpha;
   };
@@ -378,16 +384,22 @@ void BM_OneDnnBF16Matmul(benchmark::State& state) {
   Report(state, s, SupportedTargets().front(), threads);
 }
 
-// Registers BM_OneDnnBF16Matmul on the bf16 compute shapes and every thread
-// count, and puts oneDNN's implementations in the context
+// Registers BM_OneDnnBF16Matmul (both rows) on the bf16 compute shapes and
+// every thread count, and puts oneDNN's implementations in the context
 // ("onednn_bf16_matmul_impl").
 void RegisterOneDnnBF16() {
   if (!HasOneDnnBF16Matmul()) return;
   std::vector<std::string> names = kArgNames;
   names.push_back("threads");
-  benchmark::internal::Benchmark* bench =
-      benchmark::RegisterBenchmark("matmul_onednn/bf16", BM_OneDnnBF16Matmul);
-  bench->ArgNames(names)->UseRealTime();
+  std::vector<benchmark::internal::Benchmark*> benches;
+  for (const bool convert_a : {false, true}) {
+    benches.push_back(benchmark::RegisterBenchmark(
+        convert_a ? "matmul_onednn/bf16_convert_a" : "matmul_onednn/bf16",
+        [convert_a](benchmark::State& state) {
+          BM_OneDnnBF16Matmul(state, convert_a);
+        }));
+    benches.back()->ArgNames(names)->UseRealTime();
+  }
   // "impl" if every row has the same one, else "m:1/n:4096/k:4096/threads:1
   // impl; ..." for each row.
   std::string impls, first_impl;
@@ -406,7 +418,9 @@ void RegisterOneDnnBF16() {
                "/threads:" + std::to_string(threads) + " " + impl;
       std::vector<int64_t> with_threads = args;
       with_threads.push_back(threads);
-      bench->Args(with_threads);
+      for (benchmark::internal::Benchmark* bench : benches) {
+        bench->Args(with_threads);
+      }
     }
   }
   benchmark::AddCustomContext("onednn_bf16_matmul_impl",

@@ -158,8 +158,10 @@ class OneDnnBF16Matmul : public PeerBF16Matmul {
     // Every buffer from the harness's allocator, as Headway's (harness.h).
     a_bf16_ = AllocateBuffer<uint8_t>(pd.src_desc().get_size());
     src_ = dnnl::memory(pd.src_desc(), CpuEngine(), a_bf16_.get());
-    const dnnl::memory::desc a_f32({m, k}, dt::f32, tag::ab);
-    Reorder(dnnl::memory(a_f32, CpuEngine(), const_cast<float*>(a)), src_);
+    a_f32_ = dnnl::memory(dnnl::memory::desc({m, k}, dt::f32, tag::ab),
+                          CpuEngine(), const_cast<float*>(a));
+    convert_a_ = dnnl::reorder(a_f32_, src_);
+    Reorder(a_f32_, src_);
     const size_t weights_bytes = pd.weights_desc().get_size();
     weights_bytes_ = AllocateBuffer<uint8_t>(weights_bytes * copies);
     const dnnl::memory::desc b_f32({k, n}, dt::f32, tag::ab);
@@ -173,12 +175,14 @@ class OneDnnBF16Matmul : public PeerBF16Matmul {
     dst_ = dnnl::memory(pd.dst_desc(), CpuEngine(), DNNL_MEMORY_NONE);
   }
 
-  void Run(float alpha, size_t copy, float* c) override {
+  void Run(float alpha, size_t copy, float* c, bool convert_a) override {
     size_t which = 0;
     while (alphas_[which] != alpha) {
       if (++which == alphas_.size()) std::abort();  // an alpha not set up
     }
     SetOmpThreads(threads_);
+    // The stream runs in order: the product reads the converted A.
+    if (convert_a) convert_a_.execute(stream_, a_f32_, src_);
     dst_.set_data_handle(c);
     matmuls_[which].execute(stream_, {{DNNL_ARG_SRC, src_},
                                       {DNNL_ARG_WEIGHTS, weights_[copy]},
@@ -200,7 +204,8 @@ class OneDnnBF16Matmul : public PeerBF16Matmul {
   std::string impl_;
   std::vector<dnnl::matmul> matmuls_;  // one per alpha
   BufferPtr<uint8_t> a_bf16_, weights_bytes_;
-  dnnl::memory src_, dst_;
+  dnnl::memory a_f32_, src_, dst_;
+  dnnl::reorder convert_a_;  // a_f32_ into src_
   std::vector<dnnl::memory> weights_;
 };
 #endif  // HEADWAY_BENCH_DNNL

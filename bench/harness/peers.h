@@ -53,13 +53,15 @@ const std::vector<PeerGemm>& PeerGemms();
 // favours the peer: Headway rounds A inside every call. alpha is a constant
 // output scale, one primitive per alpha of the set-up: oneDNN 2.6's
 // AVX512_BF16 kernel (brg:avx512_core_bf16) takes no run-time scale, and with
-// one it runs gemm:jit instead. Run() is the product alone.
+// one it runs gemm:jit instead. Run() is the product alone, or with convert_a
+// the conversion of A too, as a caller with float32 activations runs it.
 class PeerBF16Matmul {
  public:
   virtual ~PeerBF16Matmul() = default;
   // C = alpha * A * B[copy] on the thread count of the set-up; alpha one of
-  // the set-up's (aborts otherwise).
-  virtual void Run(float alpha, size_t copy, float* c) = 0;
+  // the set-up's (aborts otherwise). convert_a: first rounds the float32 A to
+  // bf16 again (oneDNN's reorder into the product's source).
+  virtual void Run(float alpha, size_t copy, float* c, bool convert_a) = 0;
   // The implementation that oneDNN chose (primitive_desc::impl_info_str()),
   // e.g. "brg:avx512_core_bf16"; comma-separated if the alphas' differ.
   virtual const std::string& Impl() const = 0;
