@@ -369,8 +369,8 @@ HEADWAY_REGISTER_BENCHMARKS(RegisterFmaPeak);
 // row's median in the same interleaved run is its fraction of the bandwidth
 // that this run's machine gave (bf16 MHA decode took 7.1 to 16.0 ms in
 // alternating processes within 3 minutes); its own "%read" says how far the
-// run's conditions were from the start-up trial. On the key targets: the loop is the same
-// loads on every vector target.
+// run's conditions were from the start-up trial. On the key targets: the loop
+// is the same loads on every vector target.
 void BM_ReadPeak(benchmark::State& state, const RunConfig& run) {
   const Ceilings& c = GetCeilings();
   const size_t bytes = c.measured ? c.memory_bytes : kMemoryBytes;
