@@ -76,18 +76,36 @@ double BestRate(double budget_s, int threads, const Trial& trial) {
   return best;
 }
 
-// Runs body(i) for i in [0, threads), each on its own thread of a
-// task_arena(threads).
+// Runs body(i) for i in [0, threads), each on its own thread of the calling
+// thread's arena of `threads` threads (a row's), or of `arena` (OnThreads).
+template <class Body>
+void ForEachThread(int threads, const Body& body) {
+  tbb::parallel_for(
+      tbb::blocked_range<int>(0, threads, 1),
+      [&](const tbb::blocked_range<int>& range) {
+        for (int i = range.begin(); i != range.end(); ++i) body(i);
+      },
+      tbb::simple_partitioner());
+}
 template <class Body>
 void OnThreads(tbb::task_arena& arena, int threads, const Body& body) {
+  arena.execute([&] { ForEachThread(threads, body); });
+}
+
+// `floats` floats set to 1, every page first touched by the threads of an
+// arena of all the CPUs, so that the pages spread over the NUMA nodes the
+// threads run on and no measurement pays for a page fault.
+BufferPtr<float> TouchedBuffer(size_t floats) {
+  BufferPtr<float> buffer = AllocateBuffer<float>(floats);
+  tbb::task_arena arena(AllThreads());
   arena.execute([&] {
-    tbb::parallel_for(
-        tbb::blocked_range<int>(0, threads, 1),
-        [&](const tbb::blocked_range<int>& range) {
-          for (int i = range.begin(); i != range.end(); ++i) body(i);
-        },
-        tbb::simple_partitioner());
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, floats, 1 << 20),
+                      [&](const tbb::blocked_range<size_t>& range) {
+                        std::fill(buffer.get() + range.begin(),
+                                  buffer.get() + range.end(), 1.0f);
+                      });
   });
+  return buffer;
 }
 
 // FMA GFLOP/s of the currently capped target on `threads` threads (1: the
@@ -215,19 +233,7 @@ void MeasureCeilings(double budget_ms) {
       kMemoryBytes,
       std::max<size_t>(size_t{4} << 20, static_cast<size_t>(budget_ms) << 23));
   const size_t floats = c.memory_bytes / sizeof(float);
-  auto buffer = AllocateBuffer<float>(floats);
-  {
-    // Touch every page (in parallel) before timing, so no trial pays for page
-    // faults.
-    tbb::task_arena arena(c.all_threads);
-    arena.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, floats, 1 << 20),
-                        [&](const tbb::blocked_range<size_t>& range) {
-                          std::fill(buffer.get() + range.begin(),
-                                    buffer.get() + range.end(), 1.0f);
-                        });
-    });
-  }
+  const BufferPtr<float> buffer = TouchedBuffer(floats);
   for (int k = 0; k < 2; ++k) {
     const size_t slice = floats / counts[k] / kStreamElements * kStreamElements;
     c.read_gbps[k] = MeasureRead(budget_s, counts[k], buffer.get(), slice);
@@ -336,15 +342,10 @@ void BM_FmaPeak(benchmark::State& state, const RunConfig& run) {
   std::vector<internal::FmaLoopResult> results(
       static_cast<size_t>(run.threads));
   const auto step = [&] {
-    tbb::parallel_for(
-        tbb::blocked_range<int>(0, run.threads, 1),
-        [&](const tbb::blocked_range<int>& range) {
-          for (int i = range.begin(); i != range.end(); ++i) {
-            results[static_cast<size_t>(i)] =
-                internal::FmaLoop(rounds, 0.999999f, 1e-3f * (i + 1));
-          }
-        },
-        tbb::simple_partitioner());
+    ForEachThread(run.threads, [&](int i) {
+      results[static_cast<size_t>(i)] =
+          internal::FmaLoop(rounds, 0.999999f, 1e-3f * (i + 1));
+    });
     flops = 0.0;
     for (const internal::FmaLoopResult& result : results) {
       if (result.target != run.target.bits) {
@@ -375,24 +376,16 @@ void BM_ReadPeak(benchmark::State& state, const RunConfig& run) {
   const Ceilings& c = GetCeilings();
   const size_t bytes = c.measured ? c.memory_bytes : kMemoryBytes;
   const size_t floats = bytes / sizeof(float);
-  // One buffer for every read_peak row, touched once.
-  static const BufferPtr<float> buffer = [&] {
-    BufferPtr<float> made = AllocateBuffer<float>(floats);
-    std::fill(made.get(), made.get() + floats, 1.0f);
-    return made;
-  }();
+  // One buffer for every read_peak row, touched once as the start-up one.
+  static const BufferPtr<float> buffer = TouchedBuffer(floats);
   const size_t threads = static_cast<size_t>(run.threads);
   const size_t slice = floats / threads / kStreamElements * kStreamElements;
   std::vector<float> sums(threads);
   const auto step = [&] {
-    tbb::parallel_for(
-        tbb::blocked_range<size_t>(0, threads, 1),
-        [&](const tbb::blocked_range<size_t>& range) {
-          for (size_t i = range.begin(); i != range.end(); ++i) {
-            sums[i] = internal::ReadSum(buffer.get() + i * slice, slice);
-          }
-        },
-        tbb::simple_partitioner());
+    ForEachThread(run.threads, [&](int i) {
+      const size_t t = static_cast<size_t>(i);
+      sums[t] = internal::ReadSum(buffer.get() + t * slice, slice);
+    });
     for (float sum : sums) sink = sum;
     return Status::Ok();
   };

@@ -161,7 +161,8 @@ class OneDnnBF16Matmul : public PeerBF16Matmul {
     a_f32_ = dnnl::memory(dnnl::memory::desc({m, k}, dt::f32, tag::ab),
                           CpuEngine(), const_cast<float*>(a));
     convert_a_ = dnnl::reorder(a_f32_, src_);
-    Reorder(a_f32_, src_);
+    convert_a_.execute(stream_, a_f32_, src_);
+    stream_.wait();
     const size_t weights_bytes = pd.weights_desc().get_size();
     weights_bytes_ = AllocateBuffer<uint8_t>(weights_bytes * copies);
     const dnnl::memory::desc b_f32({k, n}, dt::f32, tag::ab);
