@@ -88,14 +88,19 @@ inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
 
 // Which prefetches a key block's ScoreRows and AccumulateRows issue for `rows`
 // query rows over stored type T (NarrowTiles and decode_bench ask here):
-// - values: ScoreRows gets the block's V rows, for several rows, whose dot
-//   products let the hardware prefetchers fall behind: GQA-8 decode at 16384
-//   keys ran 1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches
-//   and next_keys than without; one row does without, where they cost 4-9%.
-// - next_keys: AccumulateRows gets the next block's K rows, for several rows,
-//   and for one row of a 16-bit type (a head left out of DecodeInPairs'
-//   pairs): one-row bf16 and f16 decode ran 1.25-1.35x faster with them,
-//   float32 and int8 4-20% slower. Pairs do not prefetch (5-15% slower).
+// - values: ScoreRows gets the block's V rows where the arithmetic per byte
+//   lets the hardware prefetchers fall behind: several rows, and one row of
+//   int8 (a conversion and an FMA per byte). GQA-8 decode at 16384 keys ran
+//   1.3x (float32) to 1.7x (bf16, f16) faster with these prefetches and
+//   next_keys than without; int8 MHA decode at one thread read 77-93% of the
+//   run's read ceiling against 55-84% without (6 alternating runs, Zen 4; two
+//   threads within noise); one row of the other types does without, where
+//   they cost 4-9%.
+// - next_keys: AccumulateRows gets the next block's K rows, wherever values
+//   are prefetched, and for one row of a 16-bit type (a head left out of
+//   DecodeInPairs' pairs): one-row bf16 and f16 decode ran 1.25-1.35x faster
+//   with them, float32 4-20% slower, int8 without values 0.8x. Pairs do not
+//   prefetch (5-15% slower).
 // (AVX3_DL, in-process interleaved runs.)
 struct DecodePrefetch {
   bool values;
@@ -103,7 +108,8 @@ struct DecodePrefetch {
 };
 template <class T>
 HWY_INLINE DecodePrefetch DecodePrefetchFor(size_t rows) {
-  return {rows > 1, rows > 1 || sizeof(T) == 2};
+  const bool values = rows > 1 || sizeof(T) == 1;
+  return {values, values || sizeof(T) == 2};
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
