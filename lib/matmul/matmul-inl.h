@@ -113,6 +113,7 @@ struct MatmulKBlocks : EvenBlocks {
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "lib/core/native_bf16-inl.h"
 #include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
 
@@ -1020,32 +1021,8 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
   });
 }
 
-// Per target: whether this target has the native kernel.
-#undef HEADWAY_MATMUL_NATIVE_BF16
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#define HEADWAY_MATMUL_NATIVE_BF16 1
-
-// acc + a.lo * b.lo + a.hi * b.hi per float lane, a and b pairs of bf16:
-// vdpbf16ps (AVX512_BF16), the one place Headway emits it. Highway 1.0.3 has
-// no op for it; the inline assembly needs no target attribute, and callers
-// run it only where NativeBFloat16Active().
-HWY_INLINE hn::Vec<MatmulTag> DotBF16Pairs(
-    hn::Vec<MatmulTag> acc, hn::Vec<hn::RebindToUnsigned<MatmulTag>> a,
-    hn::Vec<hn::RebindToUnsigned<MatmulTag>> b) {
-  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
-  return acc;
-}
-
-// The floats lo (k0 .. k0 + N - 1) and hi (the next N) as N pairs of bf16 (k
-// even in the low half): vcvtne2ps2bf16, storage.h's rounding (nearest even)
-// except that a denormal float becomes 0, which DotBF16Pairs reads a denormal
-// bf16 as anyway, so the products are the same.
-HWY_INLINE hn::Vec<hn::RebindToUnsigned<MatmulTag>> BF16PairsFromFloats(
-    hn::Vec<MatmulTag> lo, hn::Vec<MatmulTag> hi) {
-  hn::Vec<hn::RebindToUnsigned<MatmulTag>> pairs;
-  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(pairs.raw) : "v"(hi.raw), "v"(lo.raw));
-  return pairs;
-}
+// The native kernel, on the targets with vdpbf16ps (native_bf16-inl.h).
+#if HEADWAY_NATIVE_BF16
 
 // Converts floats [k0, k0 + 2N) of each of the kRows rows at src (row stride
 // lda) into pairs [k0 / 2, k0 / 2 + N) of the native strip a.
@@ -1165,9 +1142,7 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
   MatmulFinishTile<hwy::bfloat16_t>(acc, out, i0, j0, cols, alpha, beta, first,
                                     nullptr);
 }
-#else
-#define HEADWAY_MATMUL_NATIVE_BF16 0
-#endif
+#endif  // HEADWAY_NATIVE_BF16
 
 // MatmulStrip for `mode` (A packed by PackAStripMode, or, for kMatmulFloat32
 // and kMatmulBF16Native with a source, by the kernel): the native kernel, or
@@ -1179,7 +1154,7 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
                                 bool first, const float* scales,
                                 const MatmulASource* source,
                                 const MatmulAPrefetch& next) {
-#if HEADWAY_MATMUL_NATIVE_BF16
+#if HEADWAY_NATIVE_BF16
   if constexpr (kMode == kMatmulBF16Native) {
     static_assert(kMatmulBPairs<T>, "native bf16 needs bf16 B");
     (void)scales;
@@ -1198,7 +1173,7 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
     return;
   }
 #endif
-  static_assert(kMode != kMatmulBF16Native || HEADWAY_MATMUL_NATIVE_BF16,
+  static_assert(kMode != kMatmulBF16Native || HEADWAY_NATIVE_BF16,
                 "native bf16 on an AVX3 target only");
   MatmulStrip(rows, kc, a, b, out, i0, j0, cols, alpha, beta, first, scales,
               kMode == kMatmulFloat32 ? source : nullptr, next);

@@ -86,7 +86,7 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
       if (!w.bf16_compute) {
         MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
                                          alpha, beta);
-#if HEADWAY_MATMUL_NATIVE_BF16
+#if HEADWAY_NATIVE_BF16
       } else if (w.native) {
         MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
             a, lda, trans_a, b, m, n, k, out, alpha, beta);
