@@ -7,9 +7,10 @@
 // seed-style peer that the fused path is measured against; and the variants
 // of AttentionOptions on the float32 rows (attention_*_variant: argument
 // variant 1 soft-capping at 50 as Gemma 2, 2 ALiBi with the paper's slopes,
-// 3 sink logits as gpt-oss) and the sliding window (attention_*_window:
-// decode at position 65535 with a 4096-key window beside plain decode at
-// 4096 keys, prefill of 16384 tokens with a 4096-key window).
+// 3 sink logits as gpt-oss), decode of the bf16 cache in
+// AttentionCompute::kBFloat16 (argument compute:1), and the sliding window
+// (attention_*_window: decode at position 65535 with a 4096-key window beside
+// plain decode at 4096 keys, prefill of 16384 tokens with a 4096-key window).
 //
 // Counted work (docs/BENCHMARKS.md), with H = 32 query heads, G KV heads, d =
 // 128, L cached rows, n query rows:
@@ -188,6 +189,24 @@ void BM_Decode(benchmark::State& state, const RunConfig& run) {
   Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
 }
 
+// BM_Decode on a bf16 cache with AttentionCompute::kBFloat16 (argument
+// compute:1): q and P rounded to bf16, vdpbf16ps where the CPU has it.
+void BM_DecodeBF16Compute(benchmark::State& state, const RunConfig& run) {
+  const int64_t n_kv = state.range(0);
+  const KvCache* cache =
+      SharedCache(state, n_kv, kDecodeLen, KvDtype::kBFloat16);
+  if (cache == nullptr) return;
+  const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
+  const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
+  AttentionOptions options;
+  options.compute = AttentionCompute::kBFloat16;
+  const auto step = [&] {
+    return Attention(*cache, kHeads, &query, 1, options);
+  };
+  if (!TimeSteps(state, step)) return;
+  Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
+}
+
 void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
   const KvDtype dtype = KvDtype::kFloat32;
@@ -326,6 +345,11 @@ void RegisterAttention() {
                      {8, kF16},
                      {8, kI8}},
                     /*every_target_sets=*/3);
+  // GQA-8 on the bf16 cache in AttentionCompute::kBFloat16 (MHA decode
+  // computes as kFloat32 there), on the key targets.
+  RegisterPerTarget("attention_decode", BM_DecodeBF16Compute,
+                    {"kv_heads", "dtype", "compute"}, {{8, kBF16, 1}},
+                    /*every_target_sets=*/0);
   RegisterPerTarget(
       "attention_prefill", BM_Prefill, {"kv_heads", "dtype"},
       {{32, kF32}, {8, kF32}, {1, kF32}, {32, kBF16}, {32, kF16}, {32, kI8}});

@@ -35,6 +35,7 @@
 
 #include "gtest/gtest.h"
 #include "headway/kv_cache.h"
+#include "headway/targets.h"
 #include "lib/core/storage.h"
 #include "tbb/task_arena.h"
 #include "test/support/cache.h"
@@ -653,6 +654,12 @@ TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
       test::FillRandom(q.data(), q.size(), 82);
       ExpectSameBitsOnAnyThreadCount(cache, c, q, {}, nullptr);
       if (HasFatalFailure()) return;
+      if (dtype == KvDtype::kBFloat16) {
+        AttentionOptions options;
+        options.compute = AttentionCompute::kBFloat16;
+        ExpectSameBitsOnAnyThreadCount(cache, c, q, options, nullptr);
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -1052,6 +1059,32 @@ double StorageError(KvDtype dtype, double row_max, double x) {
   return 0.0;
 }
 
+// A shape of the error-bound tests: a layout, head_dim d, kv_len cached keys
+// and the n_tokens last positions as queries.
+struct BoundShape {
+  Layout layout;
+  int64_t d, kv_len, n_tokens;
+};
+
+// Random K and V [kv_len, n_kv_heads * d] for shape (seeds seed, seed + 1).
+void RandomKv(const BoundShape& shape, uint64_t seed, std::vector<float>* k,
+              std::vector<float>* v) {
+  k->resize(shape.kv_len * shape.layout.n_kv_heads * shape.d);
+  v->resize(k->size());
+  test::FillRandom(k->data(), k->size(), seed);
+  test::FillRandom(v->data(), v->size(), seed + 1);
+}
+
+// The float32 tolerance of an output element of a row that sees `seen` keys,
+// its scores at most s_abs and V at most v_abs in magnitude: the summation
+// errors of the scores through the softmax and of P V.
+double Float32OutputTolerance(double v_abs, double s_abs, int64_t d,
+                              int64_t seen) {
+  return 4 * kU * v_abs *
+         (std::sqrt(static_cast<double>(d)) * s_abs +
+          std::sqrt(static_cast<double>(seen)) + 8);
+}
+
 // The error of storage rounding: each dtype against the float64 attention over
 // K and V as appended (not rounded). For a query row whose visible scores move
 // by at most delta (|scale * q . (k' - k)| <= scale * sum_p |q_p| err(k_p),
@@ -1065,23 +1098,18 @@ double StorageError(KvDtype dtype, double row_max, double x) {
 // every target and prints the measured errors, relative to |V|max and as the
 // RMS error over the RMS output.
 TEST_P(AttentionTest, StorageErrorWithinBound) {
-  struct Shape {
-    Layout layout;
-    int64_t d, kv_len, n_tokens;
-  };
   // MHA prefill, GQA-4 split-KV decode, MQA chunked prefill.
-  const Shape shapes[] = {
+  const BoundShape shapes[] = {
       {{8, 8}, 64, 300, 300}, {{8, 2}, 128, 3001, 1}, {{8, 1}, 72, 300, 50}};
   for (const KvDtype dtype : kDtypes) {
     double worst_ratio = 0.0, worst_rel = 0.0, err_sq = 0.0, out_sq = 0.0;
-    for (const Shape& shape : shapes) {
+    for (const BoundShape& shape : shapes) {
       const int64_t d = shape.d, kv_len = shape.kv_len;
       const int64_t n_tokens = shape.n_tokens, n_heads = shape.layout.n_heads;
       const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
       const int64_t kv_width = n_kv * d, width = n_heads * d;
-      std::vector<float> k(kv_len * kv_width), v(k.size());
-      test::FillRandom(k.data(), k.size(), 701);
-      test::FillRandom(v.data(), v.size(), 702);
+      std::vector<float> k, v;
+      RandomKv(shape, 701, &k, &v);
       // An all-zero row (int8 scale 0) reads back exactly.
       std::fill_n(k.begin() + 7 * kv_width, kv_width, 0.0f);
       std::fill_n(v.begin() + 7 * kv_width, kv_width, 0.0f);
@@ -1151,9 +1179,8 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
               v_abs = std::max(v_abs, v_max[row]);
             }
             v_abs += dv;  // |V'|max
-            const double f32_tol = 4 * kU * v_abs *
-                                   (std::sqrt(static_cast<double>(d)) * s_abs +
-                                    std::sqrt(static_cast<double>(seen)) + 8);
+            const double f32_tol =
+                Float32OutputTolerance(v_abs, s_abs, d, seen);
             r.bound.push_back(v_abs * std::expm1(2 * delta) + dv + f32_tol);
             r.v_abs.push_back(v_abs);
           }
@@ -1187,6 +1214,102 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
     // (0.12 for bf16, f16 and int8 when written).
     if (dtype != KvDtype::kFloat32) {
       EXPECT_GT(worst_ratio, 0.05) << DtypeName(dtype);
+    }
+  }
+}
+
+// AttentionCompute::kBFloat16 on a bf16 cache, with vdpbf16ps (where the CPU
+// has it) and with the fallback, against the float64 attention over the
+// stored (dequantized) K and V. Rounding scale * q to bf16 moves each score by
+// at most delta_s = 2^-9 scale sum_p |q_p K_sp| (relative 2^-9 per element),
+// so each weight by a factor in [e^-2delta, e^2delta] (delta the row's
+// largest delta_s); rounding P to bf16 (the sums l unrounded) multiplies each
+// weight by 1 + eta, |eta| <= 2^-9. Then
+//   |o' - o| <= sum_s |w'_s (1 + eta_s) - w_s| |V_s|
+//           <= (e^(2 delta) (1 + 2^-9) - 1) |V|max,
+// plus the float32 tolerance of StorageErrorWithinBound (AttentionCompute's
+// stated bound). Shapes: GQA-2 decode (head_dim 80: a 16-element tail of
+// pairs), GQA-4 split-KV decode, a 12-row group (narrow on AVX-512, wide
+// elsewhere), MQA prefill (wide tiles: float32 products).
+TEST_P(AttentionTest, BF16ProductsWithinBound) {
+  const BoundShape shapes[] = {{{8, 4}, 80, 515, 1},
+                               {{8, 2}, 128, 3001, 1},
+                               {{12, 1}, 64, 700, 1},
+                               {{8, 1}, 72, 300, 50}};
+  for (const bool native : {true, false}) {
+    const NativeBFloat16Scope scope(native);
+    double worst_ratio = 0.0;
+    bool differs = false;
+    for (const BoundShape& shape : shapes) {
+      const int64_t kv_len = shape.kv_len, n_tokens = shape.n_tokens;
+      const int64_t n_heads = shape.layout.n_heads, d = shape.d;
+      const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
+      std::vector<float> k, v;
+      RandomKv(shape, 711, &k, &v);
+      const int64_t kv_width = n_kv * d, width = n_heads * d;
+      const KvCache cache =
+          CacheHolding(KvDtype::kBFloat16, n_kv, d, kv_len, k, v);
+      std::vector<double> kd, vd;
+      CacheToDouble(cache, 0, &kd, &vd);
+      std::vector<float> q(n_tokens * width), out(q.size()), out_f32(q.size());
+      test::FillRandom(q.data(), q.size(), 713);
+      AttentionQuery query;
+      query.q_pos0 = kv_len - n_tokens;
+      query.q = MatrixView<const float>(q.data(), n_tokens, width);
+      query.out = MatrixView<float>(out_f32.data(), n_tokens, width);
+      AttentionOptions options;
+      ASSERT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
+      options.compute = AttentionCompute::kBFloat16;
+      query.out = MatrixView<float>(out.data(), n_tokens, width);
+      ASSERT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
+      differs = differs || out != out_f32;
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const std::vector<double> qd =
+          test::ref::ToDouble(q.data(), n_tokens, width, width);
+      const std::vector<double> exact = test::ref::AttentionCore(
+          qd.data(), width, n_tokens, kd.data(), kv_width, vd.data(), kv_width,
+          kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, nullptr, 0,
+          static_cast<float>(scale));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const int64_t seen = query.q_pos0 + t + 1;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t g = h / group;
+          const double* q_row = &qd[t * width + h * d];
+          double delta = 0.0, v_abs = 0.0, s_abs = 0.0;
+          for (int64_t s = 0; s < seen; ++s) {
+            const int64_t row = s * n_kv + g;
+            double dot = 0.0;
+            for (int64_t p = 0; p < d; ++p) {
+              dot += std::fabs(q_row[p] * kd[row * d + p]);
+              v_abs = std::max(v_abs, std::fabs(vd[row * d + p]));
+            }
+            delta = std::max(delta, std::ldexp(scale * dot, -9));
+            s_abs = std::max(s_abs, scale * dot);
+          }
+          const double f32_tol = Float32OutputTolerance(v_abs, s_abs, d, seen);
+          const double bound =
+              v_abs * (std::exp(2 * delta) * (1 + std::ldexp(1.0, -9)) - 1) +
+              f32_tol;
+          for (int64_t p = 0; p < d; ++p) {
+            const double err = std::fabs(out[t * width + h * d + p] -
+                                         exact[t * width + h * d + p]);
+            ASSERT_LE(err, bound)
+                << (native ? "native" : "fallback") << ": heads " << n_heads
+                << "/" << n_kv << ", token " << t << ", head " << h << ", col "
+                << p;
+            worst_ratio = std::max(worst_ratio, err / bound);
+          }
+        }
+      }
+    }
+    std::printf("  bf16 products (%s): worst error / bound %.3f\n",
+                native ? "native" : "fallback", worst_ratio);
+    // The mode changed the results (SCALAR, one lane, has no narrow tiles),
+    // and they stay well inside the bound (the worst case adds every rounding
+    // against the result: 0.013 when written).
+    if (std::string(GetParam().name) != "SCALAR") {
+      EXPECT_TRUE(differs);
+      EXPECT_GT(worst_ratio, 0.005);
     }
   }
 }
@@ -1651,6 +1774,12 @@ TEST(AttentionErrors, RejectBadArguments) {
         b.options.window = 3;
         b.options.n_sink_tokens = 4;
       });
+  add("options.compute is not an AttentionCompute (got 7)",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.compute = static_cast<AttentionCompute>(7); });
+  add("options.compute kBFloat16 needs a bfloat16 cache (got float32)",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.compute = AttentionCompute::kBFloat16; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.softcap = -1.0f; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,

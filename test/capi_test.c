@@ -2061,7 +2061,8 @@ static void TestLayerVariantsCase(const Model* m,
   CHECK(got.window == want.window && got.softcap == want.softcap &&
         got.n_sink_tokens == want.n_sink_tokens &&
         got.weight_dtype == want.weight_dtype &&
-        got.projection_compute == want.projection_compute);
+        got.projection_compute == want.projection_compute &&
+        got.attention_compute == want.attention_compute);
   /* The per-head arrays: the layer's copies of the whole model's [n_heads]. */
   CHECK((got.alibi_slopes != NULL) == (want.alibi_slopes != NULL) &&
         (got.sink_logits != NULL) == (want.sink_logits != NULL));
@@ -2607,6 +2608,39 @@ static void TestLayerWeightDtypesOnTarget(const Model* m) {
   }
   CHECK(bytes[0] > 0 && bytes[HW_WEIGHT_BFLOAT16] * 2 == bytes[0] &&
         bytes[HW_WEIGHT_INT8] == bytes[0] / 4 + bytes[0] / 64);
+  /* Attention in bf16 products (decode of m's GQA: 2 query rows per KV head)
+   * over a bfloat16 cache: the float32 products' outputs over the same cache
+   * within kBf16ComputeTolerance (attention.h's AttentionCompute bound is
+   * smaller); a float32 cache is an error at the forward. */
+  hw_attention_layer* plain = NULL;
+  hw_attention_layer* bf16 = NULL;
+  hw_attention_layer_variants v = NoVariants();
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &plain));
+  v.attention_compute = HW_ATTENTION_BFLOAT16;
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(&config, &weights, &v, &bf16));
+  if (plain != NULL && bf16 != NULL) {
+    hw_attention_layer_variants got = NoVariants();
+    CHECK_OK(hw_attention_layer_get_variants(bf16, &got));
+    CHECK(got.attention_compute == HW_ATTENTION_BFLOAT16);
+    ForwardChunks(plain, kN, HW_KV_BFLOAT16, chunks, 3, x, ref_f, NULL);
+    ForwardChunks(bf16, kN, HW_KV_BFLOAT16, chunks, 3, x, y, NULL);
+    CHECK(NormwiseDiff(y, d, ref_f, d, kN, d) <= kBf16ComputeTolerance);
+    hw_kv_cache* cache = NULL;
+    CHECK_OK(hw_attention_layer_create_cache_typed(bf16, 1, kN, HW_KV_FLOAT32,
+                                                   &cache));
+    if (cache != NULL) {
+      const hw_layer_sequence s = Seq(0, 1);
+      CHECK_ERR(hw_attention_layer_forward(bf16, cache, &s, 1, x, 0, y, 0),
+                HW_INVALID_ARGUMENT,
+                "the layer's variants.attention_compute HW_ATTENTION_BFLOAT16 "
+                "needs a bfloat16 cache (got float32)");
+      hw_kv_cache_destroy(cache);
+    }
+  }
+  hw_attention_layer_destroy(plain);
+  hw_attention_layer_destroy(bf16);
   free(x);
   free(y);
   free(ref);
@@ -3473,6 +3507,51 @@ static void TestAlibiSlopes(void) {
   CHECK(s[0] == 7.0f && s[15] == 7.0f);
 }
 
+/* HW_ATTENTION_BFLOAT16 on a bfloat16 cache, GQA-4 decode: within the bound
+ * of attention.h's AttentionCompute of the float32 products (each score
+ * moves by at most 2^-9 * 64 / 8 = 2^-6, so an output by (e^(2^-5) (1 +
+ * 2^-9) - 1) = 3.4e-2 of |V|max = 1), and not the same bits; a version 2
+ * struct_size leaves a garbage attention_compute unread. */
+static void TestAttentionBF16Compute(void) {
+  enum { H = 8, G = 2, D = 64, W = H * D, L = 300 };
+  hw_kv_cache* cache = NULL;
+  CHECK_OK(hw_kv_cache_create_typed(1, G, D, L, HW_KV_BFLOAT16, &cache));
+  if (cache == NULL) return;
+  float* k = RandomArray(L * G * D, 1.0f);
+  float* v = RandomArray(L * G * D, 1.0f);
+  CHECK_OK(hw_kv_cache_append(cache, 0, L, k, 0, v, 0));
+  float* q = RandomArray(W, 1.0f);
+  float* want = FilledArray(W, 7.0f);
+  float* got = FilledArray(W, 7.0f);
+  hw_attention_query query;
+  query.seq = 0;
+  query.q_pos0 = L - 1;
+  query.q = Matrix(q, 1, W);
+  query.mask = Matrix(NULL, 0, 0);
+  hw_attention_variants var = NoAttnVariants();
+  query.out = OutMatrix(want, 1, W, 0);
+  CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
+  var.attention_compute = HW_ATTENTION_BFLOAT16;
+  query.out = OutMatrix(got, 1, W, 0);
+  CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
+  double worst = 0.0;
+  for (int i = 0; i < W; ++i) {
+    const double diff = fabs((double)got[i] - (double)want[i]);
+    if (diff > worst) worst = diff;
+  }
+  CHECK(worst <= 3.4e-2 && worst > 0.0);
+  var.struct_size = HW_ATTENTION_VARIANTS_V2_SIZE;
+  var.attention_compute = 7;
+  CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
+  CHECK(memcmp(got, want, sizeof(float) * W) == 0);
+  free(k);
+  free(v);
+  free(q);
+  free(want);
+  free(got);
+  hw_kv_cache_destroy(cache);
+}
+
 /* The variants' errors on the core calls: named as the C caller's fields,
  * nothing written. */
 static void TestAttentionVariantErrors(void) {
@@ -3570,6 +3649,19 @@ static void TestAttentionVariantErrors(void) {
   CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
             HW_INVALID_ARGUMENT, "variants.softcap must be finite");
   v.softcap = 0.0f;
+  /* attention_compute: a hw_attention_compute, and HW_ATTENTION_BFLOAT16
+   * needs a bfloat16 cache (this one is float32). */
+  v.attention_compute = 5;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.attention_compute is not an "
+            "hw_attention_compute (got 5)");
+  v.attention_compute = HW_ATTENTION_BFLOAT16;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.attention_compute "
+            "HW_ATTENTION_BFLOAT16 needs a bfloat16 cache (got float32)");
+  v.attention_compute = HW_ATTENTION_FLOAT32;
   v.alibi_slopes = slopes;
   v.sink_logits = sinks;
   slopes[2] = NAN;
@@ -4236,6 +4328,7 @@ int main(void) {
   TestAlibiSlopes();
   TestAttentionVariants();
   TestAttentionVariantErrors();
+  TestAttentionBF16Compute();
   TestAttentionRing();
   TestMatmul();
   TestSoftmax();

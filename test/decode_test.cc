@@ -26,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "headway/targets.h"
 #include "hwy/aligned_allocator.h"
 #include "lib/core/storage.h"
 #include "test/support/guard_page.h"
@@ -116,9 +117,24 @@ size_t ScoreStride(size_t n, size_t lanes) {
   return RoundUpTo(std::max<size_t>(n, 128), lanes);
 }
 
+// What a check runs: ScoreRows / AccumulateRows, or on a bf16 cache their
+// bf16-products forms (ScoreRowsBF16, AccumulateRowsBF16) with q or w rounded
+// to bf16 first, the fallback or vdpbf16ps (on the targets that have it; the
+// others run the fallback either way). The bound is the same for all: the
+// products of bf16 values are exact, and vdpbf16ps rounds once per addition.
+enum class Products { kStored, kBF16Fallback, kBF16Native };
+
+// x[0, n) replaced by its bf16 roundings, as the callers of the bf16-products
+// kernels do.
+void RoundToBF16(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = internal::FloatFromBF16(internal::BF16FromFloat(x[i]));
+  }
+}
+
 template <class T>
 void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
-                    uint64_t seed) {
+                    uint64_t seed, Products products = Products::kStored) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const bool scaled = internal::kKvScaled<T>;
@@ -135,9 +151,19 @@ void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
   const float kSentinel = 12345.0f;
   std::vector<float> sc(rows * sc_stride, kSentinel);
 
-  ScoreRows(q.get(), q_stride, rows, keys.rows(), k_stride, keys.scale_data(),
-            n, dim, with_v ? values.rows() : nullptr, k_stride + 16, sc.data(),
-            sc_stride);
+  if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
+    if (products != Products::kStored) {
+      RoundToBF16(q.get(), rows * q_stride);
+      ScoreRowsBF16(q.get(), q_stride, rows, keys.rows(), k_stride, n, dim,
+                    with_v ? values.rows() : nullptr, k_stride + 16, sc.data(),
+                    sc_stride, products == Products::kBF16Native);
+    }
+  }
+  if (products == Products::kStored) {
+    ScoreRows(q.get(), q_stride, rows, keys.rows(), k_stride, keys.scale_data(),
+              n, dim, with_v ? values.rows() : nullptr, k_stride + 16,
+              sc.data(), sc_stride);
+  }
 
   for (size_t r = 0; r < rows; ++r) {
     for (size_t s = 0; s < sc_stride; ++s) {
@@ -162,7 +188,8 @@ void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
 }
 
 template <class T>
-void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed) {
+void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed,
+                         Products products = Products::kStored) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const bool scaled = internal::kKvScaled<T>;
@@ -186,9 +213,20 @@ void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed) {
   // Odd seeds prefetch "next" rows (here V's own, one fewer than n: the count
   // of a shorter last block), which must not change a result.
   const bool next = seed % 2 == 1;
-  AccumulateRows(w.data(), w_stride, rows, values.rows(), v_stride,
-                 values.scale_data(), n, dim, o.get(), o_stride,
-                 next ? values.rows() : nullptr, v_stride, next ? n - 1 : 0);
+  if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
+    if (products != Products::kStored) {
+      RoundToBF16(w.data(), w.size());
+      AccumulateRowsBF16(w.data(), w_stride, rows, values.rows(), v_stride, n,
+                         dim, o.get(), o_stride, next ? values.rows() : nullptr,
+                         v_stride, next ? n - 1 : 0,
+                         products == Products::kBF16Native);
+    }
+  }
+  if (products == Products::kStored) {
+    AccumulateRows(w.data(), w_stride, rows, values.rows(), v_stride,
+                   values.scale_data(), n, dim, o.get(), o_stride,
+                   next ? values.rows() : nullptr, v_stride, next ? n - 1 : 0);
+  }
 
   for (size_t r = 0; r < rows; ++r) {
     for (size_t p = 0; p < o_stride; ++p) {
@@ -214,13 +252,14 @@ void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed) {
 }
 
 template <class T>
-void SweepScoreRows() {
+void SweepScoreRows(Products products = Products::kStored) {
   const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
   uint64_t seed = 1;
   for (size_t dim : kDims) {
     for (size_t rows : RowCounts(lanes)) {
       for (size_t n : KeyCounts(lanes)) {
-        CheckScoreRows<T>(rows, n, dim, /*with_v=*/seed % 2 == 0, seed);
+        CheckScoreRows<T>(rows, n, dim, /*with_v=*/seed % 2 == 0, seed,
+                          products);
         if (::testing::Test::HasFatalFailure()) return;
         seed += 3;
       }
@@ -229,13 +268,18 @@ void SweepScoreRows() {
 }
 
 template <class T>
-void SweepAccumulateRows() {
+void SweepAccumulateRows(Products products = Products::kStored) {
   const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
   uint64_t seed = 100;
+  std::vector<size_t> counts = KeyCounts(lanes);
+  // Past the native sums' 128-key weight chunks, odd and even.
+  if (products != Products::kStored) {
+    for (size_t n : {255, 258}) counts.push_back(n);
+  }
   for (size_t dim : kDims) {
     for (size_t rows : RowCounts(lanes)) {
-      for (size_t n : KeyCounts(lanes)) {
-        CheckAccumulateRows<T>(rows, n, dim, seed);
+      for (size_t n : counts) {
+        CheckAccumulateRows<T>(rows, n, dim, seed, products);
         if (::testing::Test::HasFatalFailure()) return;
         seed += 3;
       }
@@ -327,6 +371,20 @@ void TestAccumulateRowsFloat32() { SweepAccumulateRows<float>(); }
 void TestAccumulateRowsBF16() { SweepAccumulateRows<hwy::bfloat16_t>(); }
 void TestAccumulateRowsF16() { SweepAccumulateRows<hwy::float16_t>(); }
 void TestAccumulateRowsInt8() { SweepAccumulateRows<int8_t>(); }
+// The bf16-products kernels: the fallback on every target, vdpbf16ps where
+// the CPU has it (the targets without it run the fallback again).
+void TestScoreRowsBF16Products() {
+  SweepScoreRows<hwy::bfloat16_t>(Products::kBF16Fallback);
+  if (CpuHasNativeBFloat16()) {
+    SweepScoreRows<hwy::bfloat16_t>(Products::kBF16Native);
+  }
+}
+void TestAccumulateRowsBF16Products() {
+  SweepAccumulateRows<hwy::bfloat16_t>(Products::kBF16Fallback);
+  if (CpuHasNativeBFloat16()) {
+    SweepAccumulateRows<hwy::bfloat16_t>(Products::kBF16Native);
+  }
+}
 void TestRowPairFloat32() { SweepRowPair<float>(); }
 void TestRowPairBF16() { SweepRowPair<hwy::bfloat16_t>(); }
 void TestRowPairF16() { SweepRowPair<hwy::float16_t>(); }
@@ -351,6 +409,8 @@ HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsFloat32);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsBF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsInt8);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsBF16Products);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsBF16Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairFloat32);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairBF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairF16);

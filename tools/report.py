@@ -34,9 +34,10 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The KV cache's stored type in a "dtype:N" argument (N: the KvDtype value),
 # as the summary table names it.
 DTYPES = {"0": "f32", "1": "bf16", "2": "f16", "3": "int8"}
-# The matmul rows in the bf16 compute mode (bench/matmul_bench.cc: packed:4
-# native kernel allowed, packed:5 fallback; oneDNN's bf16 matmul is packed:4).
-BF16_COMPUTE = ("packed:4", "packed:5")
+# The rows in a bf16 compute mode: matmul's (bench/matmul_bench.cc: packed:4
+# native kernel allowed, packed:5 fallback; oneDNN's bf16 matmul is packed:4)
+# and attention's AttentionCompute::kBFloat16 (compute:1).
+BF16_COMPUTE = ("packed:4", "packed:5", "compute:1")
 
 
 class Row:

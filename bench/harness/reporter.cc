@@ -77,8 +77,9 @@ struct Row {
   std::string dtype;
   // "bf16" for a matmul row in the bf16 compute mode ("packed:4": native kernel
   // allowed, "packed:5": fallback kernel, bench/matmul_bench.cc; oneDNN's bf16
-  // matmul is packed:4 too), "" for float32 compute: a row is compared with
-  // the peers of its compute mode only.
+  // matmul is packed:4 too) or an attention row in AttentionCompute::kBFloat16
+  // ("compute:1"), "" for float32 compute: a row is compared with the peers of
+  // its compute mode only.
   std::string compute;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
@@ -123,6 +124,9 @@ Row ParseRow(const Run& run) {
       if (StartsWith(arg, "packed:")) {
         row.packed = arg;
         if (arg == "packed:4" || arg == "packed:5") row.compute = "bf16";
+      } else if (StartsWith(arg, "compute:")) {
+        // Attention's AttentionCompute: 1 is kBFloat16.
+        if (arg == "compute:1") row.compute = "bf16";
       } else if (StartsWith(arg, "dtype:")) {
         // The stored type is a variant of the shape, as packed is.
         row.dtype = DtypeName(arg.substr(6));
@@ -275,7 +279,10 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     std::string variant = row.target;
     if (!row.peer.empty()) variant += (variant.empty() ? "" : " ") + row.peer;
-    if (!row.compute.empty()) {
+    if (!row.compute.empty() && !row.dtype.empty()) {
+      // Attention: the cache is bf16 too.
+      variant += " bf16 compute";
+    } else if (!row.compute.empty()) {
       // The peer's name says bf16 already.
       if (row.peer.empty()) {
         variant += row.packed == "packed:5" ? " bf16 fallback" : " bf16";
@@ -287,7 +294,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     } else if (!row.packed.empty() && row.packed != "packed:0") {
       variant += " packed";
     }
-    if (!row.dtype.empty()) variant += " " + row.dtype;
+    if (!row.dtype.empty() && row.compute.empty()) variant += " " + row.dtype;
     if (!row.error.empty()) {
       snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
                row.threads, row.error.c_str());

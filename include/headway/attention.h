@@ -46,6 +46,26 @@ enum class AttentionMask : int {
   kNone = 1,    // every query sees every cached row (and the additive mask)
 };
 
+// What decode multiplies in. The same values as the C API's
+// hw_attention_compute.
+enum class AttentionCompute : int {
+  // q, the softmax weights P and the stored K and V as float32 (the default).
+  kFloat32 = 0,
+  // A bfloat16 cache only. Where a sequence's query rows per KV head (its
+  // tokens times the query heads per KV head) number 2 to the target's float
+  // lanes - 1 (15 on AVX-512, 7 on AVX2: GQA decode, a few tokens at a time),
+  // q times the scale and P are rounded to bf16 (nearest even) and their
+  // products with the stored bf16 K and V are summed in float32: vdpbf16ps
+  // where NativeBFloat16Active() (GQA-8 decode 1.15x faster on Zen 4,
+  // measured), else float32 FMAs on the same rounded values. Other calls (MHA
+  // decode, bound by the bytes; prefill) and AttentionWithWeights compute as
+  // kFloat32. Bound, beyond kFloat32's float32 error: a score moves by at most
+  // 2^-9 * scale * sum_p |q_p K_p|, and with d the most any of a row's scores
+  // moves, an output by at most (e^(2 d) (1 + 2^-9) - 1) * sum_s w_s |V_s|, w
+  // the row's weights (test/attention_test.cc checks it).
+  kBFloat16 = 1,
+};
+
 // The score of query head h at position p for the key at position k is, in
 // this order (each step only where its option is set):
 //   s = scale * q . k
@@ -80,6 +100,8 @@ struct AttentionOptions {
   // [n_heads] per-head sink logits in natural units (gpt-oss); null: none.
   // Finite.
   const float* sink_logits = nullptr;
+  // What decode multiplies in (see AttentionCompute).
+  AttentionCompute compute = AttentionCompute::kFloat32;
 };
 
 // The ALiBi paper's slopes for n_heads heads into slopes [n_heads]: for n a

@@ -532,6 +532,19 @@ typedef enum hw_matmul_compute {
   HW_COMPUTE_BFLOAT16 = 1
 } hw_matmul_compute;
 
+/* What attention decode multiplies in, the same values as
+ * headway::AttentionCompute (attention.h, which states the bound). */
+typedef enum hw_attention_compute {
+  HW_ATTENTION_FLOAT32 = 0, /* q, the weights and K, V as float32 */
+  /* A bfloat16 cache only: where a sequence's query rows per KV head (tokens
+   * times query heads per KV head) number 2 to the target's float lanes - 1
+   * (GQA decode, a few tokens at a time), q and the softmax weights rounded
+   * to bfloat16 and multiplied with the stored K and V, sums in float32 (with
+   * AVX512_BF16: vdpbf16ps, GQA-8 decode 1.15x faster on Zen 4, measured);
+   * the rest as HW_ATTENTION_FLOAT32. */
+  HW_ATTENTION_BFLOAT16 = 1
+} hw_attention_compute;
+
 /* What a layer does beyond hw_attention_layer_config's plain attention (Qwen3,
  * Gemma 2 and 3, Llama 3, Mistral, OLMo 2, gpt-oss, BLOOM layers) and how it
  * stores its weights: a struct that grows, one field group per variant, each
@@ -541,12 +554,13 @@ typedef enum hw_matmul_compute {
  * Version 1 ends after `sink_logits` (HW_ATTENTION_LAYER_VARIANTS_V1_SIZE
  * bytes); version 2 adds `n_sink_tokens` (HW_ATTENTION_LAYER_VARIANTS_V2_SIZE
  * bytes), version 3 `weight_dtype` and `projection_compute`
- * (HW_ATTENTION_LAYER_VARIANTS_V3_SIZE bytes); a struct_size of an earlier
- * version reads the later fields as 0. Its fields from `window` to
- * `n_sink_tokens` are hw_attention_variants' (the same names, meanings and
- * checks), flat here rather than a nested struct so that the layer's struct
- * has one struct_size and an error names the field the same way in both
- * ("variants.window"). */
+ * (HW_ATTENTION_LAYER_VARIANTS_V3_SIZE bytes), version 4
+ * `attention_compute` (HW_ATTENTION_LAYER_VARIANTS_V4_SIZE bytes); a
+ * struct_size of an earlier version reads the later fields as 0. Its fields
+ * from `window` to `n_sink_tokens`, and `attention_compute`, are
+ * hw_attention_variants' (the same names, meanings and checks), flat here
+ * rather than a nested struct so that the layer's struct has one struct_size
+ * and an error names the field the same way in both ("variants.window"). */
 typedef struct hw_attention_layer_variants {
   size_t struct_size; /* sizeof(hw_attention_layer_variants) */
   /* QK-norm: 1 applies, after the bias, RMSNorm (hw_rms_norm_heads) to every
@@ -585,6 +599,11 @@ typedef struct hw_attention_layer_variants {
    * given as float32 whatever the dtype; create stores them. */
   int32_t weight_dtype;
   int32_t projection_compute;
+  /* Version 4: what attention decode multiplies in, as
+   * hw_attention_variants' attention_compute (a hw_attention_compute; 0:
+   * float32; HW_ATTENTION_BFLOAT16 needs the layer's cache in bfloat16,
+   * checked by each forward). */
+  int32_t attention_compute;
 } hw_attention_layer_variants;
 
 /* The size of version 1 of hw_attention_layer_variants, the smallest
@@ -597,6 +616,9 @@ typedef struct hw_attention_layer_variants {
 /* The size of version 3: with weight_dtype and projection_compute. */
 #define HW_ATTENTION_LAYER_VARIANTS_V3_SIZE \
   (offsetof(hw_attention_layer_variants, projection_compute) + sizeof(int32_t))
+/* The size of version 4: with attention_compute. */
+#define HW_ATTENTION_LAYER_VARIANTS_V4_SIZE \
+  (offsetof(hw_attention_layer_variants, attention_compute) + sizeof(int32_t))
 
 /* The new tokens of one sequence in a forward call: n_tokens consecutive rows
  * of x and y, at positions length(seq) .. length(seq) + n_tokens - 1. */
@@ -658,8 +680,9 @@ HEADWAY_C_API int hw_attention_layer_get_config(
  * read as the default (qk_norm_eps, the rope fields), and a variant that is
  * off as its defaults (qk_norm 0 with qk_norm_eps 1e-6, q_norm and k_norm
  * NULL; rope.rotary_dim 0 with theta 10000, factor 1, ...; window 0, softcap
- * 0, alibi_slopes and sink_logits NULL, n_sink_tokens 0; weight_dtype and
- * projection_compute as created, 0 by default; a struct_size of an earlier
+ * 0, alibi_slopes and sink_logits NULL, n_sink_tokens 0; weight_dtype,
+ * projection_compute and attention_compute as created, 0 by default; a
+ * struct_size of an earlier
  * version gets none of the later fields). q_norm, k_norm ([head_dim]),
  * alibi_slopes and sink_logits ([n_heads], the whole model's) point at the
  * layer's copies, valid until it is destroyed. A layer from
@@ -821,7 +844,7 @@ typedef struct hw_attention_options {
  * (memset) before setting fields. Version 1 ends after `sink_logits`
  * (HW_ATTENTION_VARIANTS_V1_SIZE bytes); version 2 adds `n_sink_tokens`
  * (HW_ATTENTION_VARIANTS_V2_SIZE bytes; a struct_size of version 1 reads it
- * as 0).
+ * as 0), version 3 `attention_compute` (HW_ATTENTION_VARIANTS_V3_SIZE bytes).
  *
  * The score of query head h at position p for the key at position k is, in
  * this order (each step only where its field is set):
@@ -861,6 +884,10 @@ typedef struct hw_attention_variants {
    * Not sink_logits' learned sinks: these are real keys. A ring cache pins
    * its own n_sink_tokens and needs the same value here. */
   int64_t n_sink_tokens;
+  /* Version 3. What decode multiplies in, a hw_attention_compute (0:
+   * float32); HW_ATTENTION_BFLOAT16 needs a bfloat16 cache. The with_weights
+   * calls compute in float32 whatever it says. */
+  int32_t attention_compute;
 } hw_attention_variants;
 
 /* The size of version 1 of hw_attention_variants, the smallest struct_size
@@ -870,6 +897,9 @@ typedef struct hw_attention_variants {
 /* The size of version 2: with n_sink_tokens. */
 #define HW_ATTENTION_VARIANTS_V2_SIZE \
   (offsetof(hw_attention_variants, n_sink_tokens) + sizeof(int64_t))
+/* The size of version 3: with attention_compute. */
+#define HW_ATTENTION_VARIANTS_V3_SIZE \
+  (offsetof(hw_attention_variants, attention_compute) + sizeof(int32_t))
 
 /* The ALiBi paper's slopes for n_heads heads into slopes[0, n_heads)
  * (headway::AlibiSlopes): for n_heads a power of two, 2^(-8 (h + 1) /

@@ -217,7 +217,8 @@ class HEADWAY_API AttentionLayer {
   // listed twice, n_tokens < 1, x or y a bad view or not [sum of n_tokens,
   // d_model], y overlapping x, x or y overlapping the cache, a ring cache with
   // a layer whose window is 0 or more than its capacity - n_sink_tokens, or
-  // whose n_sink_tokens differ; kOutOfRange when a sequence's length +
+  // whose n_sink_tokens differ, a cache not in bfloat16 with
+  // config.attention.compute kBFloat16; kOutOfRange when a sequence's length +
   // n_tokens exceeds the capacity of a plain cache;
   // kResourceExhausted: x or y whose byte span overflows, or no memory for
   // scratch.

@@ -94,7 +94,7 @@ Status CheckCall(const char* fn, const KvCache& cache, int64_t n_heads,
                 n_heads, " * ", cache.head_dim(), ") overflows int64_t");
   }
   status = CheckAttentionOptions(fn, "options", options, n_heads);
-  if (status.ok()) status = CheckRingOptions(fn, "options", cache, options);
+  if (status.ok()) status = CheckCacheOptions(fn, "options", cache, options);
   return status;
 }
 

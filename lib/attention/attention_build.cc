@@ -4,7 +4,9 @@
 #include <cmath>
 #include <utility>
 
+#include "headway/targets.h"
 #include "lib/core/message.h"
+#include "lib/core/storage.h"
 
 namespace headway {
 
@@ -40,6 +42,12 @@ Status CheckAttentionOptions(const char* fn, const char* name,
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
                           ".softcap must be finite and >= 0 (got ",
                           options.softcap, ")");
+  }
+  if (options.compute != AttentionCompute::kFloat32 &&
+      options.compute != AttentionCompute::kBFloat16) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".compute is not an AttentionCompute (got ",
+                          static_cast<int>(options.compute), ")");
   }
   const std::pair<const char*, const float*> arrays[] = {
       {".alibi_slopes", options.alibi_slopes},
@@ -99,12 +107,20 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
       options.alibi_slopes != nullptr ? options.alibi_slopes + head0 : nullptr;
   dims.sink_logits =
       options.sink_logits != nullptr ? options.sink_logits + head0 : nullptr;
+  dims.bf16_products = options.compute == AttentionCompute::kBFloat16;
+  dims.native_bf16 = dims.bf16_products && NativeBFloat16Active();
   return dims;
 }
 
-Status CheckRingOptions(const char* fn, const char* name, const KvCache& cache,
-                        const AttentionOptions& options) {
+Status CheckCacheOptions(const char* fn, const char* name, const KvCache& cache,
+                         const AttentionOptions& options) {
   const KvCacheConfig& config = cache.config();
+  if (options.compute == AttentionCompute::kBFloat16 &&
+      config.dtype != KvDtype::kBFloat16) {
+    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
+                          ".compute kBFloat16 needs a bfloat16 cache (got ",
+                          internal::KvDtypeName(config.dtype), ")");
+  }
   if (!config.ring) return Status::Ok();
   const int64_t ring_rows = config.capacity - config.n_sink_tokens;
   if (options.window < 1 || options.window > ring_rows) {

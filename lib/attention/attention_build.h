@@ -34,11 +34,12 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
                                 const AttentionOptions& options,
                                 int64_t head0 = 0);
 
-// Errors for a ring cache (KvCacheConfig::ring) with these options (name as
-// for CheckAttentionOptions); OK for a plain cache: a ring needs a window of
-// at most capacity - n_sink_tokens keys and the cache's n_sink_tokens.
-Status CheckRingOptions(const char* fn, const char* name, const KvCache& cache,
-                        const AttentionOptions& options);
+// Errors for checked options on this cache (name as for
+// CheckAttentionOptions): compute kBFloat16 needs a bfloat16 cache; a ring
+// (KvCacheConfig::ring) needs a window of at most capacity - n_sink_tokens
+// keys and the cache's n_sink_tokens.
+Status CheckCacheOptions(const char* fn, const char* name, const KvCache& cache,
+                         const AttentionOptions& options);
 
 // Key positions [begin, end) stored contiguously: the K and V rows of the key
 // at begin, KV head 0 (head g head_stride * g elements on), and for int8 their

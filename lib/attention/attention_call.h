@@ -72,6 +72,11 @@ struct AttentionDims {
   float softcap;
   const float* alibi_slopes;
   const float* sink_logits;
+  // AttentionCompute::kBFloat16 (a bf16 cache): narrow tiles round q and P to
+  // bf16; native_bf16: and multiply with vdpbf16ps (NativeBFloat16Active,
+  // asked once per call).
+  bool bf16_products;
+  bool native_bf16;
 };
 
 // How one sequence's work is cut.

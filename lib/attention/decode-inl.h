@@ -11,9 +11,14 @@
 #endif
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include <algorithm>
 
 #include "hwy/highway.h"
 #include "lib/attention/decode.h"
+#include "lib/core/blocks.h"
+#include "lib/core/native_bf16-inl.h"
 #include "lib/core/storage-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -700,6 +705,355 @@ void AccumulateRowPair(const float* const w[2], const T* const v[2],
       AccumulatePairUnscaled(ws, vs, stride, keys, dim, o);
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// bf16 products (ScoreRowsBF16, AccumulateRowsBF16).
+
+#if HEADWAY_NATIVE_BF16
+// The 16 pairs of elements [c, c + 32) of a bf16 row, or with half (the row's
+// last 16 elements) its 8 pairs [c, c + 16) and zeros: nothing past the row
+// is read.
+HWY_INLINE hn::Vec<NativePairs> LoadBF16Pairs(const hwy::bfloat16_t* row,
+                                              bool half) {
+  const NativePairs du;
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(row);
+  if (!half) return hn::LoadU(du, p);
+  return hn::ZeroExtendVector(du, hn::LoadU(hn::Half<NativePairs>(), p));
+}
+
+// pairs[0, RoundUp(n, 32) / 2) = src[0, n) as pairs of bf16, zero-padded
+// (n a multiple of 16).
+HWY_INLINE void StoreBF16Pairs(const float* HWY_RESTRICT src, size_t n,
+                               uint32_t* HWY_RESTRICT pairs) {
+  const NativeF32 d;
+  const NativePairs du;
+  for (size_t c = 0; c < n; c += 32) {
+    const auto hi = c + 32 <= n ? hn::LoadU(d, src + c + 16) : hn::Zero(d);
+    hn::StoreU(BF16PairsFromFloats(hn::LoadU(d, src + c), hi), du,
+               pairs + c / 2);
+  }
+}
+
+// Scores of kRows rows (pairs qp, stride qp_stride) against kKeys keys from
+// k: kRows x kKeys sums of vdpbf16ps over the 32-element chunks of dim, then
+// reduced as ScoreTile's. The keys' prefetches one per chunk.
+template <size_t kRows, size_t kKeys>
+HWY_INLINE void ScoreTileNative(const uint32_t* HWY_RESTRICT qp,
+                                size_t qp_stride,
+                                const hwy::bfloat16_t* HWY_RESTRICT k,
+                                size_t k_stride, size_t dim,
+                                float* HWY_RESTRICT sc, size_t sc_stride,
+                                const KeyPrefetch<hwy::bfloat16_t>& prefetch) {
+  const NativeF32 d;
+  const NativePairs du;
+  hn::Vec<NativeF32> acc[kRows][kKeys];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
+  }
+  size_t fetched = 0;
+  for (size_t c = 0; c < dim; c += 32) {
+    if (fetched < kKeys) prefetch(fetched++);
+    const bool half = c + 32 > dim;
+    hn::Vec<NativePairs> qv[kRows];
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kRows; ++r) {
+      qv[r] = KeepInRegister(hn::LoadU(du, qp + r * qp_stride + c / 2));
+    }
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) {
+      const auto kv = LoadBF16Pairs(k + j * k_stride + c, half);
+      HWY_UNROLL(8)
+      for (size_t r = 0; r < kRows; ++r) {
+        acc[r][j] = DotBF16Pairs(acc[r][j], qv[r], kv);
+      }
+    }
+  }
+  for (; fetched < kKeys; ++fetched) prefetch(fetched);
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    if constexpr (kKeys % 4 == 0) {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; j += 4) {
+        StoreKeyScores4<false>(d, acc[r] + j, nullptr, sc + r * sc_stride + j);
+      }
+    } else {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        sc[r * sc_stride + j] = hn::GetLane(hn::SumOfLanes(d, acc[r][j]));
+      }
+    }
+  }
+}
+
+// Every row group's tile over keys [s, s + kKeys): 4 rows at a time, then 2,
+// then 1; the first issues the prefetches.
+template <size_t kKeys>
+HWY_INLINE void ScoreKeysNative(const uint32_t* HWY_RESTRICT qp,
+                                size_t qp_stride, size_t rows,
+                                const hwy::bfloat16_t* HWY_RESTRICT k,
+                                size_t k_stride, size_t dim,
+                                float* HWY_RESTRICT sc, size_t sc_stride,
+                                KeyPrefetch<hwy::bfloat16_t> prefetch) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    ScoreTileNative<4, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
+                              sc + r * sc_stride, sc_stride, prefetch);
+    prefetch = KeyPrefetch<hwy::bfloat16_t>();
+  }
+  if (r + 2 <= rows) {
+    ScoreTileNative<2, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
+                              sc + r * sc_stride, sc_stride, prefetch);
+    prefetch = KeyPrefetch<hwy::bfloat16_t>();
+    r += 2;
+  }
+  if (r < rows) {
+    ScoreTileNative<1, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
+                              sc + r * sc_stride, sc_stride, prefetch);
+  }
+}
+
+// ScoreRowsBF16 with vdpbf16ps: rows <= 16, dim <= kMaxBF16PairDim.
+HWY_INLINE void ScoreRowsNative(const float* HWY_RESTRICT q, size_t q_stride,
+                                size_t rows,
+                                const hwy::bfloat16_t* HWY_RESTRICT k,
+                                size_t k_stride, size_t n, size_t dim,
+                                const hwy::bfloat16_t* HWY_RESTRICT v,
+                                size_t v_stride, float* HWY_RESTRICT sc,
+                                size_t sc_stride) {
+  constexpr size_t kPairStride = kMaxBF16PairDim / 2;
+  HWY_ALIGN uint32_t qp[16 * kPairStride];
+  for (size_t r = 0; r < rows; ++r) {
+    StoreBF16Pairs(q + r * q_stride, dim, qp + r * kPairStride);
+  }
+  const auto prefetch_at = [&](size_t s) {
+    KeyPrefetch<hwy::bfloat16_t> prefetch;
+    if (v != nullptr) {
+      prefetch = {{k + (s + 16) * k_stride, k_stride},
+                  {v + s * v_stride, v_stride}};
+    }
+    return prefetch;
+  };
+  size_t s = 0;
+  for (; s + 4 <= n; s += 4) {
+    ScoreKeysNative<4>(qp, kPairStride, rows, k + s * k_stride, k_stride, dim,
+                       sc + s, sc_stride, prefetch_at(s));
+  }
+  for (; s < n; ++s) {
+    ScoreKeysNative<1>(qp, kPairStride, rows, k + s * k_stride, k_stride, dim,
+                       sc + s, sc_stride, prefetch_at(s));
+  }
+}
+
+// vshuff32x4: the 128-bit blocks kImm selects, two of a then two of b
+// (the zero-masked form: GCC 12 warns of the plain one's undefined source).
+template <int kImm>
+HWY_INLINE __m512 BlockShuffle(__m512 a, __m512 b) {
+  return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, kImm);
+}
+
+// o [kRows rows] columns [c0, c0 + 32 kC) += the weighted sum of n V rows,
+// pairs of keys at a time: wp holds each row's weights as pairs of bf16 (key
+// 2i in the low half of wp[i]), two V rows interleaved per 32 columns (the
+// low and high 4 pairs of each 128-bit block: columns {0-3, 8-11, 16-19,
+// 24-27} and {4-7, ...}, so the accumulators hold o's columns in that order,
+// restored at the store). The last chunk may be the row's last 16 columns
+// (half). An odd last key pairs with zeros. next(s) for s < next_n.
+template <size_t kRows, size_t kC>
+HWY_INLINE void AccumulateTileNative(
+    const uint32_t* HWY_RESTRICT wp, size_t wp_stride,
+    const hwy::bfloat16_t* HWY_RESTRICT v, size_t v_stride, size_t n, size_t c0,
+    size_t dim, float* HWY_RESTRICT o, size_t o_stride,
+    RowPrefetch<hwy::bfloat16_t> next, size_t next_n) {
+  const NativeF32 d;
+  const NativePairs du;
+  const hn::Repartition<uint16_t, NativeF32> d16;
+  bool half[kC];
+  HWY_UNROLL(8)
+  for (size_t c = 0; c < kC; ++c) half[c] = c0 + 32 * c + 32 > dim;
+  hn::Vec<NativeF32> acc[kRows][kC][2];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < kC; ++c) {
+      const float* col = o + r * o_stride + c0 + 32 * c;
+      const __m512 o0 = hn::Load(d, col).raw;
+      const __m512 o1 =
+          half[c] ? _mm512_setzero_ps() : hn::Load(d, col + 16).raw;
+      acc[r][c][0].raw = BlockShuffle<0x88>(o0, o1);
+      acc[r][c][1].raw = BlockShuffle<0xDD>(o0, o1);
+    }
+  }
+  const auto pair_step = [&](size_t i, bool odd_last) HWY_ATTR {
+    const size_t s = 2 * i;
+    hn::Vec<NativePairs> lo[kC], hi[kC];
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < kC; ++c) {
+      const size_t col = c0 + 32 * c;
+      const auto a =
+          hn::BitCast(d16, LoadBF16Pairs(v + s * v_stride + col, half[c]));
+      const auto b =
+          odd_last
+              ? hn::Zero(d16)
+              : hn::BitCast(
+                    d16, LoadBF16Pairs(v + (s + 1) * v_stride + col, half[c]));
+      lo[c] = hn::BitCast(du, hn::InterleaveLower(d16, a, b));
+      hi[c] = hn::BitCast(du, hn::InterleaveUpper(d16, a, b));
+    }
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kRows; ++r) {
+      const auto wv = hn::Set(du, wp[r * wp_stride + i]);
+      HWY_UNROLL(8)
+      for (size_t c = 0; c < kC; ++c) {
+        acc[r][c][0] = DotBF16Pairs(acc[r][c][0], wv, lo[c]);
+        acc[r][c][1] = DotBF16Pairs(acc[r][c][1], wv, hi[c]);
+      }
+    }
+  };
+  const size_t full_pairs = n / 2;
+  for (size_t i = 0; i < full_pairs; ++i) {
+    if (2 * i < next_n) next(2 * i);
+    if (2 * i + 1 < next_n) next(2 * i + 1);
+    pair_step(i, false);
+  }
+  if (n % 2 != 0) {
+    if (n - 1 < next_n) next(n - 1);
+    pair_step(full_pairs, true);
+  }
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < kC; ++c) {
+      float* col = o + r * o_stride + c0 + 32 * c;
+      const __m512 t0 = BlockShuffle<0x44>(acc[r][c][0].raw, acc[r][c][1].raw);
+      hn::Vec<NativeF32> out;
+      out.raw = BlockShuffle<0xD8>(t0, t0);
+      hn::Store(out, d, col);
+      if (!half[c]) {
+        const __m512 t1 =
+            BlockShuffle<0xEE>(acc[r][c][0].raw, acc[r][c][1].raw);
+        out.raw = BlockShuffle<0xD8>(t1, t1);
+        hn::Store(out, d, col + 16);
+      }
+    }
+  }
+}
+
+// AccumulateTileNatives of kRows rows across dim: kC chunks of 32 columns at
+// a time, then one by one; the first tile issues the prefetches.
+template <size_t kRows, size_t kC>
+HWY_INLINE void AccumulateRowGroupNative(const uint32_t* HWY_RESTRICT wp,
+                                         size_t wp_stride,
+                                         const hwy::bfloat16_t* HWY_RESTRICT v,
+                                         size_t v_stride, size_t n, size_t dim,
+                                         float* HWY_RESTRICT o, size_t o_stride,
+                                         RowPrefetch<hwy::bfloat16_t> next,
+                                         size_t next_n) {
+  size_t c0 = 0;
+  for (; c0 + 32 * kC <= dim; c0 += 32 * kC) {
+    AccumulateTileNative<kRows, kC>(wp, wp_stride, v, v_stride, n, c0, dim, o,
+                                    o_stride, next, next_n);
+    next_n = 0;
+  }
+  for (; c0 < dim; c0 += 32) {
+    AccumulateTileNative<kRows, 1>(wp, wp_stride, v, v_stride, n, c0, dim, o,
+                                   o_stride, next, next_n);
+    next_n = 0;
+  }
+}
+
+// AccumulateRowsBF16 with vdpbf16ps: keys in chunks of 128, rows of 16, each
+// chunk's weights as pairs in a buffer (8 KiB).
+HWY_INLINE void AccumulateRowsNative(const float* HWY_RESTRICT w,
+                                     size_t w_stride, size_t rows,
+                                     const hwy::bfloat16_t* HWY_RESTRICT v,
+                                     size_t v_stride, size_t n, size_t dim,
+                                     float* HWY_RESTRICT o, size_t o_stride,
+                                     RowPrefetch<hwy::bfloat16_t> next,
+                                     size_t next_n) {
+  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
+  constexpr size_t kPairStride = kKeyChunk / 2;
+  HWY_ALIGN float padded[kKeyChunk];
+  HWY_ALIGN uint32_t wp[kRowChunk * kPairStride];
+  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+    const size_t keys16 = RoundUp(keys, size_t{16});
+    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
+      for (size_t r = 0; r < chunk_rows; ++r) {
+        const float* w_row = w + (r0 + r) * w_stride + s0;
+        std::copy(w_row, w_row + keys, padded);
+        std::fill(padded + keys, padded + keys16, 0.0f);
+        StoreBF16Pairs(padded, keys16, wp + r * kPairStride);
+      }
+      size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
+      const RowPrefetch<hwy::bfloat16_t> chunk_fetch =
+          next.Skip(chunk_next == 0 ? 0 : s0);
+      const hwy::bfloat16_t* vs = v + s0 * v_stride;
+      float* out = o + r0 * o_stride;
+      size_t r = 0;
+      for (; r + 4 <= chunk_rows; r += 4) {
+        AccumulateRowGroupNative<4, 2>(wp + r * kPairStride, kPairStride, vs,
+                                       v_stride, keys, dim, out + r * o_stride,
+                                       o_stride, chunk_fetch, chunk_next);
+        chunk_next = 0;
+      }
+      if (r + 2 <= chunk_rows) {
+        AccumulateRowGroupNative<2, 4>(wp + r * kPairStride, kPairStride, vs,
+                                       v_stride, keys, dim, out + r * o_stride,
+                                       o_stride, chunk_fetch, chunk_next);
+        chunk_next = 0;
+        r += 2;
+      }
+      if (r < chunk_rows) {
+        AccumulateRowGroupNative<1, 4>(wp + r * kPairStride, kPairStride, vs,
+                                       v_stride, keys, dim, out + r * o_stride,
+                                       o_stride, chunk_fetch, chunk_next);
+      }
+    }
+  }
+}
+#endif  // HEADWAY_NATIVE_BF16
+
+// ScoreRowsBF16 (decode.h).
+void ScoreRowsBF16(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+                   const hwy::bfloat16_t* HWY_RESTRICT k, size_t k_stride,
+                   size_t n, size_t dim, const hwy::bfloat16_t* HWY_RESTRICT v,
+                   size_t v_stride, float* HWY_RESTRICT sc, size_t sc_stride,
+                   bool native) {
+#if HEADWAY_NATIVE_BF16
+  if (native && rows <= 16 && dim <= kMaxBF16PairDim) {
+    ScoreRowsNative(q, q_stride, rows, k, k_stride, n, dim, v, v_stride, sc,
+                    sc_stride);
+    return;
+  }
+#else
+  (void)native;
+#endif
+  ScoreRows(q, q_stride, rows, k, k_stride, nullptr, n, dim, v, v_stride, sc,
+            sc_stride);
+}
+
+// AccumulateRowsBF16 (decode.h).
+void AccumulateRowsBF16(const float* HWY_RESTRICT w, size_t w_stride,
+                        size_t rows, const hwy::bfloat16_t* HWY_RESTRICT v,
+                        size_t v_stride, size_t n, size_t dim,
+                        float* HWY_RESTRICT o, size_t o_stride,
+                        const hwy::bfloat16_t* HWY_RESTRICT next_k,
+                        size_t next_k_stride, size_t next_n, bool native) {
+#if HEADWAY_NATIVE_BF16
+  if (native) {
+    AccumulateRowsNative(w, w_stride, rows, v, v_stride, n, dim, o, o_stride,
+                         {next_k, next_k_stride}, next_k ? next_n : 0);
+    return;
+  }
+#else
+  (void)native;
+#endif
+  AccumulateRows(w, w_stride, rows, v, v_stride, nullptr, n, dim, o, o_stride,
+                 next_k, next_k_stride, next_n);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

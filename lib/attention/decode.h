@@ -78,6 +78,31 @@ void AccumulateRowPair(const float* const w[2], const T* const v[2],
                        const float* const v_scales[2], size_t stride, size_t n,
                        size_t dim, float* const o[2]);
 
+// ScoreRows and AccumulateRows on a bf16 cache for AttentionCompute::kBFloat16:
+// q and w hold bf16 values (the caller rounds them: RoundToBF16), so that each
+// product is exact. With native (NativeBFloat16Active, asked once per call; a
+// target without vdpbf16ps ignores it), pairs of products go through
+// vdpbf16ps, up to 16 rows and dim <= kMaxBF16PairDim; otherwise (and beyond)
+// ScoreRows and AccumulateRows run on the same values. The same arguments,
+// results and error bounds: vdpbf16ps rounds once per addition, as an FMA
+// chain does, in another order (and reads denormals as 0: at most 2^-126 per
+// product). Native scores: 4 rows x 4 keys per tile (8 keys for one row),
+// 16 vdpbf16ps per key where ScoreRows has 32 FMAs and 8 conversions; native
+// sums: pairs of keys, two V rows interleaved per 32 columns (the
+// accumulators hold the columns block-permuted, restored at each store).
+inline constexpr size_t kMaxBF16PairDim = 512;
+void ScoreRowsBF16(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+                   const hwy::bfloat16_t* HWY_RESTRICT k, size_t k_stride,
+                   size_t n, size_t dim, const hwy::bfloat16_t* HWY_RESTRICT v,
+                   size_t v_stride, float* HWY_RESTRICT sc, size_t sc_stride,
+                   bool native);
+void AccumulateRowsBF16(const float* HWY_RESTRICT w, size_t w_stride,
+                        size_t rows, const hwy::bfloat16_t* HWY_RESTRICT v,
+                        size_t v_stride, size_t n, size_t dim,
+                        float* HWY_RESTRICT o, size_t o_stride,
+                        const hwy::bfloat16_t* HWY_RESTRICT next_k,
+                        size_t next_k_stride, size_t next_n, bool native);
+
 // Whether narrow tiles of `rows` query rows over a cache of `dtype` run in
 // pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode)
 // but not int8, whose pairs ran 10-25% slower than its single heads (AVX3_DL,

@@ -98,6 +98,11 @@ static_assert(HW_COMPUTE_FLOAT32 ==
                   HW_COMPUTE_BFLOAT16 ==
                       static_cast<int>(headway::MatmulCompute::kBFloat16),
               "matmul compute values");
+static_assert(HW_ATTENTION_FLOAT32 ==
+                      static_cast<int>(headway::AttentionCompute::kFloat32) &&
+                  HW_ATTENTION_BFLOAT16 ==
+                      static_cast<int>(headway::AttentionCompute::kBFloat16),
+              "attention compute values");
 
 struct hw_kv_cache {
   headway::KvCache cache;
@@ -451,19 +456,23 @@ struct Growing<hw_attention_layer_variants> {
   static constexpr const char* kName = "hw_attention_layer_variants";
   static constexpr size_t kV1Size = HW_ATTENTION_LAYER_VARIANTS_V1_SIZE;
 };
-// The last version ends each struct: a struct_size of an earlier one does not
-// cover its fields, sizeof does. hw_attention_variants: version 2
-// (n_sink_tokens); hw_attention_layer_variants: version 3 (weight_dtype,
-// projection_compute).
+// The last version ends each struct (padding aside): a struct_size of an
+// earlier one does not cover its fields, sizeof does. hw_attention_variants:
+// version 3 (attention_compute); hw_attention_layer_variants: version 4
+// (attention_compute).
 static_assert(HW_ATTENTION_VARIANTS_V1_SIZE < HW_ATTENTION_VARIANTS_V2_SIZE &&
-                  HW_ATTENTION_VARIANTS_V2_SIZE ==
+                  HW_ATTENTION_VARIANTS_V2_SIZE <
+                      HW_ATTENTION_VARIANTS_V3_SIZE &&
+                  HW_ATTENTION_VARIANTS_V3_SIZE <=
                       sizeof(hw_attention_variants),
               "hw_attention_variants' versions");
 static_assert(HW_ATTENTION_LAYER_VARIANTS_V1_SIZE <
                       HW_ATTENTION_LAYER_VARIANTS_V2_SIZE &&
                   HW_ATTENTION_LAYER_VARIANTS_V2_SIZE <
                       HW_ATTENTION_LAYER_VARIANTS_V3_SIZE &&
-                  HW_ATTENTION_LAYER_VARIANTS_V3_SIZE ==
+                  HW_ATTENTION_LAYER_VARIANTS_V3_SIZE <
+                      HW_ATTENTION_LAYER_VARIANTS_V4_SIZE &&
+                  HW_ATTENTION_LAYER_VARIANTS_V4_SIZE <=
                       sizeof(hw_attention_layer_variants),
               "hw_attention_layer_variants' versions");
 
@@ -528,6 +537,9 @@ void SetAttentionVariants(const T& v, headway::AttentionOptions* options) {
   options->softcap = v.softcap;
   options->alibi_slopes = v.alibi_slopes;
   options->sink_logits = v.sink_logits;
+  // 0 before the version that has it; checked by the C++ call.
+  options->compute =
+      static_cast<headway::AttentionCompute>(v.attention_compute);
 }
 
 // The variants (NULL: none) into the C++ config and weights. A variant that
@@ -578,10 +590,12 @@ constexpr Renames kLayerCreate = {
     {"k_norm", "variants.k_norm"},
     {"config.weight_dtype", "variants.weight_dtype"},
     {"config.projection_compute", "variants.projection_compute"},
+    {"config.attention.compute", "variants.attention_compute"},
     {"RopeLayout", "hw_rope_layout"},
     {"RopeScaling", "hw_rope_scaling"},
     {"WeightDtype", "hw_weight_dtype"},
-    {"MatmulCompute", "hw_matmul_compute"}};
+    {"MatmulCompute", "hw_matmul_compute"},
+    {"AttentionCompute", "hw_attention_compute"}};
 
 // hw_attention_layer_create and _create_with_variants, as fn.
 int CreateLayer(const char* fn, const hw_attention_layer_config* config,
@@ -648,7 +662,11 @@ constexpr Renames kAttention = {
     {"options.n_sink_tokens", "variants.n_sink_tokens"},
     {"options.softcap", "variants.softcap"},
     {"options.alibi_slopes", "variants.alibi_slopes"},
-    {"options.sink_logits", "variants.sink_logits"}};
+    {"options.sink_logits", "variants.sink_logits"},
+    {"options.compute kBFloat16",
+     "variants.attention_compute HW_ATTENTION_BFLOAT16"},
+    {"options.compute", "variants.attention_compute"},
+    {"AttentionCompute", "hw_attention_compute"}};
 
 // hw_attention and hw_attention_with_variants (variants NULL: none), as fn.
 int RunAttention(const char* fn, const hw_kv_cache* cache, int64_t n_heads,
@@ -1160,6 +1178,8 @@ int hw_attention_layer_get_variants(const hw_attention_layer* layer,
     // Version 3, if size covers it.
     result.weight_dtype = static_cast<int32_t>(c.weight_dtype);
     result.projection_compute = static_cast<int32_t>(c.projection_compute);
+    // Version 4, if size covers it.
+    result.attention_compute = static_cast<int32_t>(c.attention.compute);
     WriteGrowing(result, variants);
     return Succeed();
   });
@@ -1322,6 +1342,9 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
          {"config.attention.window", "the layer's variants.window"},
          {"config.attention.n_sink_tokens",
           "the layer's variants.n_sink_tokens"},
+         {"config.attention.compute kBFloat16",
+          "the layer's variants.attention_compute HW_ATTENTION_BFLOAT16"},
+         {"config.attention.compute", "the layer's variants.attention_compute"},
          {"CacheConfig", "hw_attention_layer_create_cache"}});
   });
 }

@@ -125,6 +125,14 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, D>> BF16Bits(D d, hn::Vec<D> v) {
   return Low16(du32, hn::IfThenElse(is_nan, quiet_nan, rounded));
 }
 
+// The floats of v's bf16 roundings: storage.h's FloatFromBF16(BF16FromFloat)
+// per lane.
+template <class D>
+HWY_INLINE hn::Vec<D> RoundToBF16(D d, hn::Vec<D> v) {
+  const hn::RebindToUnsigned<D> du32;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, BF16Bits(d, v))));
+}
+
 // f16 bits of v: storage.h's F16FromFloat per lane.
 template <class D>
 HWY_INLINE hn::Vec<hn::Rebind<uint16_t, D>> F16Bits(D d, hn::Vec<D> v) {

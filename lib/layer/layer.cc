@@ -1038,7 +1038,7 @@ Status AttentionLayer::Forward(KvCache* cache, const LayerSequence* sequences,
                 " but the layer needs n_kv_heads ", impl.local_kv_heads,
                 " and head_dim ", c.head_dim, " (see CacheConfig)");
   }
-  status = CheckRingOptions(kFn, "config.attention", *cache, c.attention);
+  status = CheckCacheOptions(kFn, "config.attention", *cache, c.attention);
   if (!status.ok()) return status;
   try {
     int64_t tokens = 0;
