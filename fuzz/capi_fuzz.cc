@@ -1555,6 +1555,18 @@ struct AttnCall {
       SetVariantFields(var, &growing.v);
       ConsumeStructSize(in, HW_ATTENTION_VARIANTS_V1_SIZE, &growing, &var,
                         &invalid);
+      // attention_compute, where struct_size covers it: now and then a value
+      // that is not a hw_attention_compute, or bf16 products on a cache that
+      // is not bf16, both errors (valid bf16 products are the tests': their
+      // bound is wider than this model's tolerance).
+      if (growing.v.struct_size >= HW_ATTENTION_VARIANTS_V3_SIZE &&
+          in.ConsumeIntegralInRange(0, 15) == 15) {
+        growing.v.attention_compute =
+            s.dtype != HW_KV_BFLOAT16 && in.ConsumeBool()
+                ? HW_ATTENTION_BFLOAT16
+                : (in.ConsumeBool() ? -1 : 2);
+        invalid = true;
+      }
     }
     variants = kind >= 2 ? &growing.v : nullptr;
     // attention.h: a ring needs a window of 1 .. capacity - n_sink_tokens
