@@ -70,6 +70,13 @@ struct KeyPrefetch {
     k(j);
     v(j);
   }
+  // The prefetches of the keys from s on in ScoreRows' key loop: none without
+  // v (the callers that leave the V rows to the hardware).
+  static KeyPrefetch At(const T* k, size_t k_stride, const T* v,
+                        size_t v_stride, size_t s) {
+    if (v == nullptr) return KeyPrefetch();
+    return {{k + (s + 16) * k_stride, k_stride}, {v + s * v_stride, v_stride}};
+  }
   // The same prefetches for the keys from j on.
   KeyPrefetch Skip(size_t j) const {
     return k.rows == nullptr ? KeyPrefetch()
@@ -368,12 +375,7 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
                             size_t sc_stride) {
   // The prefetches of keys [s, ...): none without v.
   const auto prefetch_at = [&](size_t s) {
-    KeyPrefetch<T> prefetch;
-    if (v != nullptr) {
-      prefetch = {{k + (s + 16) * k_stride, k_stride},
-                  {v + s * v_stride, v_stride}};
-    }
-    return prefetch;
+    return KeyPrefetch<T>::At(k, k_stride, v, v_stride, s);
   };
   // One row: 8 keys at a time (8 accumulators cover the FMA latency).
   constexpr size_t kKeys = 4;
@@ -829,12 +831,7 @@ HWY_INLINE void ScoreRowsNative(const float* HWY_RESTRICT q, size_t q_stride,
     StoreBF16Pairs(q + r * q_stride, dim, qp + r * kPairStride);
   }
   const auto prefetch_at = [&](size_t s) {
-    KeyPrefetch<hwy::bfloat16_t> prefetch;
-    if (v != nullptr) {
-      prefetch = {{k + (s + 16) * k_stride, k_stride},
-                  {v + s * v_stride, v_stride}};
-    }
-    return prefetch;
+    return KeyPrefetch<hwy::bfloat16_t>::At(k, k_stride, v, v_stride, s);
   };
   size_t s = 0;
   for (; s + 4 <= n; s += 4) {

@@ -86,7 +86,7 @@ void AccumulateRowPair(const float* const w[2], const T* const v[2],
 // ScoreRows and AccumulateRows run on the same values. The same arguments,
 // results and error bounds: vdpbf16ps rounds once per addition, as an FMA
 // chain does, in another order (and reads denormals as 0: at most 2^-126 per
-// product). Native scores: 4 rows x 4 keys per tile (8 keys for one row),
+// product). Native scores: 4 rows x 4 keys per tile (then 2 and 1 rows),
 // 16 vdpbf16ps per key where ScoreRows has 32 FMAs and 8 conversions; native
 // sums: pairs of keys, two V rows interleaved per 32 columns (the
 // accumulators hold the columns block-permuted, restored at each store).
