@@ -1556,15 +1556,17 @@ struct AttnCall {
       ConsumeStructSize(in, HW_ATTENTION_VARIANTS_V1_SIZE, &growing, &var,
                         &invalid);
       // attention_compute, where struct_size covers it: now and then a value
-      // that is not a hw_attention_compute, or bf16 products on a cache that
-      // is not bf16, both errors (valid bf16 products are the tests': their
-      // bound is wider than this model's tolerance).
+      // that is not a hw_attention_compute, or bf16 or int8 products on a
+      // cache of another type, all errors (valid products in a compute mode
+      // are the tests': their bounds are wider than this model's tolerance).
       if (growing.v.struct_size >= HW_ATTENTION_VARIANTS_V3_SIZE &&
           in.ConsumeIntegralInRange(0, 15) == 15) {
-        growing.v.attention_compute =
-            s.dtype != HW_KV_BFLOAT16 && in.ConsumeBool()
-                ? HW_ATTENTION_BFLOAT16
-                : (in.ConsumeBool() ? -1 : 2);
+        const bool bf16 = in.ConsumeBool();
+        const int32_t mode = bf16 ? HW_ATTENTION_BFLOAT16 : HW_ATTENTION_INT8;
+        const int32_t needs = bf16 ? HW_KV_BFLOAT16 : HW_KV_INT8;
+        growing.v.attention_compute = s.dtype != needs && in.ConsumeBool()
+                                          ? mode
+                                          : (in.ConsumeBool() ? -1 : 3);
         invalid = true;
       }
     }

@@ -654,9 +654,10 @@ TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
       test::FillRandom(q.data(), q.size(), 82);
       ExpectSameBitsOnAnyThreadCount(cache, c, q, {}, nullptr);
       if (HasFatalFailure()) return;
-      if (dtype == KvDtype::kBFloat16) {
+      if (dtype == KvDtype::kBFloat16 || dtype == KvDtype::kInt8) {
         AttentionOptions options;
-        options.compute = AttentionCompute::kBFloat16;
+        options.compute = dtype == KvDtype::kInt8 ? AttentionCompute::kInt8
+                                                  : AttentionCompute::kBFloat16;
         ExpectSameBitsOnAnyThreadCount(cache, c, q, options, nullptr);
         if (HasFatalFailure()) return;
       }
@@ -1218,19 +1219,101 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
   }
 }
 
-// AttentionCompute::kBFloat16 on a bf16 cache, with vdpbf16ps (where the CPU
-// has it) and with the fallback, against the float64 attention over the
-// stored (dequantized) K and V. Rounding scale * q to bf16 moves each score by
-// at most delta_s = 2^-9 scale sum_p |q_p K_sp| (relative 2^-9 per element),
-// so each weight by a factor in [e^-2delta, e^2delta] (delta the row's
-// largest delta_s); rounding P to bf16 (the sums l unrounded) multiplies each
-// weight by 1 + eta, |eta| <= 2^-9. Then
+// An AttentionCompute mode against the float64 attention over the stored
+// (dequantized) K and V, on shapes of 1 token (decode) or many (prefill):
+// with score_shift(q_row, k_row) the most a score of the row moves (times
+// the scale), and with the weights P rounded to relative p_round, each
+// weight moves by a factor in [e^-2delta, e^2delta] (delta the row's largest
+// shift) times 1 + eta, |eta| <= p_round. Then
 //   |o' - o| <= sum_s |w'_s (1 + eta_s) - w_s| |V_s|
-//           <= (e^(2 delta) (1 + 2^-9) - 1) |V|max,
+//           <= (e^(2 delta) (1 + p_round) - 1) |V|max,
 // plus the float32 tolerance of StorageErrorWithinBound (AttentionCompute's
-// stated bound). Shapes: GQA-2 decode (head_dim 80: a 16-element tail of
-// pairs), GQA-4 split-KV decode, a 12-row group (narrow on AVX-512, wide
-// elsewhere), MQA prefill (wide tiles: float32 products).
+// stated bounds). Returns the worst error / bound; *differs: whether the
+// mode changed an output against kFloat32. With int8_grid, each query row
+// holds integers in [-127, 127] (127 in magnitude once) times 2^-7, which
+// int8 quantization keeps (up to float32 rounding).
+template <class ScoreShift>
+double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
+                              const BoundShape& shape,
+                              const ScoreShift& score_shift, double p_round,
+                              const char* label, bool* differs,
+                              bool int8_grid = false) {
+  const int64_t kv_len = shape.kv_len, n_tokens = shape.n_tokens;
+  const int64_t n_heads = shape.layout.n_heads, d = shape.d;
+  const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
+  std::vector<float> k, v;
+  RandomKv(shape, 711, &k, &v);
+  const int64_t kv_width = n_kv * d, width = n_heads * d;
+  const KvCache cache = CacheHolding(dtype, n_kv, d, kv_len, k, v);
+  std::vector<double> kd, vd;
+  CacheToDouble(cache, 0, &kd, &vd);
+  std::vector<float> q(n_tokens * width), out(q.size()), out_f32(q.size());
+  test::FillRandom(q.data(), q.size(), 713);
+  if (int8_grid) {
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = std::ldexp(std::nearbyint(127 * q[i]), -7);
+      if (i % d == 0) q[i] = std::copysign(127.0f / 128, q[i]);
+    }
+  }
+  AttentionQuery query;
+  query.q_pos0 = kv_len - n_tokens;
+  query.q = MatrixView<const float>(q.data(), n_tokens, width);
+  query.out = MatrixView<float>(out_f32.data(), n_tokens, width);
+  AttentionOptions options;
+  EXPECT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
+  options.compute = compute;
+  query.out = MatrixView<float>(out.data(), n_tokens, width);
+  EXPECT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
+  *differs = *differs || out != out_f32;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const std::vector<double> qd =
+      test::ref::ToDouble(q.data(), n_tokens, width, width);
+  const std::vector<double> exact = test::ref::AttentionCore(
+      qd.data(), width, n_tokens, kd.data(), kv_width, vd.data(), kv_width,
+      kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, nullptr, 0,
+      static_cast<float>(scale));
+  double worst_ratio = 0.0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t seen = query.q_pos0 + t + 1;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t g = h / group;
+      const double* q_row = &qd[t * width + h * d];
+      double delta = 0.0, v_abs = 0.0, s_abs = 0.0;
+      for (int64_t s = 0; s < seen; ++s) {
+        const double* k_row = &kd[(s * n_kv + g) * d];
+        const double* v_row = &vd[(s * n_kv + g) * d];
+        double dot = 0.0;
+        for (int64_t p = 0; p < d; ++p) {
+          dot += std::fabs(q_row[p] * k_row[p]);
+          v_abs = std::max(v_abs, std::fabs(v_row[p]));
+        }
+        delta = std::max(delta, scale * score_shift(q_row, k_row));
+        s_abs = std::max(s_abs, scale * dot);
+      }
+      const double f32_tol = Float32OutputTolerance(v_abs, s_abs, d, seen);
+      const double bound =
+          v_abs * (std::exp(2 * delta) * (1 + p_round) - 1) + f32_tol;
+      for (int64_t p = 0; p < d; ++p) {
+        const double err = std::fabs(out[t * width + h * d + p] -
+                                     exact[t * width + h * d + p]);
+        EXPECT_LE(err, bound)
+            << label << ": heads " << n_heads << "/" << n_kv << ", token " << t
+            << ", head " << h << ", col " << p;
+        if (err > bound) return worst_ratio;
+        worst_ratio = std::max(worst_ratio, err / bound);
+      }
+    }
+  }
+  return worst_ratio;
+}
+
+// AttentionCompute::kBFloat16 on a bf16 cache, with vdpbf16ps (where the CPU
+// has it) and with the fallback: rounding scale * q to bf16 moves each score
+// by at most 2^-9 scale sum_p |q_p K_sp| (relative 2^-9 per element), and P
+// is rounded to bf16 (p_round 2^-9, the sums l unrounded). Shapes: GQA-2
+// decode (head_dim 80: a 16-element tail of pairs), GQA-4 split-KV decode, a
+// 12-row group (narrow on AVX-512, wide elsewhere), MQA prefill (wide tiles:
+// float32 products).
 TEST_P(AttentionTest, BF16ProductsWithinBound) {
   const BoundShape shapes[] = {{{8, 4}, 80, 515, 1},
                                {{8, 2}, 128, 3001, 1},
@@ -1238,72 +1321,26 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
                                {{8, 1}, 72, 300, 50}};
   for (const bool native : {true, false}) {
     const NativeBFloat16Scope scope(native);
+    const char* label = native ? "bf16 native" : "bf16 fallback";
     double worst_ratio = 0.0;
     bool differs = false;
     for (const BoundShape& shape : shapes) {
-      const int64_t kv_len = shape.kv_len, n_tokens = shape.n_tokens;
-      const int64_t n_heads = shape.layout.n_heads, d = shape.d;
-      const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
-      std::vector<float> k, v;
-      RandomKv(shape, 711, &k, &v);
-      const int64_t kv_width = n_kv * d, width = n_heads * d;
-      const KvCache cache =
-          CacheHolding(KvDtype::kBFloat16, n_kv, d, kv_len, k, v);
-      std::vector<double> kd, vd;
-      CacheToDouble(cache, 0, &kd, &vd);
-      std::vector<float> q(n_tokens * width), out(q.size()), out_f32(q.size());
-      test::FillRandom(q.data(), q.size(), 713);
-      AttentionQuery query;
-      query.q_pos0 = kv_len - n_tokens;
-      query.q = MatrixView<const float>(q.data(), n_tokens, width);
-      query.out = MatrixView<float>(out_f32.data(), n_tokens, width);
-      AttentionOptions options;
-      ASSERT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
-      options.compute = AttentionCompute::kBFloat16;
-      query.out = MatrixView<float>(out.data(), n_tokens, width);
-      ASSERT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
-      differs = differs || out != out_f32;
-      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-      const std::vector<double> qd =
-          test::ref::ToDouble(q.data(), n_tokens, width, width);
-      const std::vector<double> exact = test::ref::AttentionCore(
-          qd.data(), width, n_tokens, kd.data(), kv_width, vd.data(), kv_width,
-          kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, nullptr, 0,
-          static_cast<float>(scale));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const int64_t seen = query.q_pos0 + t + 1;
-        for (int64_t h = 0; h < n_heads; ++h) {
-          const int64_t g = h / group;
-          const double* q_row = &qd[t * width + h * d];
-          double delta = 0.0, v_abs = 0.0, s_abs = 0.0;
-          for (int64_t s = 0; s < seen; ++s) {
-            const int64_t row = s * n_kv + g;
-            double dot = 0.0;
-            for (int64_t p = 0; p < d; ++p) {
-              dot += std::fabs(q_row[p] * kd[row * d + p]);
-              v_abs = std::max(v_abs, std::fabs(vd[row * d + p]));
-            }
-            delta = std::max(delta, std::ldexp(scale * dot, -9));
-            s_abs = std::max(s_abs, scale * dot);
-          }
-          const double f32_tol = Float32OutputTolerance(v_abs, s_abs, d, seen);
-          const double bound =
-              v_abs * (std::exp(2 * delta) * (1 + std::ldexp(1.0, -9)) - 1) +
-              f32_tol;
-          for (int64_t p = 0; p < d; ++p) {
-            const double err = std::fabs(out[t * width + h * d + p] -
-                                         exact[t * width + h * d + p]);
-            ASSERT_LE(err, bound)
-                << (native ? "native" : "fallback") << ": heads " << n_heads
-                << "/" << n_kv << ", token " << t << ", head " << h << ", col "
-                << p;
-            worst_ratio = std::max(worst_ratio, err / bound);
-          }
+      const auto bf16_shift = [&](const double* q_row, const double* k_row) {
+        double dot = 0.0;
+        for (int64_t p = 0; p < shape.d; ++p) {
+          dot += std::fabs(q_row[p] * k_row[p]);
         }
-      }
+        return std::ldexp(dot, -9);
+      };
+      worst_ratio =
+          std::max(worst_ratio,
+                   ProductsErrorOverBound(
+                       AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
+                       bf16_shift, std::ldexp(1.0, -9), label, &differs));
+      if (HasFailure()) return;
     }
-    std::printf("  bf16 products (%s): worst error / bound %.3f\n",
-                native ? "native" : "fallback", worst_ratio);
+    std::printf("  %s products: worst error / bound %.3f\n", label,
+                worst_ratio);
     // The mode changed the results (SCALAR, one lane, has no narrow tiles),
     // and they stay well inside the bound (the worst case adds every rounding
     // against the result: 0.013 when written).
@@ -1311,6 +1348,56 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
       EXPECT_TRUE(differs);
       EXPECT_GT(worst_ratio, 0.005);
     }
+  }
+}
+
+// AttentionCompute::kInt8 on an int8 cache: quantizing scale * q to int8
+// (the cache's rule: level step max_p |scale q_p| / 127, half a step at most,
+// plus 2^-22 for the float32 roundings) moves each score by at most
+// max_p |scale q_p| (1 / 254 + 2^-22) sum_p |K_sp|; P is not rounded. Shapes:
+// MHA split-KV decode (one row per KV head), GQA-2 decode (head_dim 80: a
+// 16-byte last chunk), GQA-4 split-KV decode, a 12-row group, MQA prefill
+// (wide tiles: float32 products). vpdpbusd on AVX3_DL, the float32 fallback
+// elsewhere (decode_test checks that both give the exact scores).
+TEST_P(AttentionTest, Int8ProductsWithinBound) {
+  const BoundShape shapes[] = {{{8, 8}, 128, 3001, 1},
+                               {{8, 4}, 80, 515, 1},
+                               {{8, 2}, 128, 3001, 1},
+                               {{12, 1}, 64, 700, 1},
+                               {{8, 1}, 72, 300, 50}};
+  double worst_ratio = 0.0;
+  bool differs = false;
+  for (const BoundShape& shape : shapes) {
+    const auto int8_shift = [&](const double* q_row, const double* k_row) {
+      double q_max = 0.0, k_sum = 0.0;
+      for (int64_t p = 0; p < shape.d; ++p) {
+        q_max = std::max(q_max, std::fabs(q_row[p]));
+        k_sum += std::fabs(k_row[p]);
+      }
+      return q_max * (1.0 / 254 + std::ldexp(1.0, -22)) * k_sum;
+    };
+    worst_ratio = std::max(
+        worst_ratio,
+        ProductsErrorOverBound(AttentionCompute::kInt8, KvDtype::kInt8, shape,
+                               int8_shift, 0.0, "int8", &differs));
+    if (HasFailure()) return;
+  }
+  std::printf("  int8 products: worst error / bound %.3f\n", worst_ratio);
+  // The mode changed the results (not on SCALAR: no narrow tiles), within a
+  // bound that adds every rounding against the result (0.003 when written).
+  if (std::string(GetParam().name) != "SCALAR") {
+    EXPECT_TRUE(differs);
+    EXPECT_GT(worst_ratio, 0.001);
+  }
+  // A q that int8 keeps: float32's tolerance alone, which a score off by
+  // 2^-10 of itself exceeds (the worst case is 10x smaller than the bound's
+  // above, so a wrong scale could hide there).
+  const auto no_shift = [](const double*, const double*) { return 0.0; };
+  for (const BoundShape& shape : shapes) {
+    ProductsErrorOverBound(AttentionCompute::kInt8, KvDtype::kInt8, shape,
+                           no_shift, 0.0, "int8, q on the int8 grid", &differs,
+                           /*int8_grid=*/true);
+    if (HasFailure()) return;
   }
 }
 
@@ -1780,6 +1867,9 @@ TEST(AttentionErrors, RejectBadArguments) {
   add("options.compute kBFloat16 needs a bfloat16 cache (got float32)",
       StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.compute = AttentionCompute::kBFloat16; });
+  add("options.compute kInt8 needs an int8 cache (got float32)",
+      StatusCode::kInvalidArgument,
+      [](Bad& b) { b.options.compute = AttentionCompute::kInt8; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,
       [](Bad& b) { b.options.softcap = -1.0f; });
   add("options.softcap must be finite and >= 0", StatusCode::kInvalidArgument,

@@ -2552,6 +2552,48 @@ static void OnInt8Grid(float* w, int64_t rows, int64_t cols) {
  * elementwise bound. */
 static const double kBf16ComputeTolerance = 2e-2;
 
+/* A layer of `config` and `weights` whose attention computes in `compute`:
+ * get_variants reports it; over caches of `dtype`, its outputs for n tokens
+ * of x are the float32 products' within kBf16ComputeTolerance (attention.h's
+ * AttentionCompute bounds are smaller); a forward on a cache of `wrong` is
+ * the error `message` (after the field's name). y and ref are scratch. */
+static void CheckLayerAttentionCompute(
+    const hw_attention_layer_config* config,
+    const hw_attention_layer_weights* weights, int32_t compute,
+    hw_kv_dtype dtype, hw_kv_dtype wrong, const char* message, int64_t n,
+    const float* x, float* y, float* ref) {
+  const int64_t d = config->d_model, chunks[3] = {n - 2, 1, 1};
+  hw_attention_layer* plain = NULL;
+  hw_attention_layer* layer = NULL;
+  hw_attention_layer_variants v = NoVariants();
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(config, weights, &v, &plain));
+  v.attention_compute = compute;
+  CHECK_OK(
+      hw_attention_layer_create_with_variants(config, weights, &v, &layer));
+  if (plain != NULL && layer != NULL) {
+    hw_attention_layer_variants got = NoVariants();
+    CHECK_OK(hw_attention_layer_get_variants(layer, &got));
+    CHECK(got.attention_compute == compute);
+    ForwardChunks(plain, n, dtype, chunks, 3, x, ref, NULL);
+    ForwardChunks(layer, n, dtype, chunks, 3, x, y, NULL);
+    CHECK(NormwiseDiff(y, d, ref, d, n, d) <= kBf16ComputeTolerance);
+    hw_kv_cache* cache = NULL;
+    CHECK_OK(hw_attention_layer_create_cache_typed(layer, 1, n, wrong, &cache));
+    if (cache != NULL) {
+      char needle[200];
+      snprintf(needle, sizeof(needle),
+               "the layer's variants.attention_compute %s", message);
+      const hw_layer_sequence s = Seq(0, 1);
+      CHECK_ERR(hw_attention_layer_forward(layer, cache, &s, 1, x, 0, y, 0),
+                HW_INVALID_ARGUMENT, needle);
+      hw_kv_cache_destroy(cache);
+    }
+  }
+  hw_attention_layer_destroy(plain);
+  hw_attention_layer_destroy(layer);
+}
+
 /* A layer of each hw_weight_dtype (and bfloat16 weights in the bf16 compute
  * mode) from m's weights (on the int8 grid), on the target active now:
  * get_variants reports the storage, packed_bytes its size, and a prefill then
@@ -2608,39 +2650,18 @@ static void TestLayerWeightDtypesOnTarget(const Model* m) {
   }
   CHECK(bytes[0] > 0 && bytes[HW_WEIGHT_BFLOAT16] * 2 == bytes[0] &&
         bytes[HW_WEIGHT_INT8] == bytes[0] / 4 + bytes[0] / 64);
-  /* Attention in bf16 products (decode of m's GQA: 2 query rows per KV head)
-   * over a bfloat16 cache: the float32 products' outputs over the same cache
-   * within kBf16ComputeTolerance (attention.h's AttentionCompute bound is
-   * smaller); a float32 cache is an error at the forward. */
-  hw_attention_layer* plain = NULL;
-  hw_attention_layer* bf16 = NULL;
-  hw_attention_layer_variants v = NoVariants();
-  CHECK_OK(
-      hw_attention_layer_create_with_variants(&config, &weights, &v, &plain));
-  v.attention_compute = HW_ATTENTION_BFLOAT16;
-  CHECK_OK(
-      hw_attention_layer_create_with_variants(&config, &weights, &v, &bf16));
-  if (plain != NULL && bf16 != NULL) {
-    hw_attention_layer_variants got = NoVariants();
-    CHECK_OK(hw_attention_layer_get_variants(bf16, &got));
-    CHECK(got.attention_compute == HW_ATTENTION_BFLOAT16);
-    ForwardChunks(plain, kN, HW_KV_BFLOAT16, chunks, 3, x, ref_f, NULL);
-    ForwardChunks(bf16, kN, HW_KV_BFLOAT16, chunks, 3, x, y, NULL);
-    CHECK(NormwiseDiff(y, d, ref_f, d, kN, d) <= kBf16ComputeTolerance);
-    hw_kv_cache* cache = NULL;
-    CHECK_OK(hw_attention_layer_create_cache_typed(bf16, 1, kN, HW_KV_FLOAT32,
-                                                   &cache));
-    if (cache != NULL) {
-      const hw_layer_sequence s = Seq(0, 1);
-      CHECK_ERR(hw_attention_layer_forward(bf16, cache, &s, 1, x, 0, y, 0),
-                HW_INVALID_ARGUMENT,
-                "the layer's variants.attention_compute HW_ATTENTION_BFLOAT16 "
-                "needs a bfloat16 cache (got float32)");
-      hw_kv_cache_destroy(cache);
-    }
-  }
-  hw_attention_layer_destroy(plain);
-  hw_attention_layer_destroy(bf16);
+  /* Attention in bf16 products over a bfloat16 cache, and in int8 products
+   * over an int8 one (decode of m's GQA: 2 query rows per KV head). */
+  CheckLayerAttentionCompute(&config, &weights, HW_ATTENTION_BFLOAT16,
+                             HW_KV_BFLOAT16, HW_KV_FLOAT32,
+                             "HW_ATTENTION_BFLOAT16 needs a bfloat16 cache "
+                             "(got float32)",
+                             kN, x, y, ref_f);
+  CheckLayerAttentionCompute(&config, &weights, HW_ATTENTION_INT8, HW_KV_INT8,
+                             HW_KV_BFLOAT16,
+                             "HW_ATTENTION_INT8 needs an int8 cache (got "
+                             "bfloat16)",
+                             kN, x, y, ref_f);
   free(x);
   free(y);
   free(ref);
@@ -3507,15 +3528,15 @@ static void TestAlibiSlopes(void) {
   CHECK(s[0] == 7.0f && s[15] == 7.0f);
 }
 
-/* HW_ATTENTION_BFLOAT16 on a bfloat16 cache, GQA-4 decode: within the bound
- * of attention.h's AttentionCompute of the float32 products (each score
- * moves by at most 2^-9 * 64 / 8 = 2^-6, so an output by (e^(2^-5) (1 +
- * 2^-9) - 1) = 3.4e-2 of |V|max = 1), and not the same bits; a version 2
- * struct_size leaves a garbage attention_compute unread. */
-static void TestAttentionBF16Compute(void) {
+/* An attention_compute mode on a cache of its dtype, GQA-4 decode (q, K and
+ * V in [-1, 1], D = 64, scale 1/8): within `bound` of the float32 products
+ * (attention.h's AttentionCompute bounds), and not the same bits; a version
+ * 2 struct_size leaves a garbage attention_compute unread. */
+static void CheckAttentionCompute(hw_kv_dtype dtype, int32_t compute,
+                                  double bound) {
   enum { H = 8, G = 2, D = 64, W = H * D, L = 300 };
   hw_kv_cache* cache = NULL;
-  CHECK_OK(hw_kv_cache_create_typed(1, G, D, L, HW_KV_BFLOAT16, &cache));
+  CHECK_OK(hw_kv_cache_create_typed(1, G, D, L, dtype, &cache));
   if (cache == NULL) return;
   float* k = RandomArray(L * G * D, 1.0f);
   float* v = RandomArray(L * G * D, 1.0f);
@@ -3531,7 +3552,7 @@ static void TestAttentionBF16Compute(void) {
   hw_attention_variants var = NoAttnVariants();
   query.out = OutMatrix(want, 1, W, 0);
   CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
-  var.attention_compute = HW_ATTENTION_BFLOAT16;
+  var.attention_compute = compute;
   query.out = OutMatrix(got, 1, W, 0);
   CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
   double worst = 0.0;
@@ -3539,7 +3560,7 @@ static void TestAttentionBF16Compute(void) {
     const double diff = fabs((double)got[i] - (double)want[i]);
     if (diff > worst) worst = diff;
   }
-  CHECK(worst <= 3.4e-2 && worst > 0.0);
+  CHECK(worst <= bound && worst > 0.0);
   var.struct_size = HW_ATTENTION_VARIANTS_V2_SIZE;
   var.attention_compute = 7;
   CHECK_OK(hw_attention_with_variants(cache, H, &query, 1, NULL, &var));
@@ -3550,6 +3571,15 @@ static void TestAttentionBF16Compute(void) {
   free(want);
   free(got);
   hw_kv_cache_destroy(cache);
+}
+
+/* bf16: each score moves by at most 2^-9 * 64 / 8 = 2^-6, so an output by
+ * (e^(2^-5) (1 + 2^-9) - 1) = 3.4e-2 of |V|max = 1. int8: by at most
+ * (1/8) (1/254 + 2^-22) * 64 = 3.2e-2, so an output by e^(6.3e-2) - 1 =
+ * 6.5e-2. */
+static void TestAttentionCompute(void) {
+  CheckAttentionCompute(HW_KV_BFLOAT16, HW_ATTENTION_BFLOAT16, 3.4e-2);
+  CheckAttentionCompute(HW_KV_INT8, HW_ATTENTION_INT8, 6.5e-2);
 }
 
 /* The variants' errors on the core calls: named as the C caller's fields,
@@ -3650,7 +3680,8 @@ static void TestAttentionVariantErrors(void) {
             HW_INVALID_ARGUMENT, "variants.softcap must be finite");
   v.softcap = 0.0f;
   /* attention_compute: a hw_attention_compute, and HW_ATTENTION_BFLOAT16
-   * needs a bfloat16 cache (this one is float32). */
+   * needs a bfloat16 cache, HW_ATTENTION_INT8 an int8 one (this one is
+   * float32). */
   v.attention_compute = 5;
   CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
             HW_INVALID_ARGUMENT,
@@ -3661,6 +3692,11 @@ static void TestAttentionVariantErrors(void) {
             HW_INVALID_ARGUMENT,
             "hw_attention_with_variants: variants.attention_compute "
             "HW_ATTENTION_BFLOAT16 needs a bfloat16 cache (got float32)");
+  v.attention_compute = HW_ATTENTION_INT8;
+  CHECK_ERR(hw_attention_with_variants(cache, H, &good, 1, NULL, &v),
+            HW_INVALID_ARGUMENT,
+            "hw_attention_with_variants: variants.attention_compute "
+            "HW_ATTENTION_INT8 needs an int8 cache (got float32)");
   v.attention_compute = HW_ATTENTION_FLOAT32;
   v.alibi_slopes = slopes;
   v.sink_logits = sinks;
@@ -4328,7 +4364,7 @@ int main(void) {
   TestAlibiSlopes();
   TestAttentionVariants();
   TestAttentionVariantErrors();
-  TestAttentionBF16Compute();
+  TestAttentionCompute();
   TestAttentionRing();
   TestMatmul();
   TestSoftmax();

@@ -122,7 +122,9 @@ size_t ScoreStride(size_t n, size_t lanes) {
 // to bf16 first, the fallback or vdpbf16ps (on the targets that have it; the
 // others run the fallback either way). The bound is the same for all: the
 // products of bf16 values are exact, and vdpbf16ps rounds once per addition.
-enum class Products { kStored, kBF16Fallback, kBF16Native };
+// kInt8: ScoreRowsInt8 on an int8 cache with q of int8 levels, whose scores
+// are exact: the integer dot product times the key's scale, rounded once.
+enum class Products { kStored, kBF16Fallback, kBF16Native, kInt8 };
 
 // x[0, n) replaced by its bf16 roundings, as the callers of the bf16-products
 // kernels do.
@@ -159,6 +161,18 @@ void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
                     sc_stride, products == Products::kBF16Native);
     }
   }
+  if constexpr (hwy::IsSame<T, int8_t>()) {
+    if (products == Products::kInt8) {
+      // Levels in [-127, 127], the ends included.
+      test::SplitMix64 rng(seed + 3);
+      for (size_t i = 0; i < rows * q_stride; ++i) {
+        q[i] = std::nearbyint(rng.Uniform(-127.4f, 127.4f));
+      }
+      ScoreRowsInt8(q.get(), q_stride, rows, keys.rows(), k_stride,
+                    keys.scale_data(), n, dim, with_v ? values.rows() : nullptr,
+                    k_stride + 16, sc.data(), sc_stride);
+    }
+  }
   if (products == Products::kStored) {
     ScoreRows(q.get(), q_stride, rows, keys.rows(), k_stride, keys.scale_data(),
               n, dim, with_v ? values.rows() : nullptr, k_stride + 16,
@@ -171,6 +185,19 @@ void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
       if (s >= n) {
         ASSERT_EQ(got, kSentinel) << "wrote past n: r=" << r << " s=" << s;
         continue;
+      }
+      if constexpr (hwy::IsSame<T, int8_t>()) {
+        if (products == Products::kInt8) {
+          int64_t dot = 0;
+          for (size_t p = 0; p < dim; ++p) {
+            dot += static_cast<int64_t>(q[r * q_stride + p]) *
+                   keys.rows()[s * k_stride + p];
+          }
+          const float exact = static_cast<float>(dot) * keys.scales[s];
+          ASSERT_EQ(got, exact) << "rows=" << rows << " n=" << n
+                                << " dim=" << dim << " r=" << r << " s=" << s;
+          continue;
+        }
       }
       double want = 0.0, magnitude = 0.0;
       for (size_t p = 0; p < dim; ++p) {
@@ -255,7 +282,14 @@ template <class T>
 void SweepScoreRows(Products products = Products::kStored) {
   const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
   uint64_t seed = 1;
-  for (size_t dim : kDims) {
+  std::vector<size_t> dims(std::begin(kDims), std::end(kDims));
+  // int8 products: the longest native dim, and one past it (the fallback).
+  if (products == Products::kInt8) {
+    for (size_t dim : {kMaxInt8ProductDim, kMaxInt8ProductDim + 16}) {
+      dims.push_back(dim);
+    }
+  }
+  for (size_t dim : dims) {
     for (size_t rows : RowCounts(lanes)) {
       for (size_t n : KeyCounts(lanes)) {
         CheckScoreRows<T>(rows, n, dim, /*with_v=*/seed % 2 == 0, seed,
@@ -385,6 +419,9 @@ void TestAccumulateRowsBF16Products() {
     SweepAccumulateRows<hwy::bfloat16_t>(Products::kBF16Native);
   }
 }
+// The int8-products scores: vpdpbusd on AVX3_DL, the float32 fallback
+// elsewhere, the same exact results.
+void TestScoreRowsInt8Products() { SweepScoreRows<int8_t>(Products::kInt8); }
 void TestRowPairFloat32() { SweepRowPair<float>(); }
 void TestRowPairBF16() { SweepRowPair<hwy::bfloat16_t>(); }
 void TestRowPairF16() { SweepRowPair<hwy::float16_t>(); }
@@ -411,6 +448,7 @@ HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsInt8);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsBF16Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsBF16Products);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsInt8Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairFloat32);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairBF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairF16);

@@ -64,6 +64,19 @@ enum class AttentionCompute : int {
   // moves, an output by at most (e^(2 d) (1 + 2^-9) - 1) * sum_s w_s |V_s|, w
   // the row's weights (test/attention_test.cc checks it).
   kBFloat16 = 1,
+  // An int8 cache only. Where a sequence's query rows per KV head number 1
+  // to the target's float lanes - 1 (MHA and GQA decode, a few tokens at a
+  // time), q times the scale is quantized to int8 per query row as the cache
+  // quantizes its rows (scale max|q| / 127, round to nearest), and the scores
+  // are exact integer dot products with the stored K times the two scales:
+  // vpdpbusd on AVX3_DL, elsewhere float32 FMAs on the same integers, the
+  // same bits up to head_dim 1024. P and V stay float32 (llama.cpp scores a
+  // q8_0 cache so). Other calls compute as kFloat32. Bound, beyond
+  // kFloat32's float32 error: a score moves by at most max_p |scale q_p|
+  // (1 / 254 + 2^-22) sum_p |K_p|, and with d the most any of a row's scores
+  // moves, an output by at most (e^(2 d) - 1) * sum_s w_s |V_s|
+  // (test/attention_test.cc checks it).
+  kInt8 = 2,
 };
 
 // The score of query head h at position p for the key at position k is, in

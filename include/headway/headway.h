@@ -542,7 +542,14 @@ typedef enum hw_attention_compute {
    * to bfloat16 and multiplied with the stored K and V, sums in float32 (with
    * AVX512_BF16: vdpbf16ps, GQA-8 decode 1.15x faster on Zen 4, measured);
    * the rest as HW_ATTENTION_FLOAT32. */
-  HW_ATTENTION_BFLOAT16 = 1
+  HW_ATTENTION_BFLOAT16 = 1,
+  /* An int8 cache only: where a sequence's query rows per KV head number 1
+   * to the target's float lanes - 1 (MHA and GQA decode, a few tokens at a
+   * time), q quantized to int8 per row as the cache quantizes its rows, the
+   * scores exact integer dot products with the stored K times the scales
+   * (with AVX512_VNNI: vpdpbusd); the weights and V in float32; the rest as
+   * HW_ATTENTION_FLOAT32. */
+  HW_ATTENTION_INT8 = 2
 } hw_attention_compute;
 
 /* What a layer does beyond hw_attention_layer_config's plain attention (Qwen3,
@@ -602,7 +609,7 @@ typedef struct hw_attention_layer_variants {
   /* Version 4: what attention decode multiplies in, as
    * hw_attention_variants' attention_compute (a hw_attention_compute; 0:
    * float32; HW_ATTENTION_BFLOAT16 needs the layer's cache in bfloat16,
-   * checked by each forward). */
+   * HW_ATTENTION_INT8 in int8, checked by each forward). */
   int32_t attention_compute;
 } hw_attention_layer_variants;
 
@@ -885,8 +892,9 @@ typedef struct hw_attention_variants {
    * its own n_sink_tokens and needs the same value here. */
   int64_t n_sink_tokens;
   /* Version 3. What decode multiplies in, a hw_attention_compute (0:
-   * float32); HW_ATTENTION_BFLOAT16 needs a bfloat16 cache. The with_weights
-   * calls compute in float32 whatever it says. */
+   * float32); HW_ATTENTION_BFLOAT16 needs a bfloat16 cache,
+   * HW_ATTENTION_INT8 an int8 one. The with_weights calls compute in float32
+   * whatever it says. */
   int32_t attention_compute;
 } hw_attention_variants;
 

@@ -960,11 +960,41 @@ HWY_INLINE bool BF16Products(const AttentionDims& dims, size_t rows) {
   }
 }
 
+// Whether narrow tiles over stored type T quantize q to int8 and score by
+// ScoreRowsInt8: AttentionCompute::kInt8 (which needs an int8 cache), every
+// row count (one row too: the scores are a third of one-row int8 decode's
+// work in float32 products).
+template <class T>
+HWY_INLINE bool Int8Products(const AttentionDims& dims) {
+  return hwy::IsSame<T, int8_t>() && dims.int8_products;
+}
+
+// x[0, n) (n a multiple of the vector length) replaced by its int8 levels
+// under the cache's rule (Int8RowScale, Int8Levels), as floats; returns the
+// scale (AttentionCompute::kInt8's q). A zero row stays zero (scale 0); a NaN
+// or inf gives a NaN scale, so NaN scores, as in float32 products.
+HWY_INLINE float QuantizeRowToInt8(float* HWY_RESTRICT x, size_t n) {
+  const AttnD d;
+  const size_t N = hn::Lanes(d);
+  const float scale = Int8RowScale(d, x, n);
+  if (!(scale > 0.0f)) {
+    std::fill(x, x + n, 0.0f);
+    return scale;
+  }
+  const auto scale_vec = hn::Set(d, scale);
+  for (size_t i = 0; i < n; i += N) {
+    hn::Store(Int8Levels(d, hn::Load(d, x + i), scale_vec), d, x + i);
+  }
+  return scale;
+}
+
 // A narrow tile's buffers: qs [rows, row_stride]: QueryScale * q,
-// zero-padded; sc [rows, bkp] scores (bkp: the key block rounded up to
-// vectors); o [rows, row_stride] unnormalised output; m and l.
+// zero-padded (int8 products: its int8 levels, and q_scale [rows] their
+// scales); sc [rows, bkp] scores (bkp: the key block rounded up to vectors);
+// o [rows, row_stride] unnormalised output; m and l.
 struct NarrowBuffers {
   float* qs;
+  float* q_scale;
   float* sc;
   float* o;
   OnlineSoftmaxState state;
@@ -1006,6 +1036,9 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
       for (int64_t p = 0; p < dims.head_dim; ++p) qs_row[p] = qscale * q_row[p];
       std::fill(qs_row + dims.head_dim, qs_row + row_stride, 0.0f);
       if (BF16Products<T>(dims, rows)) RoundRowToBF16(qs_row, row_stride);
+      if (Int8Products<T>(dims)) {
+        b.q_scale[r] = QuantizeRowToInt8(qs_row, row_stride);
+      }
     }
     std::fill(b.o, b.o + rows * row_stride, 0.0f);
     std::fill(b.state.max, b.state.max + rows, neg_inf);
@@ -1034,14 +1067,21 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
                       prefetch.values ? values[0].Stored(k0) : nullptr,
                       row_stride, bufs[0].sc, bkp, dims.native_bf16);
       }
+    } else if (Int8Products<T>(dims)) {
+      if constexpr (hwy::IsSame<T, int8_t>()) {
+        ScoreRowsInt8(bufs[0].qs, row_stride, rows, keys[0].Stored(k0),
+                      row_stride, keys[0].Scales(k0), n_keys, row_stride,
+                      prefetch.values ? values[0].Stored(k0) : nullptr,
+                      row_stride, bufs[0].sc, bkp);
+      }
     } else {
       ScoreRows(bufs[0].qs, row_stride, rows, keys[0].Stored(k0), row_stride,
                 keys[0].Scales(k0), n_keys, row_stride,
                 prefetch.values ? values[0].Stored(k0) : nullptr, row_stride,
                 bufs[0].sc, bkp);
     }
-    // Soft-capping and ALiBi, the additive mask, each row's VisibleKeys, -inf
-    // for the padding.
+    // int8 products: q's scale; soft-capping and ALiBi, the additive mask,
+    // each row's VisibleKeys, -inf for the padding.
     const bool crossing = SomeTokenMissesBlock(dims, work, tile.t0, tile.nt, k0,
                                                static_cast<int64_t>(n_keys));
     for (size_t i = 0; i < n_tiles; ++i) {
@@ -1049,6 +1089,12 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
       for (size_t r = 0; r < rows; ++r) {
         const int64_t t = tile.t0 + static_cast<int64_t>(r) / group;
         float* sc_row = b.sc + r * bkp;
+        if (Int8Products<T>(dims)) {
+          const auto q_scale = hn::Set(d, b.q_scale[r]);
+          for (size_t s = 0; s < bkp; s += N) {
+            hn::Store(hn::Mul(hn::Load(d, sc_row + s), q_scale), d, sc_row + s);
+          }
+        }
         if (rules.any()) {
           RuleScoreRow(
               rules, tiles[i].kv_head * group + static_cast<int64_t>(r) % group,
@@ -1373,12 +1419,12 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
 }
 
 // Floats of RunNarrowTiles' scratch per tile of `rows` rows: [qs, o, sc, m,
-// l] (a multiple of the vector length).
+// l, q_scale] (a multiple of the vector length).
 HWY_INLINE size_t NarrowTileFloats(const AttentionDims& dims, size_t rows) {
   const size_t N = hn::Lanes(AttnD());
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
   return 2 * rows * static_cast<size_t>(dims.row_stride) + rows * bkp +
-         2 * RoundUp(rows, N);
+         3 * RoundUp(rows, N);
 }
 
 // n narrow tiles (NarrowTiles), in the thread's scratch.
@@ -1398,8 +1444,9 @@ HWY_INLINE void RunNarrowTiles(const AttentionDims& dims,
     float* qs = buf + static_cast<size_t>(i) * tile_floats;
     float* o = qs + rows * row_stride;
     float* sc = o + rows * row_stride;
-    results[i] = {o, row_stride, 1, {sc + rows * bkp, sc + rows * bkp + rp}};
-    bufs[i] = {qs, sc, o, results[i].state};
+    float* m = sc + rows * bkp;
+    results[i] = {o, row_stride, 1, {m, m + rp}};
+    bufs[i] = {qs, m + 2 * rp, sc, o, results[i].state};
   }
   NarrowTiles<T>(dims, tiles, static_cast<size_t>(n), bufs);
 }

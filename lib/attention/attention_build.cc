@@ -44,7 +44,8 @@ Status CheckAttentionOptions(const char* fn, const char* name,
                           options.softcap, ")");
   }
   if (options.compute != AttentionCompute::kFloat32 &&
-      options.compute != AttentionCompute::kBFloat16) {
+      options.compute != AttentionCompute::kBFloat16 &&
+      options.compute != AttentionCompute::kInt8) {
     return internal::Fail(StatusCode::kInvalidArgument, fn, name,
                           ".compute is not an AttentionCompute (got ",
                           static_cast<int>(options.compute), ")");
@@ -109,17 +110,29 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
       options.sink_logits != nullptr ? options.sink_logits + head0 : nullptr;
   dims.bf16_products = options.compute == AttentionCompute::kBFloat16;
   dims.native_bf16 = dims.bf16_products && NativeBFloat16Active();
+  dims.int8_products = options.compute == AttentionCompute::kInt8;
   return dims;
 }
 
 Status CheckCacheOptions(const char* fn, const char* name, const KvCache& cache,
                          const AttentionOptions& options) {
   const KvCacheConfig& config = cache.config();
-  if (options.compute == AttentionCompute::kBFloat16 &&
-      config.dtype != KvDtype::kBFloat16) {
-    return internal::Fail(StatusCode::kInvalidArgument, fn, name,
-                          ".compute kBFloat16 needs a bfloat16 cache (got ",
-                          internal::KvDtypeName(config.dtype), ")");
+  // The cache type each compute mode multiplies with.
+  const struct {
+    AttentionCompute compute;
+    const char* compute_name;
+    KvDtype dtype;
+    const char* cache_name;
+  } kNeeds[] = {{AttentionCompute::kBFloat16, "kBFloat16", KvDtype::kBFloat16,
+                 "a bfloat16"},
+                {AttentionCompute::kInt8, "kInt8", KvDtype::kInt8, "an int8"}};
+  for (const auto& need : kNeeds) {
+    if (options.compute == need.compute && config.dtype != need.dtype) {
+      return internal::Fail(StatusCode::kInvalidArgument, fn, name, ".compute ",
+                            need.compute_name, " needs ", need.cache_name,
+                            " cache (got ", internal::KvDtypeName(config.dtype),
+                            ")");
+    }
   }
   if (!config.ring) return Status::Ok();
   const int64_t ring_rows = config.capacity - config.n_sink_tokens;

@@ -35,9 +35,9 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
                                 int64_t head0 = 0);
 
 // Errors for checked options on this cache (name as for
-// CheckAttentionOptions): compute kBFloat16 needs a bfloat16 cache; a ring
-// (KvCacheConfig::ring) needs a window of at most capacity - n_sink_tokens
-// keys and the cache's n_sink_tokens.
+// CheckAttentionOptions): compute kBFloat16 needs a bfloat16 cache, kInt8
+// an int8 one; a ring (KvCacheConfig::ring) needs a window of at most
+// capacity - n_sink_tokens keys and the cache's n_sink_tokens.
 Status CheckCacheOptions(const char* fn, const char* name, const KvCache& cache,
                          const AttentionOptions& options);
 

@@ -14,11 +14,12 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "lib/attention/decode.h"
 #include "lib/core/blocks.h"
-#include "lib/core/native_bf16-inl.h"
+#include "lib/core/native_dot-inl.h"
 #include "lib/core/storage-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -105,7 +106,7 @@ HWY_INLINE float DotStored(const float* HWY_RESTRICT q, const T* HWY_RESTRICT k,
 #if HWY_TARGET != HWY_SCALAR
 // The sum of v's 128-bit blocks.
 template <class D>
-HWY_INLINE hn::Vec<hn::Full128<float>> SumOfBlocks(D d, hn::Vec<D> v) {
+HWY_INLINE hn::Vec<hn::Full128<hn::TFromD<D>>> SumOfBlocks(D d, hn::Vec<D> v) {
   (void)d;
   if constexpr (hn::MaxLanes(D()) > 4) {
     const hn::Half<D> dh;
@@ -115,13 +116,15 @@ HWY_INLINE hn::Vec<hn::Full128<float>> SumOfBlocks(D d, hn::Vec<D> v) {
   }
 }
 
-// {sum of a's lanes, b's, c's, e's}: a transpose-add tree, 9 shuffles and adds
-// for the 128-bit blocks plus an extract and an add per halving of a wider
-// vector (13 on AVX-512), where four SumOfLanes take about 4 x 2 log2(lanes)
-// (32 on AVX-512) and leave the sums in four vectors.
+// {sum of a's lanes, b's, c's, e's} (float or int32 lanes): a transpose-add
+// tree, 9 shuffles and adds for the 128-bit blocks plus an extract and an add
+// per halving of a wider vector (13 on AVX-512), where four SumOfLanes take
+// about 4 x 2 log2(lanes) (32 on AVX-512) and leave the sums in four vectors.
 template <class D>
-HWY_INLINE hn::Vec<hn::Full128<float>> SumsOf4(D d, hn::Vec<D> a, hn::Vec<D> b,
-                                               hn::Vec<D> c, hn::Vec<D> e) {
+HWY_INLINE hn::Vec<hn::Full128<hn::TFromD<D>>> SumsOf4(D d, hn::Vec<D> a,
+                                                       hn::Vec<D> b,
+                                                       hn::Vec<D> c,
+                                                       hn::Vec<D> e) {
   const hn::RepartitionToWide<D> d64;
   // Per block: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] and the same for c, e.
   const auto ab =
@@ -712,6 +715,27 @@ void AccumulateRowPair(const float* const w[2], const T* const v[2],
 // ---------------------------------------------------------------------------
 // bf16 products (ScoreRowsBF16, AccumulateRowsBF16).
 
+#if HEADWAY_NATIVE_BF16 || HEADWAY_NATIVE_INT8
+// The native score tiles' row groups: tile(rows_tag, r, prefetch) for rows
+// [r, r + rows_tag) in groups of 4, then 2, then 1 (rows_tag a
+// std::integral_constant); the first group issues the prefetches.
+template <class T, class Tile>
+HWY_INLINE void ForRowGroups(size_t rows, KeyPrefetch<T> prefetch,
+                             const Tile& tile) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    tile(std::integral_constant<size_t, 4>(), r, prefetch);
+    prefetch = KeyPrefetch<T>();
+  }
+  if (r + 2 <= rows) {
+    tile(std::integral_constant<size_t, 2>(), r, prefetch);
+    prefetch = KeyPrefetch<T>();
+    r += 2;
+  }
+  if (r < rows) tile(std::integral_constant<size_t, 1>(), r, prefetch);
+}
+#endif
+
 #if HEADWAY_NATIVE_BF16
 // The 16 pairs of elements [c, c + 32) of a bf16 row, or with half (the row's
 // last 16 elements) its 8 pairs [c, c + 16) and zeros: nothing past the row
@@ -790,8 +814,7 @@ HWY_INLINE void ScoreTileNative(const uint32_t* HWY_RESTRICT qp,
   }
 }
 
-// Every row group's tile over keys [s, s + kKeys): 4 rows at a time, then 2,
-// then 1; the first issues the prefetches.
+// Every row group's tile over keys [s, s + kKeys) (ForRowGroups).
 template <size_t kKeys>
 HWY_INLINE void ScoreKeysNative(const uint32_t* HWY_RESTRICT qp,
                                 size_t qp_stride, size_t rows,
@@ -799,22 +822,12 @@ HWY_INLINE void ScoreKeysNative(const uint32_t* HWY_RESTRICT qp,
                                 size_t k_stride, size_t dim,
                                 float* HWY_RESTRICT sc, size_t sc_stride,
                                 KeyPrefetch<hwy::bfloat16_t> prefetch) {
-  size_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    ScoreTileNative<4, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
-                              sc + r * sc_stride, sc_stride, prefetch);
-    prefetch = KeyPrefetch<hwy::bfloat16_t>();
-  }
-  if (r + 2 <= rows) {
-    ScoreTileNative<2, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
-                              sc + r * sc_stride, sc_stride, prefetch);
-    prefetch = KeyPrefetch<hwy::bfloat16_t>();
-    r += 2;
-  }
-  if (r < rows) {
-    ScoreTileNative<1, kKeys>(qp + r * qp_stride, qp_stride, k, k_stride, dim,
-                              sc + r * sc_stride, sc_stride, prefetch);
-  }
+  ForRowGroups(rows, prefetch,
+               [&](auto rows_tag, size_t r, const auto& fetch) HWY_ATTR {
+                 ScoreTileNative<decltype(rows_tag)::value, kKeys>(
+                     qp + r * qp_stride, qp_stride, k, k_stride, dim,
+                     sc + r * sc_stride, sc_stride, fetch);
+               });
 }
 
 // ScoreRowsBF16 with vdpbf16ps: rows <= 16, dim <= kMaxBF16PairDim.
@@ -1013,6 +1026,168 @@ HWY_INLINE void AccumulateRowsNative(const float* HWY_RESTRICT w,
   }
 }
 #endif  // HEADWAY_NATIVE_BF16
+
+// ---------------------------------------------------------------------------
+// int8 products (ScoreRowsInt8).
+
+#if HEADWAY_NATIVE_INT8
+// The 64 bytes [c, c + 64) of an int8 row, or (its last chunk) the dim - c
+// bytes left and zeros: nothing past the row is read.
+HWY_INLINE hn::Vec<NativeI8> LoadInt8Chunk(const int8_t* HWY_RESTRICT row,
+                                           size_t c, size_t dim) {
+  const NativeI8 d8;
+  if (c + 64 <= dim) return hn::LoadU(d8, row + c);
+  return hn::MaskedLoad(hn::FirstN(d8, dim - c), d8, row + c);
+}
+
+// Scores of kRows rows (int8 qi, stride qi_stride, zero-padded to 64-byte
+// chunks; bias[r] = 128 sum_p qi[r][p]) against kKeys keys from k: kRows x
+// kKeys vpdpbusd sums over the chunks of dim, each K chunk flipped to
+// unsigned once for all rows, then reduced 4 keys at a time (SumsOf4) and
+// scaled: sc[r * sc_stride + j] = k_scales[j] * (sum - bias[r]). The keys'
+// prefetches one per chunk.
+template <size_t kRows, size_t kKeys>
+HWY_INLINE void ScoreTileInt8(const int8_t* HWY_RESTRICT qi, size_t qi_stride,
+                              const int32_t* HWY_RESTRICT bias,
+                              const int8_t* HWY_RESTRICT k, size_t k_stride,
+                              const float* HWY_RESTRICT k_scales, size_t dim,
+                              float* HWY_RESTRICT sc, size_t sc_stride,
+                              const KeyPrefetch<int8_t>& prefetch) {
+  const NativeI32 d32;
+  const NativeI8 d8;
+  const NativeU8 du8;
+  hn::Vec<NativeI32> acc[kRows][kKeys];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d32);
+  }
+  const auto flip = hn::Set(du8, uint8_t{0x80});
+  size_t fetched = 0;
+  for (size_t c = 0; c < dim; c += 64) {
+    if (fetched < kKeys) prefetch(fetched++);
+    hn::Vec<NativeI8> qv[kRows];
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kRows; ++r) {
+      qv[r] = KeepInRegister(hn::Load(d8, qi + r * qi_stride + c));
+    }
+    HWY_UNROLL(8)
+    for (size_t j = 0; j < kKeys; ++j) {
+      // K + 128 as unsigned bytes: the products gain 128 q, the bias.
+      const auto ku = hn::Xor(
+          hn::BitCast(du8, LoadInt8Chunk(k + j * k_stride, c, dim)), flip);
+      HWY_UNROLL(8)
+      for (size_t r = 0; r < kRows; ++r) {
+        acc[r][j] = DotU8I8Quads(acc[r][j], ku, qv[r]);
+      }
+    }
+  }
+  for (; fetched < kKeys; ++fetched) prefetch(fetched);
+  const hn::Full128<int32_t> d4i;
+  const hn::Full128<float> d4;
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kRows; ++r) {
+    if constexpr (kKeys % 4 == 0) {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; j += 4) {
+        const auto sums = hn::Sub(SumsOf4(d32, acc[r][j], acc[r][j + 1],
+                                          acc[r][j + 2], acc[r][j + 3]),
+                                  hn::Set(d4i, bias[r]));
+        hn::StoreU(
+            hn::Mul(hn::ConvertTo(d4, sums), hn::LoadU(d4, k_scales + j)), d4,
+            sc + r * sc_stride + j);
+      }
+    } else {
+      HWY_UNROLL(8)
+      for (size_t j = 0; j < kKeys; ++j) {
+        const int32_t sum = hn::GetLane(hn::SumOfLanes(d32, acc[r][j]));
+        sc[r * sc_stride + j] = static_cast<float>(sum - bias[r]) * k_scales[j];
+      }
+    }
+  }
+}
+
+// Every row group's tile over keys [0, kKeys) (ForRowGroups).
+template <size_t kKeys>
+HWY_INLINE void ScoreKeysInt8(const int8_t* HWY_RESTRICT qi, size_t qi_stride,
+                              const int32_t* HWY_RESTRICT bias, size_t rows,
+                              const int8_t* HWY_RESTRICT k, size_t k_stride,
+                              const float* HWY_RESTRICT k_scales, size_t dim,
+                              float* HWY_RESTRICT sc, size_t sc_stride,
+                              KeyPrefetch<int8_t> prefetch) {
+  ForRowGroups(rows, prefetch,
+               [&](auto rows_tag, size_t r, const auto& fetch) HWY_ATTR {
+                 ScoreTileInt8<decltype(rows_tag)::value, kKeys>(
+                     qi + r * qi_stride, qi_stride, bias + r, k, k_stride,
+                     k_scales, dim, sc + r * sc_stride, sc_stride, fetch);
+               });
+}
+
+// ScoreRowsInt8 with vpdpbusd: rows <= 16, dim <= kMaxInt8ProductDim. q's
+// rows as int8 in a buffer (16 KiB), zero-padded to 64-byte chunks.
+HWY_INLINE void ScoreRowsInt8Native(
+    const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+    const int8_t* HWY_RESTRICT k, size_t k_stride,
+    const float* HWY_RESTRICT k_scales, size_t n, size_t dim,
+    const int8_t* HWY_RESTRICT v, size_t v_stride, float* HWY_RESTRICT sc,
+    size_t sc_stride) {
+  constexpr size_t kQStride = kMaxInt8ProductDim;
+  HWY_ALIGN int8_t qi[16 * kQStride];
+  int32_t bias[16];
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di32;
+  const hn::Rebind<int8_t, decltype(d)> di8;
+  const size_t N = hn::Lanes(d);
+  const size_t padded = RoundUp(dim, size_t{64});
+  for (size_t r = 0; r < rows; ++r) {
+    int8_t* row = qi + r * kQStride;
+    auto sum = hn::Zero(di32);
+    for (size_t p = 0; p < dim; p += N) {
+      const auto levels =
+          hn::ConvertTo(di32, hn::Load(d, q + r * q_stride + p));
+      sum = hn::Add(sum, levels);
+      hn::Store(hn::DemoteTo(di8, levels), di8, row + p);
+    }
+    std::fill(row + dim, row + padded, int8_t{0});
+    bias[r] = 128 * hn::GetLane(hn::SumOfLanes(di32, sum));
+  }
+  const auto prefetch_at = [&](size_t s) {
+    return KeyPrefetch<int8_t>::At(k, k_stride, v, v_stride, s);
+  };
+  size_t s = 0;
+  if (rows == 1) {
+    for (; s + 8 <= n; s += 8) {
+      ScoreTileInt8<1, 8>(qi, kQStride, bias, k + s * k_stride, k_stride,
+                          k_scales + s, dim, sc + s, sc_stride, prefetch_at(s));
+    }
+  }
+  for (; s + 4 <= n; s += 4) {
+    ScoreKeysInt8<4>(qi, kQStride, bias, rows, k + s * k_stride, k_stride,
+                     k_scales + s, dim, sc + s, sc_stride, prefetch_at(s));
+  }
+  for (; s < n; ++s) {
+    ScoreKeysInt8<1>(qi, kQStride, bias, rows, k + s * k_stride, k_stride,
+                     k_scales + s, dim, sc + s, sc_stride, prefetch_at(s));
+  }
+}
+#endif  // HEADWAY_NATIVE_INT8
+
+// ScoreRowsInt8 (decode.h).
+void ScoreRowsInt8(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+                   const int8_t* HWY_RESTRICT k, size_t k_stride,
+                   const float* HWY_RESTRICT k_scales, size_t n, size_t dim,
+                   const int8_t* HWY_RESTRICT v, size_t v_stride,
+                   float* HWY_RESTRICT sc, size_t sc_stride) {
+#if HEADWAY_NATIVE_INT8
+  if (rows <= 16 && dim <= kMaxInt8ProductDim) {
+    ScoreRowsInt8Native(q, q_stride, rows, k, k_stride, k_scales, n, dim, v,
+                        v_stride, sc, sc_stride);
+    return;
+  }
+#endif
+  ScoreRows(q, q_stride, rows, k, k_stride, k_scales, n, dim, v, v_stride, sc,
+            sc_stride);
+}
 
 // ScoreRowsBF16 (decode.h).
 void ScoreRowsBF16(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,

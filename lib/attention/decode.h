@@ -15,6 +15,7 @@
 #endif
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "headway/kv_cache.h"
 #include "hwy/highway.h"
@@ -102,6 +103,23 @@ void AccumulateRowsBF16(const float* HWY_RESTRICT w, size_t w_stride,
                         float* HWY_RESTRICT o, size_t o_stride,
                         const hwy::bfloat16_t* HWY_RESTRICT next_k,
                         size_t next_k_stride, size_t next_n, bool native);
+
+// ScoreRows on an int8 cache for AttentionCompute::kInt8: q holds integers
+// in [-127, 127] (the caller quantizes them: Int8Levels), so each product is
+// an integer and, for dim <= kMaxInt8ProductDim, each sum too: sc[r, s] =
+// k_scales[s] * the exact integer dot product, rounded once, the same bits
+// on every target. On AVX3_DL (whose CPUs have AVX512_VNNI), up to 16 rows
+// by vpdpbusd, 64 products per instruction: K xor 0x80 as unsigned bytes
+// times q as signed ones, minus 128 sum_p q; elsewhere, and for more rows or
+// a longer dim, ScoreRows on the same values (in float32, whose sums of
+// integers are exact below 2^24: dim <= 1040). Tiles of 4 rows x 4 keys (8
+// keys for one row), reduced as ScoreTile's; the prefetches as ScoreRows'.
+inline constexpr size_t kMaxInt8ProductDim = 1024;
+void ScoreRowsInt8(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
+                   const int8_t* HWY_RESTRICT k, size_t k_stride,
+                   const float* HWY_RESTRICT k_scales, size_t n, size_t dim,
+                   const int8_t* HWY_RESTRICT v, size_t v_stride,
+                   float* HWY_RESTRICT sc, size_t sc_stride);
 
 // Whether narrow tiles of `rows` query rows over a cache of `dtype` run in
 // pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode)

@@ -101,7 +101,9 @@ static_assert(HW_COMPUTE_FLOAT32 ==
 static_assert(HW_ATTENTION_FLOAT32 ==
                       static_cast<int>(headway::AttentionCompute::kFloat32) &&
                   HW_ATTENTION_BFLOAT16 ==
-                      static_cast<int>(headway::AttentionCompute::kBFloat16),
+                      static_cast<int>(headway::AttentionCompute::kBFloat16) &&
+                  HW_ATTENTION_INT8 ==
+                      static_cast<int>(headway::AttentionCompute::kInt8),
               "attention compute values");
 
 struct hw_kv_cache {
@@ -665,6 +667,7 @@ constexpr Renames kAttention = {
     {"options.sink_logits", "variants.sink_logits"},
     {"options.compute kBFloat16",
      "variants.attention_compute HW_ATTENTION_BFLOAT16"},
+    {"options.compute kInt8", "variants.attention_compute HW_ATTENTION_INT8"},
     {"options.compute", "variants.attention_compute"},
     {"AttentionCompute", "hw_attention_compute"}};
 
@@ -1344,6 +1347,8 @@ int hw_attention_layer_forward(hw_attention_layer* layer, hw_kv_cache* cache,
           "the layer's variants.n_sink_tokens"},
          {"config.attention.compute kBFloat16",
           "the layer's variants.attention_compute HW_ATTENTION_BFLOAT16"},
+         {"config.attention.compute kInt8",
+          "the layer's variants.attention_compute HW_ATTENTION_INT8"},
          {"config.attention.compute", "the layer's variants.attention_compute"},
          {"CacheConfig", "hw_attention_layer_create_cache"}});
   });

@@ -8,6 +8,8 @@
 //   N <= 16.
 // - StoreRowVec: a whole row, the same bits (and int8 scale) as storage.h's
 //   StoreRow, any alignment; what KvCache::Append and StoreKvRows run.
+// - Int8RowScale, Int8Levels: int8's rule (a row's scale, the integers),
+//   which StoreRowVec and AttentionCompute::kInt8's quantized q share.
 
 // Per-target part: toggle guard.
 #if defined(HEADWAY_LIB_CORE_STORAGE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -222,12 +224,9 @@ HWY_INLINE hn::Vec<D> RoundToEven(D d, hn::Vec<D> v) {
 #endif
 }
 
-// int8: one pass for max|x| (NaN for a NaN or inf), Int8Scale, one pass
-// dividing by the scale (IEEE division and round-to-even: Int8FromFloat's).
+// The int8 scale of src [n]: Int8Scale of max|x|, NaN for a NaN or inf.
 template <class D>
-HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
-                            int8_t* HWY_RESTRICT dst,
-                            float* HWY_RESTRICT scale) {
+HWY_INLINE float Int8RowScale(D d, const float* HWY_RESTRICT src, size_t n) {
   const size_t lanes = hn::Lanes(d);
   const auto finite_max = hn::Set(d, std::numeric_limits<float>::max());
   auto max_vec = hn::Zero(d);
@@ -244,22 +243,38 @@ HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
     special = special || !(a <= std::numeric_limits<float>::max());
     max_abs = std::fmax(max_abs, a);
   }
-  const float s = internal::Int8Scale(
-      special ? std::numeric_limits<float>::quiet_NaN() : max_abs);
+  return internal::Int8Scale(special ? std::numeric_limits<float>::quiet_NaN()
+                                     : max_abs);
+}
+
+// x / scale rounded to even and clamped to [-127, 127] (Int8FromFloat's
+// integers, as floats), for a scale > 0.
+template <class D>
+HWY_INLINE hn::Vec<D> Int8Levels(D d, hn::Vec<D> x, hn::Vec<D> scale) {
+  const auto q = RoundToEven(d, hn::Div(x, scale));
+  return hn::Min(hn::Max(q, hn::Set(d, -127.0f)), hn::Set(d, 127.0f));
+}
+
+// int8: one pass for the scale (Int8RowScale), one dividing by it (IEEE
+// division and round-to-even: Int8FromFloat's).
+template <class D>
+HWY_INLINE void StoreRowVec(D d, const float* HWY_RESTRICT src, size_t n,
+                            int8_t* HWY_RESTRICT dst,
+                            float* HWY_RESTRICT scale) {
+  const float s = Int8RowScale(d, src, n);
   *scale = s;
   if (!(s > 0.0f)) {  // zero or tiny row, or NaN scale: q = 0
     for (size_t j = 0; j < n; ++j) dst[j] = 0;
     return;
   }
+  const size_t lanes = hn::Lanes(d);
   const hn::RebindToSigned<D> di32;
   const hn::Rebind<int8_t, D> di8;
   const auto scale_vec = hn::Set(d, s);
-  const auto lo = hn::Set(d, -127.0f), hi = hn::Set(d, 127.0f);
-  for (i = 0; i + lanes <= n; i += lanes) {
-    const auto q = RoundToEven(d, hn::Div(hn::LoadU(d, src + i), scale_vec));
-    hn::StoreU(
-        hn::DemoteTo(di8, hn::ConvertTo(di32, hn::Min(hn::Max(q, lo), hi))),
-        di8, dst + i);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto q = Int8Levels(d, hn::LoadU(d, src + i), scale_vec);
+    hn::StoreU(hn::DemoteTo(di8, hn::ConvertTo(di32, q)), di8, dst + i);
   }
   for (; i < n; ++i) dst[i] = internal::Int8FromFloat(src[i], s);
 }

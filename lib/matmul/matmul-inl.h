@@ -113,7 +113,7 @@ struct MatmulKBlocks : EvenBlocks {
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "lib/core/native_bf16-inl.h"
+#include "lib/core/native_dot-inl.h"
 #include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
 
@@ -1021,7 +1021,7 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
   });
 }
 
-// The native kernel, on the targets with vdpbf16ps (native_bf16-inl.h).
+// The native kernel, on the targets with vdpbf16ps (native_dot-inl.h).
 #if HEADWAY_NATIVE_BF16
 
 // Converts floats [k0, k0 + 2N) of each of the kRows rows at src (row stride

@@ -1,0 +1,93 @@
+// Per-target access to the native dot products that Highway 1.0.3 has no op
+// for, as inline assembly: this is the one place Headway emits them (they need
+// no target attribute).
+// - AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16), for the kernels that offer a
+//   bf16 compute mode (Matmul's MatmulCompute::kBFloat16, attention decode's
+//   AttentionCompute::kBFloat16). Callers run them only where
+//   NativeBFloat16Active() (targets.h) said so once per call.
+//   HEADWAY_NATIVE_BF16 is 1 on the targets that can (x86 AVX3 and AVX3_DL),
+//   else 0.
+// - AVX512_VNNI (vpdpbusd), for attention decode's AttentionCompute::kInt8.
+//   Highway selects AVX3_DL only on CPUs that have it, so
+//   HEADWAY_NATIVE_INT8 is 1 on AVX3_DL (else 0) and needs no runtime check.
+
+// Per-target part: toggle guard.
+#if defined(HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_
+#undef HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_
+#else
+#define HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_
+#endif
+
+#include <stdint.h>
+
+#include "hwy/highway.h"
+
+#undef HEADWAY_NATIVE_BF16
+#undef HEADWAY_NATIVE_INT8
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define HEADWAY_NATIVE_BF16 1
+#else
+#define HEADWAY_NATIVE_BF16 0
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
+#define HEADWAY_NATIVE_INT8 1
+#else
+#define HEADWAY_NATIVE_INT8 0
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace headway {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HEADWAY_NATIVE_BF16
+// 16 floats, and 16 pairs of bf16 (element 2i in the low half of lane i).
+using NativeF32 = hn::ScalableTag<float>;
+using NativePairs = hn::RebindToUnsigned<NativeF32>;
+
+// acc + a.lo * b.lo + a.hi * b.hi per float lane, a and b pairs of bf16:
+// vdpbf16ps. The products are exact; each addition rounds to nearest even,
+// and denormal inputs and results are read and written as 0.
+HWY_INLINE hn::Vec<NativeF32> DotBF16Pairs(hn::Vec<NativeF32> acc,
+                                           hn::Vec<NativePairs> a,
+                                           hn::Vec<NativePairs> b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+
+// The floats lo (elements 0 .. N - 1) and hi (the next N) as N pairs of bf16,
+// in order (lane i holds elements 2i and 2i + 1): vcvtne2ps2bf16, storage.h's
+// rounding (nearest even) except that a denormal float becomes 0, which
+// DotBF16Pairs reads a denormal bf16 as anyway, so the products are the same.
+HWY_INLINE hn::Vec<NativePairs> BF16PairsFromFloats(hn::Vec<NativeF32> lo,
+                                                    hn::Vec<NativeF32> hi) {
+  hn::Vec<NativePairs> pairs;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(pairs.raw) : "v"(hi.raw), "v"(lo.raw));
+  return pairs;
+}
+#endif  // HEADWAY_NATIVE_BF16
+
+#if HEADWAY_NATIVE_INT8
+// 16 int32 lanes, and 64 bytes (4 per lane).
+using NativeI32 = hn::ScalableTag<int32_t>;
+using NativeU8 = hn::Repartition<uint8_t, NativeI32>;
+using NativeI8 = hn::Repartition<int8_t, NativeI32>;
+
+// acc + the 4 products a[4i + t] * b[4i + t] (t < 4) per int32 lane i, a
+// unsigned bytes, b signed ones: vpdpbusd. Exact while the sums stay within
+// int32 (a lane of 4 products moves by less than 2^17).
+HWY_INLINE hn::Vec<NativeI32> DotU8I8Quads(hn::Vec<NativeI32> acc,
+                                           hn::Vec<NativeU8> a,
+                                           hn::Vec<NativeI8> b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+#endif  // HEADWAY_NATIVE_INT8
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace headway
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_
