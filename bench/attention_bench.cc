@@ -7,8 +7,9 @@
 // seed-style peer that the fused path is measured against; and the variants
 // of AttentionOptions on the float32 rows (attention_*_variant: argument
 // variant 1 soft-capping at 50 as Gemma 2, 2 ALiBi with the paper's slopes,
-// 3 sink logits as gpt-oss), decode of the bf16 cache in
-// AttentionCompute::kBFloat16 (argument compute:1), and the sliding window
+// 3 sink logits as gpt-oss), decode in the AttentionCompute modes (argument
+// compute: 1 kBFloat16 on the bf16 cache, 2 kInt8 on the int8 cache), and the
+// sliding window
 // (attention_*_window: decode at position 65535 with a 4096-key window beside
 // plain decode at 4096 keys, prefill of 16384 tokens with a 4096-key window).
 //
@@ -189,17 +190,19 @@ void BM_Decode(benchmark::State& state, const RunConfig& run) {
   Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
 }
 
-// BM_Decode on a bf16 cache with AttentionCompute::kBFloat16 (argument
-// compute:1): q and P rounded to bf16, vdpbf16ps where the CPU has it.
-void BM_DecodeBF16Compute(benchmark::State& state, const RunConfig& run) {
+// BM_Decode in an AttentionCompute mode (arguments dtype and compute, the
+// enums' values): kBFloat16 on a bf16 cache (q and P rounded to bf16,
+// vdpbf16ps where the CPU has it), kInt8 on an int8 cache (q quantized,
+// vpdpbusd on AVX3_DL).
+void BM_DecodeCompute(benchmark::State& state, const RunConfig& run) {
   const int64_t n_kv = state.range(0);
-  const KvCache* cache =
-      SharedCache(state, n_kv, kDecodeLen, KvDtype::kBFloat16);
+  const KvCache* cache = SharedCache(state, n_kv, kDecodeLen,
+                                     static_cast<KvDtype>(state.range(1)));
   if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
   AttentionOptions options;
-  options.compute = AttentionCompute::kBFloat16;
+  options.compute = static_cast<AttentionCompute>(state.range(2));
   const auto step = [&] {
     return Attention(*cache, kHeads, &query, 1, options);
   };
@@ -346,9 +349,11 @@ void RegisterAttention() {
                      {8, kI8}},
                     /*every_target_sets=*/3);
   // GQA-8 on the bf16 cache in AttentionCompute::kBFloat16 (MHA decode
-  // computes as kFloat32 there), on the key targets.
-  RegisterPerTarget("attention_decode", BM_DecodeBF16Compute,
-                    {"kv_heads", "dtype", "compute"}, {{8, kBF16, 1}},
+  // computes as kFloat32 there), MHA and GQA-8 on the int8 cache in kInt8,
+  // on the key targets.
+  RegisterPerTarget("attention_decode", BM_DecodeCompute,
+                    {"kv_heads", "dtype", "compute"},
+                    {{8, kBF16, 1}, {32, kI8, 2}, {8, kI8, 2}},
                     /*every_target_sets=*/0);
   RegisterPerTarget(
       "attention_prefill", BM_Prefill, {"kv_heads", "dtype"},

@@ -3,7 +3,10 @@
 // pairs of heads where NarrowTiles pairs them), as NarrowTiles calls them,
 // streaming the stored K and V of 32 heads x 16384 keys x 128 (int8: 128 MiB,
 // float32: 512 MiB, all far past the 32 MiB L3) once per iteration, per stored
-// type, with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group).
+// type, with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group); and
+// the AttentionCompute modes' kernels (argument compute: 1 ScoreRowsBF16 and
+// AccumulateRowsBF16 on bf16, native where NativeBFloat16Active; 2
+// ScoreRowsInt8 on int8, q of int8 levels).
 //
 // Bytes counted: the stored K and V elements and the int8 scales (what decode
 // must read); flops: 4 per query row and key element (the score's and the
@@ -14,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +25,7 @@
 #include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
 #include "headway/status.h"
+#include "headway/targets.h"
 #include "lib/core/storage.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
@@ -43,14 +48,17 @@ inline constexpr size_t kDecodeHeads = 32, kDecodeKeys = 16384,
                         kDecodeDim = 128, kDecodeBlock = 128,
                         kDecodeMaxRows = 8;
 
-// Stored K and V of every head, their scales ([kHeads][kKeys], int8) and the
-// query rows [kMaxRows][kDim].
+// Stored K and V of every head, their scales ([kHeads][kKeys], int8), the
+// query rows [kMaxRows][kDim] and the compute mode (AttentionCompute's value;
+// with 2 (kInt8), q holds int8 levels).
 struct DecodeOperands {
   const void* k;
   const void* v;
   const float* k_scales;
   const float* v_scales;
   const float* q;
+  int compute;
+  bool native_bf16;
 };
 
 }  // namespace bench
@@ -65,11 +73,14 @@ namespace HWY_NAMESPACE {
 
 using ::headway::HWY_NAMESPACE::AccumulateRowPair;
 using ::headway::HWY_NAMESPACE::AccumulateRows;
+using ::headway::HWY_NAMESPACE::AccumulateRowsBF16;
 using ::headway::HWY_NAMESPACE::DecodeInPairs;
 using ::headway::HWY_NAMESPACE::DecodePrefetch;
 using ::headway::HWY_NAMESPACE::DecodePrefetchFor;
 using ::headway::HWY_NAMESPACE::ScoreRowPair;
 using ::headway::HWY_NAMESPACE::ScoreRows;
+using ::headway::HWY_NAMESPACE::ScoreRowsBF16;
+using ::headway::HWY_NAMESPACE::ScoreRowsInt8;
 
 // Heads [head_begin, head_end) of `ops`, key block by key block, one by one
 // or, for one row where NarrowTiles would (DecodeInPairs), two at a time;
@@ -81,7 +92,9 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
   HWY_ALIGN float o[2][kDecodeMaxRows * kDecodeDim];
   const size_t head_elements = kDecodeKeys * kDecodeDim;
   const DecodePrefetch prefetch = DecodePrefetchFor<T>(rows);
-  const bool pairs = DecodeInPairs(internal::kKvDtypeOf<T>, rows);
+  // NarrowTiles runs no pairs in a compute mode (its rows >= 2 for bf16).
+  const bool pairs =
+      ops.compute == 0 && DecodeInPairs(internal::kKvDtypeOf<T>, rows);
   float result = 0.0f;
   for (size_t h = head_begin; h < head_end; h += pairs ? 2 : 1) {
     const size_t n_heads = pairs ? HWY_MIN(2, head_end - h) : 1;
@@ -118,15 +131,37 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
         AccumulateRowPair(w, vb, vs, kDecodeDim, kDecodeBlock, kDecodeDim, os);
         continue;
       }
-      // NarrowTiles' prefetches.
-      ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
-                kDecodeBlock, kDecodeDim, prefetch.values ? v[0] + at : nullptr,
-                kDecodeDim, sc[0], kDecodeBlock);
+      // NarrowTiles' prefetches and kernels.
+      const T* vp = prefetch.values ? v[0] + at : nullptr;
       const bool next = prefetch.next_keys && k0 + kDecodeBlock < kDecodeKeys;
+      const T* next_k = next ? k[0] + at + kDecodeBlock * kDecodeDim : nullptr;
+      const size_t next_n = next ? kDecodeBlock : 0;
+      if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
+        if (ops.compute == 1) {
+          ScoreRowsBF16(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim,
+                        kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0],
+                        kDecodeBlock, ops.native_bf16);
+          AccumulateRowsBF16(sc[0], kDecodeBlock, rows, v[0] + at, kDecodeDim,
+                             kDecodeBlock, kDecodeDim, o[0], kDecodeDim, next_k,
+                             kDecodeDim, next_n, ops.native_bf16);
+          continue;
+        }
+      }
+      if constexpr (hwy::IsSame<T, int8_t>()) {
+        if (ops.compute == 2) {
+          ScoreRowsInt8(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
+                        kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0],
+                        kDecodeBlock);
+        }
+      }
+      if (ops.compute != 2) {
+        ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
+                  kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0],
+                  kDecodeBlock);
+      }
       AccumulateRows(sc[0], kDecodeBlock, rows, v[0] + at, kDecodeDim, vs[0],
-                     kDecodeBlock, kDecodeDim, o[0], kDecodeDim,
-                     next ? k[0] + at + kDecodeBlock * kDecodeDim : nullptr,
-                     kDecodeDim, next ? kDecodeBlock : 0);
+                     kDecodeBlock, kDecodeDim, o[0], kDecodeDim, next_k,
+                     kDecodeDim, next_n);
     }
     result += o[0][0] + o[1][0];
   }
@@ -171,6 +206,7 @@ struct StoredKv {
   BufferPtr<uint8_t> k, v;
   std::vector<float> k_scales, v_scales;
   BufferPtr<float> q;
+  BufferPtr<float> q_levels;  // q's int8 levels (q * 127 / 0.05, rounded)
 };
 
 template <class T>
@@ -203,13 +239,18 @@ const StoredKv& SharedKv() {
     s.q = AllocateBuffer<float>(kDecodeMaxRows * kDecodeDim);
     FillUniform(s.q.get(), kDecodeMaxRows * kDecodeDim, -0.05f, 0.05f,
                 /*seed=*/12);
+    s.q_levels = AllocateBuffer<float>(kDecodeMaxRows * kDecodeDim);
+    for (size_t i = 0; i < kDecodeMaxRows * kDecodeDim; ++i) {
+      s.q_levels.get()[i] = std::nearbyint(s.q.get()[i] * (127 / 0.05f));
+    }
     return s;
   }();
   return kv;
 }
 
 template <class T>
-void BM_DecodeKernel(benchmark::State& state, const RunConfig& run) {
+void RunDecodeKernel(benchmark::State& state, const RunConfig& run,
+                     int compute) {
   const size_t rows = static_cast<size_t>(state.range(0));
   const StoredKv& kv = SharedKv<T>();
   DecodeOperands ops;
@@ -217,7 +258,9 @@ void BM_DecodeKernel(benchmark::State& state, const RunConfig& run) {
   ops.v = kv.v.get();
   ops.k_scales = kv.k_scales.empty() ? nullptr : kv.k_scales.data();
   ops.v_scales = kv.v_scales.empty() ? nullptr : kv.v_scales.data();
-  ops.q = kv.q.get();
+  ops.compute = compute;
+  ops.q = ops.compute == 2 ? kv.q_levels.get() : kv.q.get();
+  ops.native_bf16 = NativeBFloat16Active();
   const auto step = [&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, kDecodeHeads, 1),
@@ -250,6 +293,18 @@ void BM_DecodeKernel(benchmark::State& state, const RunConfig& run) {
                  run.target, run.threads);
 }
 
+// Argument rows.
+template <class T>
+void BM_DecodeKernel(benchmark::State& state, const RunConfig& run) {
+  RunDecodeKernel<T>(state, run, 0);
+}
+
+// Arguments rows and compute.
+template <class T>
+void BM_DecodeKernelCompute(benchmark::State& state, const RunConfig& run) {
+  RunDecodeKernel<T>(state, run, static_cast<int>(state.range(1)));
+}
+
 void RegisterDecodeKernel() {
   const std::vector<std::vector<int64_t>> rows = {{1}, {4}};
   RegisterPerTarget("decode_kernel_f32", BM_DecodeKernel<float>, {"rows"}, rows,
@@ -260,6 +315,12 @@ void RegisterDecodeKernel() {
                     {"rows"}, rows, 2);
   RegisterPerTarget("decode_kernel_int8", BM_DecodeKernel<int8_t>, {"rows"},
                     rows, 2);
+  // The compute modes' kernels on the key targets.
+  RegisterPerTarget("decode_kernel_bf16",
+                    BM_DecodeKernelCompute<hwy::bfloat16_t>,
+                    {"rows", "compute"}, {{4, 1}}, 0);
+  RegisterPerTarget("decode_kernel_int8", BM_DecodeKernelCompute<int8_t>,
+                    {"rows", "compute"}, {{1, 2}, {4, 2}}, 0);
 }
 HEADWAY_REGISTER_BENCHMARKS(RegisterDecodeKernel);
 

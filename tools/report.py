@@ -9,7 +9,8 @@ Reads Google Benchmark's JSON output of headway_bench and
   per target, flat; DRAM and L2 read bandwidth, slanted) and one point per
   benchmark row, a marker per kernel family and KV cache type (bytes as
   stored, so a bf16 cache's decode sits at about 3x the float32 row's
-  intensity), the matmul rows in bf16 compute (packed:4, 5) marked apart;
+  intensity), the rows in bf16 or int8 compute (matmul packed:4, 5;
+  attention compute:1, 2) marked apart;
 - writes DIR/speedup.svg and .png: the speed-up over SCALAR of each
   instruction set, per kernel.
 DIR defaults to the JSON file's folder. The charts need matplotlib (Debian:
@@ -34,10 +35,12 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The KV cache's stored type in a "dtype:N" argument (N: the KvDtype value),
 # as the summary table names it.
 DTYPES = {"0": "f32", "1": "bf16", "2": "f16", "3": "int8"}
-# The rows in a bf16 compute mode: matmul's (bench/matmul_bench.cc: packed:4
-# native kernel allowed, packed:5 fallback; oneDNN's bf16 matmul is packed:4)
-# and attention's AttentionCompute::kBFloat16 (compute:1).
-BF16_COMPUTE = ("packed:4", "packed:5", "compute:1")
+# The rows in a compute mode other than float32, by the argument that says so:
+# matmul's bf16 (bench/matmul_bench.cc: packed:4 native kernel allowed,
+# packed:5 fallback; oneDNN's bf16 matmul is packed:4) and attention's
+# AttentionCompute (compute:1 kBFloat16, compute:2 kInt8).
+COMPUTE = {"packed:4": "bf16", "packed:5": "bf16", "compute:1": "bf16",
+           "compute:2": "int8"}
 
 
 class Row:
@@ -52,22 +55,22 @@ class Row:
         shape = []
         self.threads = 0
         self.dtype = ""  # "bf16", ...; "" for float32 storage or no cache
-        bf16_compute = False
+        compute = ""
         for arg in parts[2:]:
             if arg.startswith("threads:"):
                 self.threads = int(arg[len("threads:"):])
             elif ":" in arg and not arg.startswith(SETTINGS):
                 shape.append(arg)
-                bf16_compute = bf16_compute or arg in BF16_COMPUTE
+                compute = COMPUTE.get(arg, compute)
                 if arg.startswith("dtype:"):
                     name = DTYPES.get(arg[len("dtype:"):], arg)
                     self.dtype = "" if name == "f32" else name
         # The roofline's marker: one per kernel family and stored type, so the
         # bf16, f16 and int8 rows stand apart from the float32 ones, and the
-        # bf16 compute rows (above the float32 FMA peak where native) apart
-        # from the float32 products.
+        # rows in a compute mode (bf16 above the float32 FMA peak where
+        # native) apart from the float32 products.
         self.kind = self.family + (" " + self.dtype if self.dtype else "") + (
-            " bf16 compute" if bf16_compute else "")
+            " " + compute + " compute" if compute else "")
         self.shape = "/".join(shape)
         self.error = entry.get("error_message", "") if entry.get(
             "error_occurred") else ""

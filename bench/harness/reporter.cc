@@ -78,8 +78,8 @@ struct Row {
   // "bf16" for a matmul row in the bf16 compute mode ("packed:4": native kernel
   // allowed, "packed:5": fallback kernel, bench/matmul_bench.cc; oneDNN's bf16
   // matmul is packed:4 too) or an attention row in AttentionCompute::kBFloat16
-  // ("compute:1"), "" for float32 compute: a row is compared with the peers of
-  // its compute mode only.
+  // ("compute:1"), "int8" for one in kInt8 ("compute:2"), "" for float32
+  // compute: a row is compared with the peers of its compute mode only.
   std::string compute;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
@@ -125,8 +125,9 @@ Row ParseRow(const Run& run) {
         row.packed = arg;
         if (arg == "packed:4" || arg == "packed:5") row.compute = "bf16";
       } else if (StartsWith(arg, "compute:")) {
-        // Attention's AttentionCompute: 1 is kBFloat16.
+        // Attention's AttentionCompute: 1 is kBFloat16, 2 kInt8.
         if (arg == "compute:1") row.compute = "bf16";
+        if (arg == "compute:2") row.compute = "int8";
       } else if (StartsWith(arg, "dtype:")) {
         // The stored type is a variant of the shape, as packed is.
         row.dtype = DtypeName(arg.substr(6));
@@ -279,9 +280,10 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     std::string variant = row.target;
     if (!row.peer.empty()) variant += (variant.empty() ? "" : " ") + row.peer;
-    if (!row.compute.empty() && !row.dtype.empty()) {
-      // Attention: the cache is bf16 too.
-      variant += " bf16 compute";
+    if (!row.compute.empty() && row.packed.empty()) {
+      // Attention and the decode kernels: the cache has the compute mode's
+      // type too.
+      variant += " " + row.compute + " compute";
     } else if (!row.compute.empty()) {
       // The peer's name says bf16 already.
       if (row.peer.empty()) {
