@@ -6,7 +6,7 @@
 // type, with `rows` query rows per head: 1 (MHA) or 4 (GQA-8's group); and
 // the AttentionCompute modes' kernels (argument compute: 1 ScoreRowsBF16 and
 // AccumulateRowsBF16 on bf16, native where NativeBFloat16Active; 2
-// ScoreRowsInt8 on int8, q of int8 levels).
+// ScoreRowsInt8 and AccumulateRowsInt8 on int8, q of int8 levels).
 //
 // Bytes counted: the stored K and V elements and the int8 scales (what decode
 // must read); flops: 4 per query row and key element (the score's and the
@@ -74,6 +74,7 @@ namespace HWY_NAMESPACE {
 using ::headway::HWY_NAMESPACE::AccumulateRowPair;
 using ::headway::HWY_NAMESPACE::AccumulateRows;
 using ::headway::HWY_NAMESPACE::AccumulateRowsBF16;
+using ::headway::HWY_NAMESPACE::AccumulateRowsInt8;
 using ::headway::HWY_NAMESPACE::DecodeInPairs;
 using ::headway::HWY_NAMESPACE::DecodePrefetch;
 using ::headway::HWY_NAMESPACE::DecodePrefetchFor;
@@ -152,13 +153,14 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
           ScoreRowsInt8(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
                         kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0],
                         kDecodeBlock);
+          AccumulateRowsInt8(sc[0], kDecodeBlock, rows, v[0] + at, kDecodeDim,
+                             vs[0], kDecodeBlock, kDecodeDim, o[0], kDecodeDim,
+                             next_k, kDecodeDim, next_n);
+          continue;
         }
       }
-      if (ops.compute != 2) {
-        ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
-                  kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0],
-                  kDecodeBlock);
-      }
+      ScoreRows(ops.q, kDecodeDim, rows, k[0] + at, kDecodeDim, ks[0],
+                kDecodeBlock, kDecodeDim, vp, kDecodeDim, sc[0], kDecodeBlock);
       AccumulateRows(sc[0], kDecodeBlock, rows, v[0] + at, kDecodeDim, vs[0],
                      kDecodeBlock, kDecodeDim, o[0], kDecodeDim, next_k,
                      kDecodeDim, next_n);

@@ -1228,15 +1228,19 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
 //   |o' - o| <= sum_s |w'_s (1 + eta_s) - w_s| |V_s|
 //           <= (e^(2 delta) (1 + p_round) - 1) |V|max,
 // plus the float32 tolerance of StorageErrorWithinBound (AttentionCompute's
-// stated bounds). Returns the worst error / bound; *differs: whether the
-// mode changed an output against kFloat32. With int8_grid, each query row
-// holds integers in [-127, 127] (127 in magnitude once) times 2^-7, which
-// int8 quantization keeps (up to float32 rounding).
+// stated bounds). With the weights times V's scales quantized per block of
+// 128 keys to a step of p_levels of the block's largest (of at most the 255
+// keys around a key, wherever the blocks start), an output moves by at most
+// p_levels e^(2 delta) |V|max sum_s max_{|j - s| < 128} w_j more. Returns the
+// worst error / bound; *differs: whether the mode changed an output against
+// kFloat32. With int8_grid, each query row holds integers in [-127, 127] (127
+// in magnitude once) times 2^-4, which int8 quantization keeps (up to float32
+// rounding), the scores spread so that the weights peak.
 template <class ScoreShift>
 double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
                               const BoundShape& shape,
                               const ScoreShift& score_shift, double p_round,
-                              const char* label, bool* differs,
+                              double p_levels, const char* label, bool* differs,
                               bool int8_grid = false) {
   const int64_t kv_len = shape.kv_len, n_tokens = shape.n_tokens;
   const int64_t n_heads = shape.layout.n_heads, d = shape.d;
@@ -1251,8 +1255,8 @@ double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
   test::FillRandom(q.data(), q.size(), 713);
   if (int8_grid) {
     for (size_t i = 0; i < q.size(); ++i) {
-      q[i] = std::ldexp(std::nearbyint(127 * q[i]), -7);
-      if (i % d == 0) q[i] = std::copysign(127.0f / 128, q[i]);
+      q[i] = std::ldexp(std::nearbyint(127 * q[i]), -4);
+      if (i % d == 0) q[i] = std::copysign(127.0f / 16, q[i]);
     }
   }
   AttentionQuery query;
@@ -1279,20 +1283,42 @@ double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
       const int64_t g = h / group;
       const double* q_row = &qd[t * width + h * d];
       double delta = 0.0, v_abs = 0.0, s_abs = 0.0;
+      std::vector<double> w(seen);
       for (int64_t s = 0; s < seen; ++s) {
         const double* k_row = &kd[(s * n_kv + g) * d];
         const double* v_row = &vd[(s * n_kv + g) * d];
         double dot = 0.0;
+        w[s] = 0.0;
         for (int64_t p = 0; p < d; ++p) {
           dot += std::fabs(q_row[p] * k_row[p]);
+          w[s] += scale * q_row[p] * k_row[p];
           v_abs = std::max(v_abs, std::fabs(v_row[p]));
         }
         delta = std::max(delta, scale * score_shift(q_row, k_row));
         s_abs = std::max(s_abs, scale * dot);
       }
+      // Weights quantized per block of 128 keys (wherever a block starts):
+      // each moves by p_levels of the block's largest weight, at most that
+      // of the 255 keys around it, times the V row's scale, whose levels
+      // times it reach v_abs at most.
+      double levels_term = 0.0;
+      if (p_levels > 0.0) {
+        const double w_max = *std::max_element(w.begin(), w.end());
+        double sum = 0.0;
+        for (double& x : w) sum += x = std::exp(x - w_max);
+        for (int64_t s = 0; s < seen; ++s) {
+          double around = 0.0;
+          for (int64_t j = std::max<int64_t>(0, s - 127);
+               j < std::min(seen, s + 128); ++j) {
+            around = std::max(around, w[j] / sum);
+          }
+          levels_term += around;
+        }
+        levels_term *= p_levels * std::exp(2 * delta) * v_abs;
+      }
       const double f32_tol = Float32OutputTolerance(v_abs, s_abs, d, seen);
-      const double bound =
-          v_abs * (std::exp(2 * delta) * (1 + p_round) - 1) + f32_tol;
+      const double bound = v_abs * (std::exp(2 * delta) * (1 + p_round) - 1) +
+                           levels_term + f32_tol;
       for (int64_t p = 0; p < d; ++p) {
         const double err = std::fabs(out[t * width + h * d + p] -
                                      exact[t * width + h * d + p]);
@@ -1336,7 +1362,7 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
           std::max(worst_ratio,
                    ProductsErrorOverBound(
                        AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
-                       bf16_shift, std::ldexp(1.0, -9), label, &differs));
+                       bf16_shift, std::ldexp(1.0, -9), 0.0, label, &differs));
       if (HasFailure()) return;
     }
     std::printf("  %s products: worst error / bound %.3f\n", label,
@@ -1351,10 +1377,16 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
   }
 }
 
+// AttentionCompute::kInt8's weights times V's scales, quantized per block of
+// 128 keys: each moves by at most 2^-14 of the block's largest (decode.h's
+// AccumulateRowsInt8).
+constexpr double kInt8WeightStep = 1.0 / (1 << 14);
+
 // AttentionCompute::kInt8 on an int8 cache: quantizing scale * q to int8
 // (the cache's rule: level step max_p |scale q_p| / 127, half a step at most,
 // plus 2^-22 for the float32 roundings) moves each score by at most
-// max_p |scale q_p| (1 / 254 + 2^-22) sum_p |K_sp|; P is not rounded. Shapes:
+// max_p |scale q_p| (1 / 254 + 2^-22) sum_p |K_sp|, and the weights move as
+// kInt8WeightStep says. Shapes:
 // MHA split-KV decode (one row per KV head), GQA-2 decode (head_dim 80: a
 // 16-byte last chunk), GQA-4 split-KV decode, a 12-row group, MQA prefill
 // (wide tiles: float32 products). vpdpbusd on AVX3_DL, the float32 fallback
@@ -1377,9 +1409,9 @@ TEST_P(AttentionTest, Int8ProductsWithinBound) {
       return q_max * (1.0 / 254 + std::ldexp(1.0, -22)) * k_sum;
     };
     worst_ratio = std::max(
-        worst_ratio,
-        ProductsErrorOverBound(AttentionCompute::kInt8, KvDtype::kInt8, shape,
-                               int8_shift, 0.0, "int8", &differs));
+        worst_ratio, ProductsErrorOverBound(
+                         AttentionCompute::kInt8, KvDtype::kInt8, shape,
+                         int8_shift, 0.0, kInt8WeightStep, "int8", &differs));
     if (HasFailure()) return;
   }
   std::printf("  int8 products: worst error / bound %.3f\n", worst_ratio);
@@ -1389,13 +1421,14 @@ TEST_P(AttentionTest, Int8ProductsWithinBound) {
     EXPECT_TRUE(differs);
     EXPECT_GT(worst_ratio, 0.001);
   }
-  // A q that int8 keeps: float32's tolerance alone, which a score off by
-  // 2^-10 of itself exceeds (the worst case is 10x smaller than the bound's
-  // above, so a wrong scale could hide there).
+  // A q that int8 keeps: the weights' term and float32's tolerance alone,
+  // which a q scale off by 2^-6 exceeds (one 2^-10 off hides within the
+  // weights' term, as it does in the bound above).
   const auto no_shift = [](const double*, const double*) { return 0.0; };
   for (const BoundShape& shape : shapes) {
     ProductsErrorOverBound(AttentionCompute::kInt8, KvDtype::kInt8, shape,
-                           no_shift, 0.0, "int8, q on the int8 grid", &differs,
+                           no_shift, 0.0, kInt8WeightStep,
+                           "int8, q on the int8 grid", &differs,
                            /*int8_grid=*/true);
     if (HasFailure()) return;
   }

@@ -123,7 +123,9 @@ size_t ScoreStride(size_t n, size_t lanes) {
 // others run the fallback either way). The bound is the same for all: the
 // products of bf16 values are exact, and vdpbf16ps rounds once per addition.
 // kInt8: ScoreRowsInt8 on an int8 cache with q of int8 levels, whose scores
-// are exact: the integer dot product times the key's scale, rounded once.
+// are exact: the integer dot product times the key's scale, rounded once; and
+// AccumulateRowsInt8, against the quantization rule written out here
+// (Int8WeightLevels).
 enum class Products { kStored, kBF16Fallback, kBF16Native, kInt8 };
 
 // x[0, n) replaced by its bf16 roundings, as the callers of the bf16-products
@@ -214,6 +216,19 @@ void CheckScoreRows(size_t rows, size_t n, size_t dim, bool with_v,
   }
 }
 
+// AccumulateRowsInt8's rule for one row's weights x of a chunk of keys (x
+// already times the V scales): levels round(x / sigma), sigma = 2^(E - 13)
+// for the largest x = m 2^E (1 <= m < 2), at least 2^-126.
+double Int8WeightLevels(const float* x, size_t n, std::vector<double>* levels) {
+  const float x_max = *std::max_element(x, x + n);
+  int e = 0;
+  std::frexp(x_max, &e);  // x_max = f 2^e, 1/2 <= f < 1: E = e - 1
+  const double sigma = std::ldexp(1.0, std::max(e - 1, -113) - 13);
+  levels->resize(n);
+  for (size_t s = 0; s < n; ++s) (*levels)[s] = std::nearbyint(x[s] / sigma);
+  return sigma;
+}
+
 template <class T>
 void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed,
                          Products products = Products::kStored) {
@@ -249,6 +264,61 @@ void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed,
                          products == Products::kBF16Native);
     }
   }
+  // int8: o[r, p] as AccumulateRowsInt8 leaves it, chunk by chunk (sigma
+  // times the exact integer sum, rounded once, added to o), and what it adds
+  // in float64.
+  std::vector<float> o_int8;
+  std::vector<double> added, added_abs;
+  if constexpr (hwy::IsSame<T, int8_t>()) {
+    if (products == Products::kInt8) {
+      // Rows of tiny weights (sigma's floor) and a chunk of zeros (levels 0).
+      for (size_t r = 1; r < rows; r += 3) {
+        for (size_t s = 0; s < n; ++s) {
+          w[r * w_stride + s] = std::ldexp(w[r * w_stride + s], -120);
+        }
+      }
+      for (size_t r = 2; r < rows; r += 3) {
+        std::fill(w.begin() + r * w_stride,
+                  w.begin() + r * w_stride + std::min<size_t>(n, 128), 0.0f);
+      }
+      o_int8.assign(o0.begin(), o0.end());
+      added.assign(rows * dim, 0.0);
+      added_abs.assign(rows * dim, 0.0);
+      std::vector<float> x;
+      std::vector<double> levels;
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t s0 = 0; s0 < n; s0 += 128) {
+          const size_t keys = std::min<size_t>(128, n - s0);
+          x.resize(keys);
+          for (size_t s = 0; s < keys; ++s) {
+            x[s] = w[r * w_stride + s0 + s] * values.scales[s0 + s];
+          }
+          const double sigma = Int8WeightLevels(x.data(), keys, &levels);
+          for (size_t p = 0; p < dim; ++p) {
+            int64_t sum = 0;
+            for (size_t s = 0; s < keys; ++s) {
+              sum += static_cast<int64_t>(levels[s]) *
+                     values.rows()[(s0 + s) * v_stride + p];
+            }
+            const float chunk =
+                static_cast<float>(static_cast<float>(sum) * sigma);
+            o_int8[r * o_stride + p] += chunk;
+            added[r * dim + p] += static_cast<double>(sum) * sigma;
+            double magnitude = 0.0;
+            for (size_t s = 0; s < keys; ++s) {
+              magnitude += std::fabs(levels[s] * sigma *
+                                     values.rows()[(s0 + s) * v_stride + p]);
+            }
+            added_abs[r * dim + p] += magnitude;
+          }
+        }
+      }
+      AccumulateRowsInt8(w.data(), w_stride, rows, values.rows(), v_stride,
+                         values.scale_data(), n, dim, o.get(), o_stride,
+                         next ? values.rows() : nullptr, v_stride,
+                         next ? n - 1 : 0);
+    }
+  }
   if (products == Products::kStored) {
     AccumulateRows(w.data(), w_stride, rows, values.rows(), v_stride,
                    values.scale_data(), n, dim, o.get(), o_stride,
@@ -260,6 +330,22 @@ void CheckAccumulateRows(size_t rows, size_t n, size_t dim, uint64_t seed,
       const float got = o[r * o_stride + p];
       if (p >= dim) {
         ASSERT_EQ(got, kSentinel) << "wrote past dim: r=" << r << " p=" << p;
+        continue;
+      }
+      if (!o_int8.empty()) {
+        // vpdpwssd's sums are exact: the same bits as the rule's.
+        if (HWY_TARGET == HWY_AVX3_DL) {
+          ASSERT_EQ(got, o_int8[r * o_stride + p])
+              << "rows=" << rows << " n=" << n << " dim=" << dim << " r=" << r
+              << " p=" << p;
+        }
+        const double want = o0[r * o_stride + p] + added[r * dim + p];
+        const double tol =
+            static_cast<double>(n + 2) * kU *
+            (std::fabs(o0[r * o_stride + p]) + added_abs[r * dim + p]);
+        ASSERT_LE(std::fabs(got - want), tol)
+            << "rows=" << rows << " n=" << n << " dim=" << dim << " r=" << r
+            << " p=" << p << " want " << want << " got " << got;
         continue;
       }
       double want = o0[r * o_stride + p];
@@ -419,9 +505,13 @@ void TestAccumulateRowsBF16Products() {
     SweepAccumulateRows<hwy::bfloat16_t>(Products::kBF16Native);
   }
 }
-// The int8-products scores: vpdpbusd on AVX3_DL, the float32 fallback
-// elsewhere, the same exact results.
+// The int8-products kernels: vpdpbusd and vpdpwssd on AVX3_DL, the float32
+// fallbacks elsewhere: the same exact scores, and weighted sums of the same
+// quantized weights (bit for bit on AVX3_DL, whose sums are exact).
 void TestScoreRowsInt8Products() { SweepScoreRows<int8_t>(Products::kInt8); }
+void TestAccumulateRowsInt8Products() {
+  SweepAccumulateRows<int8_t>(Products::kInt8);
+}
 void TestRowPairFloat32() { SweepRowPair<float>(); }
 void TestRowPairBF16() { SweepRowPair<hwy::bfloat16_t>(); }
 void TestRowPairF16() { SweepRowPair<hwy::float16_t>(); }
@@ -449,6 +539,7 @@ HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsInt8);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsBF16Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsBF16Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestScoreRowsInt8Products);
+HWY_EXPORT_AND_TEST_P(DecodeTest, TestAccumulateRowsInt8Products);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairFloat32);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairBF16);
 HWY_EXPORT_AND_TEST_P(DecodeTest, TestRowPairF16);

@@ -66,16 +66,20 @@ enum class AttentionCompute : int {
   kBFloat16 = 1,
   // An int8 cache only. Where a sequence's query rows per KV head number 1
   // to the target's float lanes - 1 (MHA and GQA decode, a few tokens at a
-  // time), q times the scale is quantized to int8 per query row as the cache
+  // time), both products take integers (llama.cpp scores a q8_0 cache so):
+  // q times the scale is quantized to int8 per query row as the cache
   // quantizes its rows (scale max|q| / 127, round to nearest), and the scores
-  // are exact integer dot products with the stored K times the two scales:
-  // vpdpbusd on AVX3_DL, elsewhere float32 FMAs on the same integers, the
-  // same bits up to head_dim 1024. P and V stay float32 (llama.cpp scores a
-  // q8_0 cache so). Other calls compute as kFloat32. Bound, beyond
-  // kFloat32's float32 error: a score moves by at most max_p |scale q_p|
-  // (1 / 254 + 2^-22) sum_p |K_p|, and with d the most any of a row's scores
-  // moves, an output by at most (e^(2 d) - 1) * sum_s w_s |V_s|
-  // (test/attention_test.cc checks it).
+  // are exact integer dot products with the stored K times the two scales;
+  // the softmax weights times V's row scales are quantized per row and block
+  // of 128 keys to integers of at most 2^14 times a power-of-two step, and
+  // summed with the stored V. On AVX3_DL by vpdpbusd and vpdpwssd (exact
+  // int32 sums), elsewhere by float32 FMAs on the same integers (the scores
+  // the same bits up to head_dim 1024). Other calls compute as kFloat32.
+  // Bound, beyond kFloat32's float32 error: a score moves by at most
+  // max_p |scale q_p| (1 / 254 + 2^-22) sum_p |K_p|; with d the most any of
+  // a row's scores moves, an output by at most (e^(2 d) - 1) sum_s w_s |V_s|
+  // + 2^-14 e^(2 d) max_s |V_s| sum_s b_s, w the row's weights and b_s the
+  // largest of them in key s's block (test/attention_test.cc checks it).
   kInt8 = 2,
 };
 

@@ -546,9 +546,11 @@ typedef enum hw_attention_compute {
   /* An int8 cache only: where a sequence's query rows per KV head number 1
    * to the target's float lanes - 1 (MHA and GQA decode, a few tokens at a
    * time), q quantized to int8 per row as the cache quantizes its rows, the
-   * scores exact integer dot products with the stored K times the scales
-   * (with AVX512_VNNI: vpdpbusd); the weights and V in float32; the rest as
-   * HW_ATTENTION_FLOAT32. */
+   * scores exact integer dot products with the stored K times the scales,
+   * the softmax weights (times V's scales) quantized to 15-bit integers per
+   * block of 128 keys and summed with the stored V (with AVX512_VNNI:
+   * vpdpbusd and vpdpwssd); the rest as HW_ATTENTION_FLOAT32. attention.h's
+   * AttentionCompute::kInt8 states the bound. */
   HW_ATTENTION_INT8 = 2
 } hw_attention_compute;
 

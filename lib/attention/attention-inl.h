@@ -1151,6 +1151,13 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
                                next_n ? keys[i].Stored(k1) : nullptr,
                                row_stride, next_n, dims.native_bf16);
           }
+        } else if (Int8Products<T>(dims)) {
+          if constexpr (hwy::IsSame<T, int8_t>()) {
+            AccumulateRowsInt8(
+                b.sc, bkp, rows, vals.Stored(k0), row_stride, vals.Scales(k0),
+                n_keys, row_stride, b.o, row_stride,
+                next_n ? keys[i].Stored(k1) : nullptr, row_stride, next_n);
+          }
         } else {
           AccumulateRows(b.sc, bkp, rows, vals.Stored(k0), row_stride,
                          vals.Scales(k0), n_keys, row_stride, b.o, row_stride,

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "hwy/highway.h"
@@ -593,9 +594,81 @@ HWY_INLINE void AccumulateUnscaled(const float* HWY_RESTRICT w, size_t w_stride,
   }
 }
 
+// AttentionCompute::kInt8's weights (AccumulateRowsInt8): x[0, n) (n a
+// multiple of the vector length) replaced by its levels round(x / sigma)
+// (nearest even), integers in [-16384, 16384], for sigma = 2^(E - 13) where
+// the largest |x| is m 2^E (1 <= m < 2), sigma at least 2^-126; returns
+// sigma. Each x moves by at most sigma / 2 <= max(2^-14 max |x|, 2^-127);
+// x / sigma and sigma * level are exact. A NaN or inf x: levels 0 and a NaN
+// sigma, so NaN outputs, as float32 products give.
+HWY_INLINE float QuantizeWeights(float* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const size_t N = hn::Lanes(d);
+  // The largest |x| by its bits, NaN and inf above every finite value.
+  const auto magnitude = hn::Set(du, 0x7FFFFFFFu);
+  auto max_bits = hn::Zero(du);
+  for (size_t i = 0; i < n; i += N) {
+    max_bits = hn::Max(max_bits,
+                       hn::And(hn::BitCast(du, hn::Load(d, x + i)), magnitude));
+  }
+  const uint32_t exponent =
+      HWY_MAX(hn::GetLane(hn::MaxOfLanes(du, max_bits)) >> 23, 14u);
+  if (exponent >= 255) {
+    std::fill(x, x + n, 0.0f);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const uint32_t sigma_bits = (exponent - 13) << 23;
+  const uint32_t inv_bits = (267 - exponent) << 23;
+  float sigma, inv;
+  hwy::CopySameSize(&sigma_bits, &sigma);
+  hwy::CopySameSize(&inv_bits, &inv);
+  for (size_t i = 0; i < n; i += N) {
+    hn::Store(hn::Round(hn::Mul(hn::Load(d, x + i), hn::Set(d, inv))), d,
+              x + i);
+  }
+  return sigma;
+}
+
 // AccumulateRows (decode.h): with scales, the weights times the scales (one
 // rounding) go through a buffer of up to 16 rows x 128 keys (8 KiB), so the
-// tiles multiply once per row and key.
+// tiles multiply once per row and key. kQuantize (AccumulateRowsInt8's
+// fallback): those products then quantized (QuantizeWeights) per row and
+// chunk of 128 keys, times their sigma.
+template <bool kQuantize, class T>
+HWY_INLINE void AccumulateScaled(const float* HWY_RESTRICT w, size_t w_stride,
+                                 size_t rows, const T* HWY_RESTRICT v,
+                                 size_t v_stride,
+                                 const float* HWY_RESTRICT v_scales, size_t n,
+                                 size_t dim, float* HWY_RESTRICT o,
+                                 size_t o_stride, RowPrefetch<T> next,
+                                 size_t next_n) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
+  HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
+  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
+      for (size_t r = 0; r < chunk_rows; ++r) {
+        const float* w_row = w + (r0 + r) * w_stride + s0;
+        float* row = scaled + r * kKeyChunk;
+        for (size_t s = 0; s < keys; ++s) row[s] = w_row[s] * v_scales[s0 + s];
+        if constexpr (kQuantize) {
+          const size_t padded = RoundUp(keys, N);
+          std::fill(row + keys, row + padded, 0.0f);
+          const float sigma = QuantizeWeights(row, padded);
+          for (size_t s = 0; s < keys; ++s) row[s] *= sigma;
+        }
+      }
+      const size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
+      AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
+                         v_stride, keys, dim, o + r0 * o_stride, o_stride,
+                         next.Skip(chunk_next == 0 ? 0 : s0), chunk_next);
+    }
+  }
+}
+
 template <class T>
 void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     const T* HWY_RESTRICT v, size_t v_stride,
@@ -609,24 +682,8 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
     AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride,
                        next, next_n);
   } else {
-    constexpr size_t kRowChunk = 16, kKeyChunk = 128;
-    HWY_ALIGN float scaled[kRowChunk * kKeyChunk];
-    for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
-      const size_t keys = HWY_MIN(kKeyChunk, n - s0);
-      for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
-        const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
-        for (size_t r = 0; r < chunk_rows; ++r) {
-          const float* w_row = w + (r0 + r) * w_stride + s0;
-          for (size_t s = 0; s < keys; ++s) {
-            scaled[r * kKeyChunk + s] = w_row[s] * v_scales[s0 + s];
-          }
-        }
-        const size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
-        AccumulateUnscaled(scaled, kKeyChunk, chunk_rows, v + s0 * v_stride,
-                           v_stride, keys, dim, o + r0 * o_stride, o_stride,
-                           next.Skip(chunk_next == 0 ? 0 : s0), chunk_next);
-      }
-    }
+    AccumulateScaled<false>(w, w_stride, rows, v, v_stride, v_scales, n, dim, o,
+                            o_stride, next, next_n);
   }
 }
 
@@ -864,36 +921,62 @@ HWY_INLINE __m512 BlockShuffle(__m512 a, __m512 b) {
   return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, kImm);
 }
 
+// The native weighted sums over pairs of keys (AccumulateTileNative): bf16
+// weights times bf16 V by vdpbf16ps, float accumulators that start from o
+// (AccumulateRowsBF16); below, int16 weight levels times int8 V by vpdpwssd
+// (AccumulateRowsInt8). Columns(row, half): 32 columns of a V row as 16-bit
+// values (half: the row's last 16, then zeros; nothing past the row is read).
+struct BF16PairSum {
+  using T = hwy::bfloat16_t;
+  using D = NativeF32;
+  static constexpr bool kFromO = true;
+  static HWY_INLINE hn::Vec<NativePairs> Columns(const T* row, bool half) {
+    return LoadBF16Pairs(row, half);
+  }
+  static HWY_INLINE hn::Vec<D> Dot(hn::Vec<D> acc, hn::Vec<NativePairs> w,
+                                   hn::Vec<NativePairs> x) {
+    return DotBF16Pairs(acc, w, x);
+  }
+};
+
 // o [kRows rows] columns [c0, c0 + 32 kC) += the weighted sum of n V rows,
-// pairs of keys at a time: wp holds each row's weights as pairs of bf16 (key
-// 2i in the low half of wp[i]), two V rows interleaved per 32 columns (the
-// low and high 4 pairs of each 128-bit block: columns {0-3, 8-11, 16-19,
-// 24-27} and {4-7, ...}, so the accumulators hold o's columns in that order,
-// restored at the store). The last chunk may be the row's last 16 columns
-// (half). An odd last key pairs with zeros. next(s) for s < next_n.
-template <size_t kRows, size_t kC>
+// pairs of keys at a time: wp holds each row's weights as pairs of 16-bit
+// values (key 2i in the low half of wp[i]), two V rows interleaved per 32
+// columns (the low and high 4 pairs of each 128-bit block: columns {0-3,
+// 8-11, 16-19, 24-27} and {4-7, ...}, so the accumulators hold o's columns in
+// that order, restored at the store). Sum::kFromO: the accumulators start
+// from o and are stored; else from 0, and o += row_scale[r] * their sums. The
+// last chunk may be the row's last 16 columns (half). An odd last key pairs
+// with zeros. next(s) for s < next_n.
+template <class Sum, size_t kRows, size_t kC>
 HWY_INLINE void AccumulateTileNative(
     const uint32_t* HWY_RESTRICT wp, size_t wp_stride,
-    const hwy::bfloat16_t* HWY_RESTRICT v, size_t v_stride, size_t n, size_t c0,
-    size_t dim, float* HWY_RESTRICT o, size_t o_stride,
-    RowPrefetch<hwy::bfloat16_t> next, size_t next_n) {
+    const float* HWY_RESTRICT row_scale, const typename Sum::T* HWY_RESTRICT v,
+    size_t v_stride, size_t n, size_t c0, size_t dim, float* HWY_RESTRICT o,
+    size_t o_stride, RowPrefetch<typename Sum::T> next, size_t next_n) {
   const NativeF32 d;
   const NativePairs du;
+  const typename Sum::D dacc;
   const hn::Repartition<uint16_t, NativeF32> d16;
   bool half[kC];
   HWY_UNROLL(8)
   for (size_t c = 0; c < kC; ++c) half[c] = c0 + 32 * c + 32 > dim;
-  hn::Vec<NativeF32> acc[kRows][kC][2];
+  hn::Vec<typename Sum::D> acc[kRows][kC][2];
   HWY_UNROLL(8)
   for (size_t r = 0; r < kRows; ++r) {
     HWY_UNROLL(8)
     for (size_t c = 0; c < kC; ++c) {
-      const float* col = o + r * o_stride + c0 + 32 * c;
-      const __m512 o0 = hn::Load(d, col).raw;
-      const __m512 o1 =
-          half[c] ? _mm512_setzero_ps() : hn::Load(d, col + 16).raw;
-      acc[r][c][0].raw = BlockShuffle<0x88>(o0, o1);
-      acc[r][c][1].raw = BlockShuffle<0xDD>(o0, o1);
+      if constexpr (Sum::kFromO) {
+        const float* col = o + r * o_stride + c0 + 32 * c;
+        const __m512 o0 = hn::Load(d, col).raw;
+        const __m512 o1 =
+            half[c] ? _mm512_setzero_ps() : hn::Load(d, col + 16).raw;
+        acc[r][c][0].raw = BlockShuffle<0x88>(o0, o1);
+        acc[r][c][1].raw = BlockShuffle<0xDD>(o0, o1);
+      } else {
+        acc[r][c][0] = hn::Zero(dacc);
+        acc[r][c][1] = hn::Zero(dacc);
+      }
     }
   }
   const auto pair_step = [&](size_t i, bool odd_last) HWY_ATTR {
@@ -903,12 +986,11 @@ HWY_INLINE void AccumulateTileNative(
     for (size_t c = 0; c < kC; ++c) {
       const size_t col = c0 + 32 * c;
       const auto a =
-          hn::BitCast(d16, LoadBF16Pairs(v + s * v_stride + col, half[c]));
+          hn::BitCast(d16, Sum::Columns(v + s * v_stride + col, half[c]));
       const auto b =
-          odd_last
-              ? hn::Zero(d16)
-              : hn::BitCast(
-                    d16, LoadBF16Pairs(v + (s + 1) * v_stride + col, half[c]));
+          odd_last ? hn::Zero(d16)
+                   : hn::BitCast(d16, Sum::Columns(v + (s + 1) * v_stride + col,
+                                                   half[c]));
       lo[c] = hn::BitCast(du, hn::InterleaveLower(d16, a, b));
       hi[c] = hn::BitCast(du, hn::InterleaveUpper(d16, a, b));
     }
@@ -917,8 +999,8 @@ HWY_INLINE void AccumulateTileNative(
       const auto wv = hn::Set(du, wp[r * wp_stride + i]);
       HWY_UNROLL(8)
       for (size_t c = 0; c < kC; ++c) {
-        acc[r][c][0] = DotBF16Pairs(acc[r][c][0], wv, lo[c]);
-        acc[r][c][1] = DotBF16Pairs(acc[r][c][1], wv, hi[c]);
+        acc[r][c][0] = Sum::Dot(acc[r][c][0], wv, lo[c]);
+        acc[r][c][1] = Sum::Dot(acc[r][c][1], wv, hi[c]);
       }
     }
   };
@@ -937,15 +1019,23 @@ HWY_INLINE void AccumulateTileNative(
     HWY_UNROLL(8)
     for (size_t c = 0; c < kC; ++c) {
       float* col = o + r * o_stride + c0 + 32 * c;
-      const __m512 t0 = BlockShuffle<0x44>(acc[r][c][0].raw, acc[r][c][1].raw);
-      hn::Vec<NativeF32> out;
-      out.raw = BlockShuffle<0xD8>(t0, t0);
-      hn::Store(out, d, col);
-      if (!half[c]) {
-        const __m512 t1 =
-            BlockShuffle<0xEE>(acc[r][c][0].raw, acc[r][c][1].raw);
-        out.raw = BlockShuffle<0xD8>(t1, t1);
-        hn::Store(out, d, col + 16);
+      __m512 sums[2];
+      if constexpr (Sum::kFromO) {
+        sums[0] = acc[r][c][0].raw;
+        sums[1] = acc[r][c][1].raw;
+      } else {
+        const auto scale = hn::Set(d, row_scale[r]);
+        sums[0] = hn::Mul(hn::ConvertTo(d, acc[r][c][0]), scale).raw;
+        sums[1] = hn::Mul(hn::ConvertTo(d, acc[r][c][1]), scale).raw;
+      }
+      for (size_t h = 0; h < (half[c] ? 1 : 2); ++h) {
+        const __m512 t = h == 0 ? BlockShuffle<0x44>(sums[0], sums[1])
+                                : BlockShuffle<0xEE>(sums[0], sums[1]);
+        hn::Vec<NativeF32> out;
+        out.raw = BlockShuffle<0xD8>(t, t);
+        if constexpr (!Sum::kFromO)
+          out = hn::Add(hn::Load(d, col + 16 * h), out);
+        hn::Store(out, d, col + 16 * h);
       }
     }
   }
@@ -953,29 +1043,78 @@ HWY_INLINE void AccumulateTileNative(
 
 // AccumulateTileNatives of kRows rows across dim: kC chunks of 32 columns at
 // a time, then one by one; the first tile issues the prefetches.
-template <size_t kRows, size_t kC>
-HWY_INLINE void AccumulateRowGroupNative(const uint32_t* HWY_RESTRICT wp,
-                                         size_t wp_stride,
-                                         const hwy::bfloat16_t* HWY_RESTRICT v,
-                                         size_t v_stride, size_t n, size_t dim,
-                                         float* HWY_RESTRICT o, size_t o_stride,
-                                         RowPrefetch<hwy::bfloat16_t> next,
-                                         size_t next_n) {
+template <class Sum, size_t kRows, size_t kC>
+HWY_INLINE void AccumulateRowGroupNative(
+    const uint32_t* HWY_RESTRICT wp, size_t wp_stride,
+    const float* HWY_RESTRICT row_scale, const typename Sum::T* HWY_RESTRICT v,
+    size_t v_stride, size_t n, size_t dim, float* HWY_RESTRICT o,
+    size_t o_stride, RowPrefetch<typename Sum::T> next, size_t next_n) {
   size_t c0 = 0;
   for (; c0 + 32 * kC <= dim; c0 += 32 * kC) {
-    AccumulateTileNative<kRows, kC>(wp, wp_stride, v, v_stride, n, c0, dim, o,
-                                    o_stride, next, next_n);
+    AccumulateTileNative<Sum, kRows, kC>(wp, wp_stride, row_scale, v, v_stride,
+                                         n, c0, dim, o, o_stride, next, next_n);
     next_n = 0;
   }
   for (; c0 < dim; c0 += 32) {
-    AccumulateTileNative<kRows, 1>(wp, wp_stride, v, v_stride, n, c0, dim, o,
-                                   o_stride, next, next_n);
+    AccumulateTileNative<Sum, kRows, 1>(wp, wp_stride, row_scale, v, v_stride,
+                                        n, c0, dim, o, o_stride, next, next_n);
     next_n = 0;
   }
 }
 
-// AccumulateRowsBF16 with vdpbf16ps: keys in chunks of 128, rows of 16, each
-// chunk's weights as pairs in a buffer (8 KiB).
+// The native weighted sums' driver: keys in chunks of 128, rows of 16, each
+// chunk's weights as pairs in a buffer (8 KiB): pack(r, s0, keys, pairs)
+// writes row r's weights of keys [s0, s0 + keys) as RoundUp(keys, 16) / 2
+// pairs, zero-padded, and returns the row's scale (Sum::kFromO: unused).
+template <class Sum, class Pack>
+HWY_INLINE void AccumulatePairsNative(size_t rows,
+                                      const typename Sum::T* HWY_RESTRICT v,
+                                      size_t v_stride, size_t n, size_t dim,
+                                      float* HWY_RESTRICT o, size_t o_stride,
+                                      RowPrefetch<typename Sum::T> next,
+                                      size_t next_n, const Pack& pack) {
+  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
+  constexpr size_t kPairStride = kKeyChunk / 2;
+  HWY_ALIGN uint32_t wp[kRowChunk * kPairStride];
+  float row_scale[kRowChunk];
+  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
+    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
+    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
+      for (size_t r = 0; r < chunk_rows; ++r) {
+        row_scale[r] = pack(r0 + r, s0, keys, wp + r * kPairStride);
+      }
+      size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
+      const RowPrefetch<typename Sum::T> chunk_fetch =
+          next.Skip(chunk_next == 0 ? 0 : s0);
+      const typename Sum::T* vs = v + s0 * v_stride;
+      float* out = o + r0 * o_stride;
+      const auto group = [&](auto rows_tag, auto c_tag, size_t r) HWY_ATTR {
+        AccumulateRowGroupNative<Sum, decltype(rows_tag)::value,
+                                 decltype(c_tag)::value>(
+            wp + r * kPairStride, kPairStride, row_scale + r, vs, v_stride,
+            keys, dim, out + r * o_stride, o_stride, chunk_fetch, chunk_next);
+        chunk_next = 0;
+      };
+      size_t r = 0;
+      for (; r + 4 <= chunk_rows; r += 4) {
+        group(std::integral_constant<size_t, 4>(),
+              std::integral_constant<size_t, 2>(), r);
+      }
+      if (r + 2 <= chunk_rows) {
+        group(std::integral_constant<size_t, 2>(),
+              std::integral_constant<size_t, 4>(), r);
+        r += 2;
+      }
+      if (r < chunk_rows) {
+        group(std::integral_constant<size_t, 1>(),
+              std::integral_constant<size_t, 4>(), r);
+      }
+    }
+  }
+}
+
+// AccumulateRowsBF16 with vdpbf16ps.
 HWY_INLINE void AccumulateRowsNative(const float* HWY_RESTRICT w,
                                      size_t w_stride, size_t rows,
                                      const hwy::bfloat16_t* HWY_RESTRICT v,
@@ -983,47 +1122,18 @@ HWY_INLINE void AccumulateRowsNative(const float* HWY_RESTRICT w,
                                      float* HWY_RESTRICT o, size_t o_stride,
                                      RowPrefetch<hwy::bfloat16_t> next,
                                      size_t next_n) {
-  constexpr size_t kRowChunk = 16, kKeyChunk = 128;
-  constexpr size_t kPairStride = kKeyChunk / 2;
-  HWY_ALIGN float padded[kKeyChunk];
-  HWY_ALIGN uint32_t wp[kRowChunk * kPairStride];
-  for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
-    const size_t keys = HWY_MIN(kKeyChunk, n - s0);
-    const size_t keys16 = RoundUp(keys, size_t{16});
-    for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
-      const size_t chunk_rows = HWY_MIN(kRowChunk, rows - r0);
-      for (size_t r = 0; r < chunk_rows; ++r) {
-        const float* w_row = w + (r0 + r) * w_stride + s0;
-        std::copy(w_row, w_row + keys, padded);
-        std::fill(padded + keys, padded + keys16, 0.0f);
-        StoreBF16Pairs(padded, keys16, wp + r * kPairStride);
-      }
-      size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
-      const RowPrefetch<hwy::bfloat16_t> chunk_fetch =
-          next.Skip(chunk_next == 0 ? 0 : s0);
-      const hwy::bfloat16_t* vs = v + s0 * v_stride;
-      float* out = o + r0 * o_stride;
-      size_t r = 0;
-      for (; r + 4 <= chunk_rows; r += 4) {
-        AccumulateRowGroupNative<4, 2>(wp + r * kPairStride, kPairStride, vs,
-                                       v_stride, keys, dim, out + r * o_stride,
-                                       o_stride, chunk_fetch, chunk_next);
-        chunk_next = 0;
-      }
-      if (r + 2 <= chunk_rows) {
-        AccumulateRowGroupNative<2, 4>(wp + r * kPairStride, kPairStride, vs,
-                                       v_stride, keys, dim, out + r * o_stride,
-                                       o_stride, chunk_fetch, chunk_next);
-        chunk_next = 0;
-        r += 2;
-      }
-      if (r < chunk_rows) {
-        AccumulateRowGroupNative<1, 4>(wp + r * kPairStride, kPairStride, vs,
-                                       v_stride, keys, dim, out + r * o_stride,
-                                       o_stride, chunk_fetch, chunk_next);
-      }
-    }
-  }
+  HWY_ALIGN float padded[128];
+  const auto pack = [&](size_t r, size_t s0, size_t keys, uint32_t* pairs)
+                        HWY_ATTR {
+                          const size_t keys16 = RoundUp(keys, size_t{16});
+                          const float* w_row = w + r * w_stride + s0;
+                          std::copy(w_row, w_row + keys, padded);
+                          std::fill(padded + keys, padded + keys16, 0.0f);
+                          StoreBF16Pairs(padded, keys16, pairs);
+                          return 1.0f;
+                        };
+  AccumulatePairsNative<BF16PairSum>(rows, v, v_stride, n, dim, o, o_stride,
+                                     next, next_n, pack);
 }
 #endif  // HEADWAY_NATIVE_BF16
 
@@ -1170,6 +1280,64 @@ HWY_INLINE void ScoreRowsInt8Native(
                      k_scales + s, dim, sc + s, sc_stride, prefetch_at(s));
   }
 }
+
+// The int8 weighted sum's pieces for AccumulateTileNative: V's int8 columns
+// sign-extended to int16, int16 weight levels, exact int32 sums.
+struct Int8PairSum {
+  using T = int8_t;
+  using D = NativeI32;
+  static constexpr bool kFromO = false;
+  static HWY_INLINE hn::Vec<NativePairs> Columns(const int8_t* row, bool half) {
+    const hn::Full256<int8_t> d8;
+    const auto bytes =
+        half ? hn::ZeroExtendVector(d8, hn::LoadU(hn::Full128<int8_t>(), row))
+             : hn::LoadU(d8, row);
+    return hn::BitCast(NativePairs(), hn::PromoteTo(NativeI16(), bytes));
+  }
+  static HWY_INLINE hn::Vec<D> Dot(hn::Vec<D> acc, hn::Vec<NativePairs> w,
+                                   hn::Vec<NativePairs> x) {
+    return DotI16Pairs(acc, hn::BitCast(NativeI16(), w),
+                       hn::BitCast(NativeI16(), x));
+  }
+};
+
+// AccumulateRowsInt8 with vpdpwssd: each row's weights times the V scales
+// quantized per chunk of 128 keys (QuantizeWeights), their levels as pairs of
+// int16. A chunk's sums are exact: at most 128 x 16384 x 127 < 2^31.
+HWY_INLINE void AccumulateRowsInt8Native(
+    const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
+    const int8_t* HWY_RESTRICT v, size_t v_stride,
+    const float* HWY_RESTRICT v_scales, size_t n, size_t dim,
+    float* HWY_RESTRICT o, size_t o_stride, RowPrefetch<int8_t> next,
+    size_t next_n) {
+  const NativeF32 d;
+  const NativePairs du;
+  HWY_ALIGN float padded[128];
+  const auto pack = [&](size_t r, size_t s0, size_t keys,
+                        uint32_t* pairs) HWY_ATTR {
+    const size_t keys16 = RoundUp(keys, size_t{16});
+    const float* w_row = w + r * w_stride + s0;
+    for (size_t s = 0; s < keys; ++s) padded[s] = w_row[s] * v_scales[s0 + s];
+    std::fill(padded + keys, padded + keys16, 0.0f);
+    const float sigma = QuantizeWeights(padded, keys16);
+    for (size_t c = 0; c < keys16; c += 32) {
+      const auto lo =
+          hn::BitCast(du, hn::ConvertTo(NativeI32(), hn::Load(d, padded + c)));
+      const auto hi =
+          c + 16 < keys16
+              ? hn::BitCast(du, hn::ConvertTo(NativeI32(),
+                                              hn::Load(d, padded + c + 16)))
+              : hn::Zero(du);
+      const auto low16 = hn::Set(du, 0xFFFFu);
+      hn::Store(hn::Or(hn::And(hn::ConcatEven(du, hi, lo), low16),
+                       hn::ShiftLeft<16>(hn::ConcatOdd(du, hi, lo))),
+                du, pairs + c / 2);
+    }
+    return sigma;
+  };
+  AccumulatePairsNative<Int8PairSum>(rows, v, v_stride, n, dim, o, o_stride,
+                                     next, next_n, pack);
+}
 #endif  // HEADWAY_NATIVE_INT8
 
 // ScoreRowsInt8 (decode.h).
@@ -1187,6 +1355,24 @@ void ScoreRowsInt8(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 #endif
   ScoreRows(q, q_stride, rows, k, k_stride, k_scales, n, dim, v, v_stride, sc,
             sc_stride);
+}
+
+// AccumulateRowsInt8 (decode.h).
+void AccumulateRowsInt8(const float* HWY_RESTRICT w, size_t w_stride,
+                        size_t rows, const int8_t* HWY_RESTRICT v,
+                        size_t v_stride, const float* HWY_RESTRICT v_scales,
+                        size_t n, size_t dim, float* HWY_RESTRICT o,
+                        size_t o_stride, const int8_t* HWY_RESTRICT next_k,
+                        size_t next_k_stride, size_t next_n) {
+  const RowPrefetch<int8_t> next{next_k, next_k_stride};
+  if (next_k == nullptr) next_n = 0;
+#if HEADWAY_NATIVE_INT8
+  AccumulateRowsInt8Native(w, w_stride, rows, v, v_stride, v_scales, n, dim, o,
+                           o_stride, next, next_n);
+#else
+  AccumulateScaled<true>(w, w_stride, rows, v, v_stride, v_scales, n, dim, o,
+                         o_stride, next, next_n);
+#endif
 }
 
 // ScoreRowsBF16 (decode.h).

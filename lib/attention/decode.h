@@ -121,6 +121,23 @@ void ScoreRowsInt8(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
                    const int8_t* HWY_RESTRICT v, size_t v_stride,
                    float* HWY_RESTRICT sc, size_t sc_stride);
 
+// AccumulateRows on an int8 cache for AttentionCompute::kInt8: per row and
+// chunk of 128 keys, the weights times the V scales (rounded once) are
+// quantized to integer levels in [-16384, 16384] with a power-of-two step
+// sigma (QuantizeWeights, decode-inl.h: each moves by at most 2^-14 of the
+// chunk's largest magnitude, or 2^-127), and o += sigma * sum_s level_s * V(s,
+// p) over the stored int8 V. On AVX3_DL by vpdpwssd, pairs of keys per
+// instruction (the levels and V as int16), the sums exact in int32 and rounded
+// once to float; elsewhere AccumulateRows' float32 FMAs on sigma * level (exact
+// values). The same arguments and prefetches as AccumulateRows; error beyond
+// the quantization: at most (n + 2) u (|o| + sum_s |sigma level_s V(s, p)|).
+void AccumulateRowsInt8(const float* HWY_RESTRICT w, size_t w_stride,
+                        size_t rows, const int8_t* HWY_RESTRICT v,
+                        size_t v_stride, const float* HWY_RESTRICT v_scales,
+                        size_t n, size_t dim, float* HWY_RESTRICT o,
+                        size_t o_stride, const int8_t* HWY_RESTRICT next_k,
+                        size_t next_k_stride, size_t next_n);
+
 // Whether narrow tiles of `rows` query rows over a cache of `dtype` run in
 // pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode)
 // but not int8, whose pairs ran 10-25% slower than its single heads (AVX3_DL,

@@ -7,7 +7,8 @@
 //   NativeBFloat16Active() (targets.h) said so once per call.
 //   HEADWAY_NATIVE_BF16 is 1 on the targets that can (x86 AVX3 and AVX3_DL),
 //   else 0.
-// - AVX512_VNNI (vpdpbusd), for attention decode's AttentionCompute::kInt8.
+// - AVX512_VNNI (vpdpbusd, vpdpwssd), for attention decode's
+//   AttentionCompute::kInt8.
 //   Highway selects AVX3_DL only on CPUs that have it, so
 //   HEADWAY_NATIVE_INT8 is 1 on AVX3_DL (else 0) and needs no runtime check.
 
@@ -73,6 +74,7 @@ HWY_INLINE hn::Vec<NativePairs> BF16PairsFromFloats(hn::Vec<NativeF32> lo,
 using NativeI32 = hn::ScalableTag<int32_t>;
 using NativeU8 = hn::Repartition<uint8_t, NativeI32>;
 using NativeI8 = hn::Repartition<int8_t, NativeI32>;
+using NativeI16 = hn::Repartition<int16_t, NativeI32>;
 
 // acc + the 4 products a[4i + t] * b[4i + t] (t < 4) per int32 lane i, a
 // unsigned bytes, b signed ones: vpdpbusd. Exact while the sums stay within
@@ -81,6 +83,15 @@ HWY_INLINE hn::Vec<NativeI32> DotU8I8Quads(hn::Vec<NativeI32> acc,
                                            hn::Vec<NativeU8> a,
                                            hn::Vec<NativeI8> b) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+
+// acc + a.lo * b.lo + a.hi * b.hi per int32 lane, a and b pairs of int16:
+// vpdpwssd. Exact while the sums stay within int32.
+HWY_INLINE hn::Vec<NativeI32> DotI16Pairs(hn::Vec<NativeI32> acc,
+                                          hn::Vec<NativeI16> a,
+                                          hn::Vec<NativeI16> b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
   return acc;
 }
 #endif  // HEADWAY_NATIVE_INT8
