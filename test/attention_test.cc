@@ -1219,6 +1219,68 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
   }
 }
 
+struct VariantSet {
+  std::string name;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  bool alibi = false;
+  bool sinks = false;
+  bool additive_mask = false;
+  int64_t n_sink_tokens = 0;
+};
+
+const std::vector<VariantSet>& VariantSets() {
+  static const std::vector<VariantSet> sets = {
+      {"window 1", 1},
+      {"window 100", 100},
+      {"softcap", 0, 1.5f},
+      {"alibi", 0, 0.0f, true},
+      {"sinks", 0, 0.0f, false, true},
+      {"window 37 + softcap + sinks", 37, 2.0f, false, true},
+      {"alibi + mask", 0, 0.0f, true, false, true},
+      {"window 100 + 4 sink tokens", 100, 0.0f, false, false, false, 4},
+      {"window 1 + 1 sink token", 1, 0.0f, false, false, false, 1},
+      {"all", 200, 3.0f, true, true, true, 5},
+  };
+  return sets;
+}
+
+// The options, reference variants and (with additive_mask) mask [n_tokens,
+// kv_len] of a set for n_heads heads; slopes and sinks live in *arrays.
+struct VariantCall {
+  AttentionOptions options;
+  test::ref::Variants variants;
+  std::vector<float> slopes, sinks, mask;
+};
+VariantCall MakeVariantCall(const VariantSet& set, int64_t n_heads,
+                            int64_t n_tokens, int64_t kv_len, bool causal,
+                            uint64_t seed) {
+  VariantCall call;
+  call.options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+  // Scores of a few units, where tanh bends.
+  call.options.scale = 0.5f;
+  call.options.window = set.window;
+  call.options.n_sink_tokens = set.n_sink_tokens;
+  call.options.softcap = set.softcap;
+  call.variants.window = set.window;
+  call.variants.n_sink_tokens = set.n_sink_tokens;
+  call.variants.softcap = set.softcap;
+  if (set.alibi) {
+    call.slopes.resize(static_cast<size_t>(n_heads));
+    EXPECT_TRUE(AlibiSlopes(n_heads, call.slopes.data()).ok());
+    call.options.alibi_slopes = call.variants.alibi_slopes = call.slopes.data();
+  }
+  if (set.sinks) {
+    call.sinks = test::RandomVector(n_heads, seed, -1.0f, 3.0f);
+    call.options.sink_logits = call.variants.sink_logits = call.sinks.data();
+  }
+  if (set.additive_mask) {
+    call.mask = test::RandomVector(n_tokens * kv_len, seed + 1, -2.0f, 2.0f);
+    for (size_t i = 0; i < call.mask.size(); i += 5) call.mask[i] = -kInf;
+  }
+  return call;
+}
+
 // An AttentionCompute mode against the float64 attention over the stored
 // (dequantized) K and V, on shapes of 1 token (decode) or many (prefill):
 // with score_shift(q_row, k_row) the most a score of the row moves (times
@@ -1235,13 +1297,18 @@ TEST_P(AttentionTest, StorageErrorWithinBound) {
 // worst error / bound; *differs: whether the mode changed an output against
 // kFloat32. With int8_grid, each query row holds integers in [-127, 127] (127
 // in magnitude once) times 2^-4, which int8 quantization keeps (up to float32
-// rounding), the scores spread so that the weights peak.
+// rounding), the scores spread so that the weights peak. With variants (not
+// null), the calls take its options, mask and variants: soft-capping moves a
+// score by no more than its shift, ALiBi and the mask add exact values, and a
+// sink only adds to the denominator, so the same bound holds over the keys a
+// row sees.
 template <class ScoreShift>
 double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
                               const BoundShape& shape,
                               const ScoreShift& score_shift, double p_round,
                               double p_levels, const char* label, bool* differs,
-                              bool int8_grid = false) {
+                              bool int8_grid = false,
+                              const VariantCall* variants = nullptr) {
   const int64_t kv_len = shape.kv_len, n_tokens = shape.n_tokens;
   const int64_t n_heads = shape.layout.n_heads, d = shape.d;
   const int64_t n_kv = shape.layout.n_kv_heads, group = n_heads / n_kv;
@@ -1263,37 +1330,52 @@ double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
   query.q_pos0 = kv_len - n_tokens;
   query.q = MatrixView<const float>(q.data(), n_tokens, width);
   query.out = MatrixView<float>(out_f32.data(), n_tokens, width);
-  AttentionOptions options;
+  AttentionOptions options = variants ? variants->options : AttentionOptions();
+  const float* mask = nullptr;
+  if (variants && !variants->mask.empty()) {
+    mask = variants->mask.data();
+    query.mask = MatrixView<const float>(mask, n_tokens, kv_len);
+  }
   EXPECT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
   options.compute = compute;
   query.out = MatrixView<float>(out.data(), n_tokens, width);
   EXPECT_TRUE(Attention(cache, n_heads, &query, 1, options).ok());
   *differs = *differs || out != out_f32;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const test::ref::Variants rv =
+      variants ? variants->variants : test::ref::Variants();
+  const double scale = variants ? variants->options.scale
+                                : 1.0 / std::sqrt(static_cast<double>(d));
   const std::vector<double> qd =
       test::ref::ToDouble(q.data(), n_tokens, width, width);
   const std::vector<double> exact = test::ref::AttentionCore(
       qd.data(), width, n_tokens, kd.data(), kv_width, vd.data(), kv_width,
-      kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, nullptr, 0,
-      static_cast<float>(scale));
+      kv_len, n_heads, n_kv, d, query.q_pos0, /*causal=*/true, mask, kv_len,
+      static_cast<float>(scale), rv);
   double worst_ratio = 0.0;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t seen = query.q_pos0 + t + 1;
     for (int64_t h = 0; h < n_heads; ++h) {
       const int64_t g = h / group;
       const double* q_row = &qd[t * width + h * d];
+      const int64_t pos = query.q_pos0 + t;
+      const test::ref::VisibleSpan span = test::ref::VisibleKeys(rv, pos, seen);
       double delta = 0.0, v_abs = 0.0, s_abs = 0.0;
-      std::vector<double> w(seen);
+      // The row's scores as the reference takes them; -inf: not seen.
+      std::vector<double> w(seen, -std::numeric_limits<double>::infinity());
       for (int64_t s = 0; s < seen; ++s) {
+        const double added = mask ? mask[t * kv_len + s] : 0.0;
+        if (!span.Contains(s) || added == -kInf) continue;
         const double* k_row = &kd[(s * n_kv + g) * d];
         const double* v_row = &vd[(s * n_kv + g) * d];
-        double dot = 0.0;
-        w[s] = 0.0;
+        double dot = 0.0, score = 0.0;
         for (int64_t p = 0; p < d; ++p) {
           dot += std::fabs(q_row[p] * k_row[p]);
-          w[s] += scale * q_row[p] * k_row[p];
+          score += scale * q_row[p] * k_row[p];
           v_abs = std::max(v_abs, std::fabs(v_row[p]));
         }
+        if (rv.softcap > 0) score = rv.softcap * std::tanh(score / rv.softcap);
+        if (rv.alibi_slopes) score += rv.alibi_slopes[h] * (s - pos);
+        w[s] = score + added;
         delta = std::max(delta, scale * score_shift(q_row, k_row));
         s_abs = std::max(s_abs, scale * dot);
       }
@@ -1302,9 +1384,9 @@ double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
       // of the 255 keys around it, times the V row's scale, whose levels
       // times it reach v_abs at most.
       double levels_term = 0.0;
-      if (p_levels > 0.0) {
-        const double w_max = *std::max_element(w.begin(), w.end());
-        double sum = 0.0;
+      const double w_max = *std::max_element(w.begin(), w.end());
+      if (p_levels > 0.0 && w_max > -std::numeric_limits<double>::infinity()) {
+        double sum = rv.sink_logits ? std::exp(rv.sink_logits[h] - w_max) : 0.0;
         for (double& x : w) sum += x = std::exp(x - w_max);
         for (int64_t s = 0; s < seen; ++s) {
           double around = 0.0;
@@ -1434,70 +1516,63 @@ TEST_P(AttentionTest, Int8ProductsWithinBound) {
   }
 }
 
+// Both compute modes under every variant set (the variants' rules act on the
+// scores after q's int8 scale, and see the keys the mode sums): MHA and GQA-2
+// split-KV decode (narrow on every target but SCALAR), and 3 tokens of GQA-4
+// at once (12 rows: narrow on AVX-512), within the modes' bounds over the
+// variants' float64 attention.
+TEST_P(AttentionTest, ComputeModesWithVariants) {
+  const BoundShape shapes[] = {
+      {{8, 8}, 64, 700, 1}, {{8, 4}, 128, 1100, 1}, {{8, 2}, 64, 300, 3}};
+  struct Mode {
+    AttentionCompute compute;
+    KvDtype dtype;
+    double p_round, p_levels;
+  };
+  const Mode modes[] = {
+      {AttentionCompute::kBFloat16, KvDtype::kBFloat16, std::ldexp(1.0, -9),
+       0.0},
+      {AttentionCompute::kInt8, KvDtype::kInt8, 0.0, kInt8WeightStep}};
+  uint64_t seed = 9000;
+  for (const Mode& mode : modes) {
+    double worst_ratio = 0.0;
+    bool differs = false;
+    for (const BoundShape& shape : shapes) {
+      const auto shift = [&](const double* q_row, const double* k_row) {
+        double dot = 0.0, q_max = 0.0, k_sum = 0.0;
+        for (int64_t p = 0; p < shape.d; ++p) {
+          dot += std::fabs(q_row[p] * k_row[p]);
+          q_max = std::max(q_max, std::fabs(q_row[p]));
+          k_sum += std::fabs(k_row[p]);
+        }
+        return mode.compute == AttentionCompute::kInt8
+                   ? q_max * (1.0 / 254 + std::ldexp(1.0, -22)) * k_sum
+                   : std::ldexp(dot, -9);
+      };
+      for (const VariantSet& set : VariantSets()) {
+        const VariantCall call =
+            MakeVariantCall(set, shape.layout.n_heads, shape.n_tokens,
+                            shape.kv_len, /*causal=*/true, seed++);
+        const std::string label =
+            DtypeName(mode.dtype) + " products, " + set.name;
+        worst_ratio = std::max(
+            worst_ratio,
+            ProductsErrorOverBound(mode.compute, mode.dtype, shape, shift,
+                                   mode.p_round, mode.p_levels, label.c_str(),
+                                   &differs, /*int8_grid=*/false, &call));
+        if (HasFailure()) return;
+      }
+    }
+    std::printf("  %s products with variants: worst error / bound %.3f\n",
+                DtypeName(mode.dtype).c_str(), worst_ratio);
+    if (std::string(GetParam().name) != "SCALAR") {
+      EXPECT_TRUE(differs);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Variants: sliding window, soft-capping, ALiBi, sink logits.
-
-struct VariantSet {
-  std::string name;
-  int64_t window = 0;
-  float softcap = 0.0f;
-  bool alibi = false;
-  bool sinks = false;
-  bool additive_mask = false;
-  int64_t n_sink_tokens = 0;
-};
-
-const std::vector<VariantSet>& VariantSets() {
-  static const std::vector<VariantSet> sets = {
-      {"window 1", 1},
-      {"window 100", 100},
-      {"softcap", 0, 1.5f},
-      {"alibi", 0, 0.0f, true},
-      {"sinks", 0, 0.0f, false, true},
-      {"window 37 + softcap + sinks", 37, 2.0f, false, true},
-      {"alibi + mask", 0, 0.0f, true, false, true},
-      {"window 100 + 4 sink tokens", 100, 0.0f, false, false, false, 4},
-      {"window 1 + 1 sink token", 1, 0.0f, false, false, false, 1},
-      {"all", 200, 3.0f, true, true, true, 5},
-  };
-  return sets;
-}
-
-// The options, reference variants and (with additive_mask) mask [n_tokens,
-// kv_len] of a set for n_heads heads; slopes and sinks live in *arrays.
-struct VariantCall {
-  AttentionOptions options;
-  test::ref::Variants variants;
-  std::vector<float> slopes, sinks, mask;
-};
-VariantCall MakeVariantCall(const VariantSet& set, int64_t n_heads,
-                            int64_t n_tokens, int64_t kv_len, bool causal,
-                            uint64_t seed) {
-  VariantCall call;
-  call.options.mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
-  // Scores of a few units, where tanh bends.
-  call.options.scale = 0.5f;
-  call.options.window = set.window;
-  call.options.n_sink_tokens = set.n_sink_tokens;
-  call.options.softcap = set.softcap;
-  call.variants.window = set.window;
-  call.variants.n_sink_tokens = set.n_sink_tokens;
-  call.variants.softcap = set.softcap;
-  if (set.alibi) {
-    call.slopes.resize(static_cast<size_t>(n_heads));
-    EXPECT_TRUE(AlibiSlopes(n_heads, call.slopes.data()).ok());
-    call.options.alibi_slopes = call.variants.alibi_slopes = call.slopes.data();
-  }
-  if (set.sinks) {
-    call.sinks = test::RandomVector(n_heads, seed, -1.0f, 3.0f);
-    call.options.sink_logits = call.variants.sink_logits = call.sinks.data();
-  }
-  if (set.additive_mask) {
-    call.mask = test::RandomVector(n_tokens * kv_len, seed + 1, -2.0f, 2.0f);
-    for (size_t i = 0; i < call.mask.size(); i += 5) call.mask[i] = -kInf;
-  }
-  return call;
-}
 
 // Every set on MHA, GQA and MQA: decode (narrow tiles; chunked past 512 keys,
 // where the sinks join at the merge), prefill (wide tiles) and a window far
