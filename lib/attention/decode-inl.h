@@ -630,6 +630,19 @@ HWY_INLINE float QuantizeWeights(float* HWY_RESTRICT x, size_t n) {
   return sigma;
 }
 
+// AttentionCompute::kInt8's weights for one row and chunk of keys, as every
+// path takes them: x[s] = w[s] * v_scales[s] (one rounding) for s < keys,
+// zeros to `padded` (a multiple of the vector length), then quantized
+// (QuantizeWeights); returns sigma.
+HWY_INLINE float QuantizeScaledWeights(const float* HWY_RESTRICT w,
+                                       const float* HWY_RESTRICT v_scales,
+                                       size_t keys, size_t padded,
+                                       float* HWY_RESTRICT x) {
+  for (size_t s = 0; s < keys; ++s) x[s] = w[s] * v_scales[s];
+  std::fill(x + keys, x + padded, 0.0f);
+  return QuantizeWeights(x, padded);
+}
+
 // AccumulateRows (decode.h): with scales, the weights times the scales (one
 // rounding) go through a buffer of up to 16 rows x 128 keys (8 KiB), so the
 // tiles multiply once per row and key. kQuantize (AccumulateRowsInt8's
@@ -653,12 +666,14 @@ HWY_INLINE void AccumulateScaled(const float* HWY_RESTRICT w, size_t w_stride,
       for (size_t r = 0; r < chunk_rows; ++r) {
         const float* w_row = w + (r0 + r) * w_stride + s0;
         float* row = scaled + r * kKeyChunk;
-        for (size_t s = 0; s < keys; ++s) row[s] = w_row[s] * v_scales[s0 + s];
         if constexpr (kQuantize) {
-          const size_t padded = RoundUp(keys, N);
-          std::fill(row + keys, row + padded, 0.0f);
-          const float sigma = QuantizeWeights(row, padded);
+          const float sigma = QuantizeScaledWeights(w_row, v_scales + s0, keys,
+                                                    RoundUp(keys, N), row);
           for (size_t s = 0; s < keys; ++s) row[s] *= sigma;
+        } else {
+          for (size_t s = 0; s < keys; ++s) {
+            row[s] = w_row[s] * v_scales[s0 + s];
+          }
         }
       }
       const size_t chunk_next = r0 == 0 && next_n > s0 ? next_n - s0 : 0;
@@ -1316,10 +1331,8 @@ HWY_INLINE void AccumulateRowsInt8Native(
   const auto pack = [&](size_t r, size_t s0, size_t keys,
                         uint32_t* pairs) HWY_ATTR {
     const size_t keys16 = RoundUp(keys, size_t{16});
-    const float* w_row = w + r * w_stride + s0;
-    for (size_t s = 0; s < keys; ++s) padded[s] = w_row[s] * v_scales[s0 + s];
-    std::fill(padded + keys, padded + keys16, 0.0f);
-    const float sigma = QuantizeWeights(padded, keys16);
+    const float sigma = QuantizeScaledWeights(
+        w + r * w_stride + s0, v_scales + s0, keys, keys16, padded);
     for (size_t c = 0; c < keys16; c += 32) {
       const auto lo =
           hn::BitCast(du, hn::ConvertTo(NativeI32(), hn::Load(d, padded + c)));
