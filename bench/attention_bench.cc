@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -52,6 +53,11 @@
 #include "benchmark/benchmark.h"
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
+
+#ifdef HEADWAY_BENCH_GGML
+#include "ggml-cpu.h"
+#include "ggml.h"
+#endif
 
 namespace headway {
 namespace bench {
@@ -153,12 +159,21 @@ double VisiblePairs(int64_t n_tokens, int64_t kv_len, int64_t window,
   return pairs;
 }
 
+// A cache as the counters see it: its KV heads, its stored bytes per token (K
+// and V of every KV head, scales included) and whether its elements are
+// converted to float32 (every type but float32).
+struct StoredCache {
+  int64_t n_kv_heads;
+  double bytes_per_token;
+  bool converted;
+};
+
 // The counters of n_tokens query rows against the kv_len cached rows of
 // `cache` (with a window: only those it sees, and the sink tokens), with or
-// without the weights written.
-void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
-            int64_t n_tokens, int64_t kv_len, bool weights, int64_t window = 0,
-            int64_t n_sink_tokens = 0) {
+// without the weights written, on `threads` threads of `target`.
+void Report(benchmark::State& state, const Target& target, int threads,
+            const StoredCache& cache, int64_t n_tokens, int64_t kv_len,
+            bool weights, int64_t window = 0, int64_t n_sink_tokens = 0) {
   const double pairs = VisiblePairs(n_tokens, kv_len, window, n_sink_tokens);
   // The rows read: those some query sees.
   kv_len = window == 0
@@ -166,16 +181,26 @@ void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
                : std::min(kv_len, window + n_tokens - 1 + n_sink_tokens);
   // One conversion per stored K and V element, unless stored as float32.
   const double conversions =
-      cache.config().dtype == KvDtype::kFloat32
-          ? 0.0
-          : 2.0 * static_cast<double>(cache.n_kv_heads() * kv_len * kHeadDim);
+      cache.converted
+          ? 2.0 * static_cast<double>(cache.n_kv_heads * kv_len * kHeadDim)
+          : 0.0;
   const double flops = 4.0 * kHeads * kHeadDim * pairs + conversions;
-  // K and V as stored: the cache's own count (padding, int8's scales).
-  double bytes = static_cast<double>(cache.bytes_per_token()) * kv_len +
+  double bytes = cache.bytes_per_token * static_cast<double>(kv_len) +
                  sizeof(float) * 2.0 * n_tokens * kHeads * kHeadDim;
   if (weights) bytes += sizeof(float) * 1.0 * kHeads * n_tokens * kv_len;
-  ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, run.target,
-                 run.threads);
+  ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, target, threads);
+}
+
+// The same for a Headway cache: K and V as stored, the cache's own count
+// (padding, int8's scales).
+void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
+            int64_t n_tokens, int64_t kv_len, bool weights, int64_t window = 0,
+            int64_t n_sink_tokens = 0) {
+  const StoredCache stored{cache.n_kv_heads(),
+                           static_cast<double>(cache.bytes_per_token()),
+                           cache.config().dtype != KvDtype::kFloat32};
+  Report(state, run.target, run.threads, stored, n_tokens, kv_len, weights,
+         window, n_sink_tokens);
 }
 
 void BM_Decode(benchmark::State& state, const RunConfig& run) {
@@ -326,6 +351,178 @@ void BM_Window(benchmark::State& state, const RunConfig& run) {
          n_sink_tokens);
 }
 
+#ifdef HEADWAY_BENCH_GGML
+// attention_decode_ggml/<fa or mul_mat>/kv_heads:G/dtype:N/threads:T, the
+// peers of attention_decode: ggml's CPU attention for one decode token as
+// llama.cpp builds it, over a cache in llama.cpp's layout holding the same
+// random floats as SharedCache's, stored as f32, bf16, f16 or, for dtype 3,
+// q8_0 (blocks of 32 int8 with an f16 scale, llama.cpp's int8 cache):
+// - fa (llama.cpp's -fa, its default where the backend has it):
+//   ggml_flash_attn_ext at F32 precision, no mask; per token the rows of
+//   every KV head, K and V alike. ggml converts q to the cache's type (bf16,
+//   f16, q8_0) and multiplies in it, key by key, threads over the query
+//   heads (over the keys for f32 and f16).
+// - mul_mat (-fa off; not for q8_0, whose V llama.cpp stores only with fa):
+//   K Q^T by ggml_mul_mat (F32 precision), ggml_soft_max_ext, and the weights
+//   times V stored transposed (per KV head [d][L]), as llama.cpp stores V
+//   without fa.
+// Bytes are counted as ggml stores them (q8_0: 34 per 32 elements).
+struct GgmlCache {
+  ggml_type type;
+  size_t row_bytes;  // one KV head's row of one token
+  // K and V as [L][G][d]; V as [G][d][L] (mul_mat; empty for q8_0).
+  BufferPtr<uint8_t> k, v, v_trans;
+};
+
+ggml_type GgmlType(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kBFloat16:
+      return GGML_TYPE_BF16;
+    case KvDtype::kFloat16:
+      return GGML_TYPE_F16;
+    case KvDtype::kInt8:
+      return GGML_TYPE_Q8_0;
+    default:
+      return GGML_TYPE_F32;
+  }
+}
+
+const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, KvDtype dtype) {
+  static std::map<std::pair<int64_t, KvDtype>, std::unique_ptr<GgmlCache>>
+      caches;
+  std::unique_ptr<GgmlCache>& cache = caches[{n_kv_heads, dtype}];
+  if (cache) return *cache;
+  cache = std::make_unique<GgmlCache>();
+  const ggml_type type = cache->type = GgmlType(dtype);
+  cache->row_bytes = ggml_row_size(type, kHeadDim);
+  const int64_t width = n_kv_heads * kHeadDim, step = 256;
+  const size_t bytes = cache->row_bytes * n_kv_heads * kDecodeLen;
+  const bool trans = type != GGML_TYPE_Q8_0;
+  cache->k = AllocateBuffer<uint8_t>(bytes);
+  cache->v = AllocateBuffer<uint8_t>(bytes);
+  if (trans) cache->v_trans = AllocateBuffer<uint8_t>(bytes);
+  auto k = AllocateBuffer<float>(step * width);
+  auto v = AllocateBuffer<float>(step * width);
+  std::vector<float> column(step);
+  const size_t step_bytes = cache->row_bytes * n_kv_heads * step;
+  for (int64_t t = 0; t < kDecodeLen; t += step) {
+    // SharedCache's seeds: the same floats, token by token.
+    FillUniform(k.get(), step * width, -1.0f, 1.0f, 2 * t + 1);
+    FillUniform(v.get(), step * width, -1.0f, 1.0f, 2 * t + 2);
+    const size_t at = static_cast<size_t>(t / step) * step_bytes;
+    ggml_quantize_chunk(type, k.get(), cache->k.get() + at, 0,
+                        step * n_kv_heads, kHeadDim, nullptr);
+    ggml_quantize_chunk(type, v.get(), cache->v.get() + at, 0,
+                        step * n_kv_heads, kHeadDim, nullptr);
+    for (int64_t c = 0; trans && c < width; ++c) {
+      for (int64_t i = 0; i < step; ++i) column[i] = v.get()[i * width + c];
+      ggml_quantize_chunk(
+          type, column.data(),
+          cache->v_trans.get() + ggml_row_size(type, c * kDecodeLen + t), 0, 1,
+          step, nullptr);
+    }
+  }
+  return *cache;
+}
+
+// The [d, L, G] K or V of a llama.cpp-layout cache ([L][G][d] at `data`),
+// viewed and permuted as llama.cpp does.
+ggml_tensor* GgmlRows(ggml_context* ctx, const GgmlCache& cache,
+                      int64_t n_kv_heads, uint8_t* data) {
+  ggml_tensor* all =
+      ggml_new_tensor_2d(ctx, cache.type, kHeadDim * n_kv_heads, kDecodeLen);
+  all->data = data;
+  ggml_tensor* rows =
+      ggml_view_3d(ctx, all, kHeadDim, n_kv_heads, kDecodeLen, cache.row_bytes,
+                   cache.row_bytes * n_kv_heads, 0);
+  return ggml_permute(ctx, rows, 0, 2, 1, 3);
+}
+
+void BM_DecodeGgml(benchmark::State& state, bool flash) {
+  static const bool initialized = [] {
+    ggml_cpu_init();
+    return true;
+  }();
+  (void)initialized;
+  const int64_t n_kv = state.range(0);
+  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  const GgmlCache& cache = SharedGgmlCache(n_kv, dtype);
+  const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
+  // The cache's tensors in stored_ctx, which has no memory of its own (their
+  // data is ours); q and what the graph makes (mul_mat's scores and weights,
+  // 2 MiB each) in ctx's.
+  ggml_context* stored_ctx =
+      ggml_init({ggml_tensor_overhead() * 16, nullptr, true});
+  ggml_context* ctx = ggml_init(
+      {ggml_tensor_overhead() * 16 + ggml_graph_overhead() + (8u << 20),
+       nullptr, false});
+  ggml_tensor* q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, kHeadDim, kHeads, 1);
+  std::copy(buffers.q.get(), buffers.q.get() + kHeads * kHeadDim,
+            static_cast<float*>(q->data));
+  q = ggml_permute(ctx, q, 0, 2, 1, 3);  // [d, 1, H]
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  ggml_tensor* k = GgmlRows(stored_ctx, cache, n_kv, cache.k.get());
+  ggml_tensor* out;
+  if (flash) {
+    out = ggml_flash_attn_ext(ctx, q, k,
+                              GgmlRows(stored_ctx, cache, n_kv, cache.v.get()),
+                              nullptr, scale, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
+  } else {
+    ggml_tensor* v_trans =
+        ggml_new_tensor_3d(stored_ctx, cache.type, kDecodeLen, kHeadDim, n_kv);
+    v_trans->data = cache.v_trans.get();
+    ggml_tensor* scores = ggml_mul_mat(ctx, k, q);  // [L, 1, H]
+    ggml_mul_mat_set_prec(scores, GGML_PREC_F32);
+    out = ggml_mul_mat(ctx, v_trans,
+                       ggml_soft_max_ext(ctx, scores, nullptr, scale, 0.0f));
+  }
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, out);
+  ggml_cplan plan = ggml_graph_plan(graph, threads, nullptr);
+  std::vector<uint8_t> work(plan.work_size);
+  plan.work_data = work.data();
+  bool ok = true;
+  PinnedIfOneThread(threads, [&] {
+    ok = ggml_graph_compute(graph, &plan) == GGML_STATUS_SUCCESS;
+    for (auto _ : state) {
+      if (!ok) break;
+      ok = ggml_graph_compute(graph, &plan) == GGML_STATUS_SUCCESS;
+      benchmark::ClobberMemory();
+    }
+  });
+  ggml_free(ctx);
+  ggml_free(stored_ctx);
+  if (!ok) {
+    state.SkipWithError("ggml_graph_compute failed");
+    return;
+  }
+  const StoredCache stored{n_kv, 2.0 * cache.row_bytes * n_kv,
+                           dtype != KvDtype::kFloat32};
+  Report(state, SupportedTargets().front(), threads, stored, 1, kDecodeLen,
+         /*weights=*/false);
+}
+
+// The peers' rows: attention_decode's MHA and GQA-8 shapes (arg_sets, less
+// MQA) in every type, on every thread count; mul_mat not on q8_0.
+void RegisterGgml(const std::vector<std::vector<int64_t>>& arg_sets) {
+  for (const bool flash : {true, false}) {
+    benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
+        flash ? "attention_decode_ggml/fa" : "attention_decode_ggml/mul_mat",
+        [flash](benchmark::State& state) { BM_DecodeGgml(state, flash); });
+    bench->ArgNames({"kv_heads", "dtype", "threads"})->UseRealTime();
+    for (const std::vector<int64_t>& args : arg_sets) {
+      if (args[0] == 1) continue;
+      if (!flash && args[1] == static_cast<int64_t>(KvDtype::kInt8)) continue;
+      for (int threads : ThreadCounts()) {
+        bench->Args({args[0], args[1], threads});
+      }
+    }
+  }
+}
+#endif  // HEADWAY_BENCH_GGML
+
 void RegisterAttention() {
   // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA); dtype: the KvDtype. Decode, at
   // most tens of ms per call, runs the three float32 layouts on every target,
@@ -337,17 +534,14 @@ void RegisterAttention() {
   constexpr int64_t kBF16 = static_cast<int64_t>(KvDtype::kBFloat16);
   constexpr int64_t kF16 = static_cast<int64_t>(KvDtype::kFloat16);
   constexpr int64_t kI8 = static_cast<int64_t>(KvDtype::kInt8);
+  const std::vector<std::vector<int64_t>> decode_sets = {
+      {32, kF32}, {8, kF32},  {1, kF32}, {32, kBF16}, {32, kF16},
+      {32, kI8},  {8, kBF16}, {8, kF16}, {8, kI8}};
   RegisterPerTarget("attention_decode", BM_Decode, {"kv_heads", "dtype"},
-                    {{32, kF32},
-                     {8, kF32},
-                     {1, kF32},
-                     {32, kBF16},
-                     {32, kF16},
-                     {32, kI8},
-                     {8, kBF16},
-                     {8, kF16},
-                     {8, kI8}},
-                    /*every_target_sets=*/3);
+                    decode_sets, /*every_target_sets=*/3);
+#ifdef HEADWAY_BENCH_GGML
+  RegisterGgml(decode_sets);
+#endif
   // GQA-8 on the bf16 cache in AttentionCompute::kBFloat16 (MHA decode
   // computes as kFloat32 there), MHA and GQA-8 on the int8 cache in kInt8,
   // on the key targets.

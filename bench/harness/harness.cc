@@ -241,13 +241,14 @@ bool HasWord(const std::string& family,
 
 // A peer on another library's kernels (layer_seed_onednn_prefill).
 bool IsLibraryPeerFamily(const std::string& family) {
-  return HasWord(family, {"openblas", "onednn"});
+  return HasWord(family, {"openblas", "onednn", "ggml"});
 }
 
 }  // namespace
 
 bool IsPeerFamily(const std::string& family) {
-  return HasWord(family, {"openblas", "onednn", "materialized", "seed"});
+  return HasWord(family,
+                 {"openblas", "onednn", "ggml", "materialized", "seed"});
 }
 
 std::vector<Target> KeyTargets() {

@@ -214,10 +214,10 @@ int AllThreads();
 // {1, 2} on a 2-core machine.
 std::vector<int> ThreadCounts();
 
-// True for a peer: a family whose name has the word openblas, onednn,
-// materialized or seed (matmul_openblas, attention_prefill_materialized,
-// layer_seed_decode) is the peer of the family without it, which the summary
-// table compares with it.
+// True for a peer: a family whose name has the word openblas, onednn, ggml,
+// materialized or seed (matmul_openblas, attention_decode_ggml,
+// attention_prefill_materialized, layer_seed_decode) is the peer of the
+// family without it, which the summary table compares with it.
 bool IsPeerFamily(const std::string& family);
 
 // What to run, from main()'s --headway_* flags; set before RegisterAll().

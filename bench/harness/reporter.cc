@@ -309,10 +309,11 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
                row.ceiling.c_str());
     }
     // The fastest peer on this shape and thread count (on the same target if
-    // the peer has targets).
-    // The peers store float32: they compare with float32-storage rows. A
-    // bf16 compute row compares with the bf16 peers, a float32 one with the
-    // float32 peers.
+    // the peer has targets). A peer with a dtype (ggml's attention on the KV
+    // cache types) compares with the rows of that stored type in every compute
+    // mode: it multiplies as its library does for that type. The others store
+    // float32: they compare with float32-storage rows, a bf16 compute row with
+    // the bf16 peers, a float32 one with the float32 peers.
     const Row* best_peer = nullptr;
     const Row* scalar = nullptr;
     // This row with a float32 cache, or for narrower weights with float32
@@ -321,8 +322,10 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     for (const Row& other : rows) {
       if (!other.error.empty() || other.threads != row.threads) continue;
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
-          other.peer_shape == row.peer_shape && Float32Storage(row) &&
-          other.compute == row.compute &&
+          other.peer_shape == row.peer_shape &&
+          (other.dtype.empty()
+               ? Float32Storage(row) && other.compute == row.compute
+               : other.dtype == row.dtype) &&
           (other.target.empty() || other.target == row.target) &&
           (best_peer == nullptr || other.seconds < best_peer->seconds)) {
         best_peer = &other;
