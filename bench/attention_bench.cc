@@ -439,11 +439,7 @@ ggml_tensor* GgmlRows(ggml_context* ctx, const GgmlCache& cache,
 }
 
 void BM_DecodeGgml(benchmark::State& state, bool flash) {
-  static const bool initialized = [] {
-    ggml_cpu_init();
-    return true;
-  }();
-  (void)initialized;
+  ggml_cpu_init();  // its tables, on the first call only
   const int64_t n_kv = state.range(0);
   const KvDtype dtype = static_cast<KvDtype>(state.range(1));
   const int threads = static_cast<int>(state.range(2));

@@ -45,11 +45,15 @@
 // and the context's onednn_bf16_matmul_impl, is oneDNN's implementation
 // ("brg:avx512_core_bf16" where it runs its AVX512_BF16 kernel). The peers
 // count the flops and bytes of the Headway rows they pair with (bf16 B: 2 bytes
-// per weight), so their percentages compare directly.
+// per weight), so their percentages compare directly. Where bench/meson.build
+// found ggml, matmul_ggml/cpu/.../weights:W runs llama.cpp's projections
+// (ggml_mul_mat) on weights stored as f32, bf16 and q8_0 (BM_GgmlMatmul), the
+// peer of Headway's rows that store that type.
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,6 +65,11 @@
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "headway/view.h"
+
+#ifdef HEADWAY_BENCH_GGML
+#include "ggml-cpu.h"
+#include "ggml.h"
+#endif
 
 namespace headway {
 namespace bench {
@@ -427,9 +436,138 @@ void RegisterOneDnnBF16() {
                               same ? first_impl : impls);
 }
 
+#ifdef HEADWAY_BENCH_GGML
+// matmul_ggml/cpu/m:M/n:N/k:K/batch:1/tb:0/weights:W/threads:T: ggml's
+// ggml_mul_mat (llama.cpp's projections), C = A * B with B stored as ggml
+// stores weights, [N] rows of K as W says: 1 f32, 2 bf16, 3 q8_0 (blocks of
+// 32 int8 with an f16 scale: llama.cpp's int8 weights), converted once from
+// the float B of Headway's rows, untimed. ggml converts A to the weights'
+// type (bf16; q8_0 quantized by blocks of 32) and multiplies in it. The GEMV
+// shapes rotate through copies of B as Headway's do; bytes are B as ggml
+// stores it (34 per 32 weights for q8_0) plus A and C.
+struct GgmlWeights {
+  ggml_context* ctx = nullptr;  // the weights' tensors and memory
+  std::vector<ggml_tensor*> b;  // one per copy
+  std::vector<int64_t> key;
+  ~GgmlWeights() {
+    if (ctx != nullptr) ggml_free(ctx);
+  }
+};
+
+ggml_type GgmlWeightType(int64_t weights) {
+  return weights == 2   ? GGML_TYPE_BF16
+         : weights == 3 ? GGML_TYPE_Q8_0
+                        : GGML_TYPE_F32;
+}
+
+// The weights of shape s stored as `type`, kept while the next benchmark runs
+// the same shape and type.
+const GgmlWeights& SharedGgmlWeights(const Shape& s, ggml_type type,
+                                     const Operands& ops) {
+  static GgmlWeights weights;
+  const std::vector<int64_t> wanted = {s.m, s.n, s.k, type};
+  if (weights.key == wanted) return weights;
+  if (weights.ctx != nullptr) ggml_free(weights.ctx);
+  weights.b.clear();
+  weights.key = wanted;
+  const size_t stored = ggml_row_size(type, s.k) * s.n;
+  const size_t copies = s.MemoryBound() ? kColdBytes / stored + 1 : 1;
+  weights.ctx = ggml_init(
+      {copies * (stored + ggml_tensor_overhead() + 64), nullptr, false});
+  std::vector<float> row_major(static_cast<size_t>(s.k * s.n));  // [N][K]
+  for (size_t copy = 0; copy < copies; ++copy) {
+    // Headway's copy of B ([K][N]), or its first copy for the extra ones.
+    const float* b = ops.b.get() + std::min(copy, ops.copies - 1) * ops.b_size;
+    for (int64_t i = 0; i < s.k; ++i) {
+      for (int64_t j = 0; j < s.n; ++j) row_major[j * s.k + i] = b[i * s.n + j];
+    }
+    ggml_tensor* tensor = ggml_new_tensor_2d(weights.ctx, type, s.k, s.n);
+    ggml_quantize_chunk(type, row_major.data(), tensor->data, 0, s.n, s.k,
+                        nullptr);
+    weights.b.push_back(tensor);
+  }
+  return weights;
+}
+
+void BM_GgmlMatmul(benchmark::State& state) {
+  ggml_cpu_init();  // its tables, on the first call only
+  const int64_t weights_arg = state.range(5);
+  const int threads = static_cast<int>(state.range(6));
+  // Headway's row of the same stored type: packed:1 + WeightDtype.
+  Shape s = Shape::From(state);
+  s.packed = true;
+  s.dtype = static_cast<WeightDtype>(weights_arg - 1);
+  const ggml_type type = GgmlWeightType(weights_arg);
+  Operands& ops = SharedOperands(s);
+  const GgmlWeights& weights = SharedGgmlWeights(s, type, ops);
+  // One graph per copy of B over the same A; C in each graph's context.
+  const size_t copies = weights.b.size();
+  ggml_context* ctx = ggml_init(
+      {copies * (ggml_graph_overhead() + 3 * ggml_tensor_overhead() +
+                 sizeof(float) * static_cast<size_t>(s.m * s.n) + 256),
+       nullptr, false});
+  ggml_context* a_ctx = ggml_init({ggml_tensor_overhead(), nullptr, true});
+  ggml_tensor* a = ggml_new_tensor_2d(a_ctx, GGML_TYPE_F32, s.k, s.m);
+  a->data = ops.a.get();
+  std::vector<ggml_cgraph*> graphs;
+  size_t work_size = 0;
+  for (ggml_tensor* b : weights.b) {
+    graphs.push_back(ggml_new_graph(ctx));
+    ggml_build_forward_expand(graphs.back(), ggml_mul_mat(ctx, b, a));
+    work_size = std::max(
+        work_size, ggml_graph_plan(graphs.back(), threads, nullptr).work_size);
+  }
+  std::vector<uint8_t> work(work_size);
+  size_t next = 0;
+  bool ok = true;
+  const auto run_once = [&] {
+    ggml_cplan plan = ggml_graph_plan(graphs[next], threads, nullptr);
+    plan.work_data = work.data();
+    ok = ok && ggml_graph_compute(graphs[next], &plan) == GGML_STATUS_SUCCESS;
+    next = next + 1 == copies ? 0 : next + 1;
+    benchmark::ClobberMemory();
+  };
+  PinnedIfOneThread(threads, [&] {
+    run_once();  // untimed, as for Headway's rows
+    for (auto _ : state) run_once();
+  });
+  ggml_free(ctx);
+  ggml_free(a_ctx);
+  if (!ok) {
+    state.SkipWithError("ggml_graph_compute failed");
+    return;
+  }
+  // B's bytes as ggml stores them: Shape counts WeightDtypeSize per weight.
+  const double b_bytes = static_cast<double>(ggml_row_size(type, s.k) * s.n);
+  ReportRoofline(state, s.Flops(), 4.0 * (s.m * s.k + s.m * s.n) + b_bytes,
+                 MemoryCeiling::kRead, SupportedTargets().front(), threads);
+}
+
+// The GEMV shapes of Headway's weight types, and 512^3 and 2048^3, in f32,
+// bf16 and q8_0, on every thread count.
+void RegisterGgml() {
+  benchmark::internal::Benchmark* bench =
+      benchmark::RegisterBenchmark("matmul_ggml/cpu", BM_GgmlMatmul);
+  bench->ArgNames({"m", "n", "k", "batch", "tb", "weights", "threads"})
+      ->UseRealTime();
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 4096, 4096}, {1, 4096, 14336}, {512, 512, 512}, {2048, 2048, 2048}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    for (const int64_t weights : {1, 2, 3}) {
+      for (int threads : ThreadCounts()) {
+        bench->Args({shape[0], shape[1], shape[2], 1, 0, weights, threads});
+      }
+    }
+  }
+}
+#endif  // HEADWAY_BENCH_GGML
+
 void RegisterPeers() {
   for (const PeerGemm& peer : PeerGemms()) RegisterPeer(peer);
   RegisterOneDnnBF16();
+#ifdef HEADWAY_BENCH_GGML
+  RegisterGgml();
+#endif
 }
 HEADWAY_REGISTER_BENCHMARKS(RegisterPeers);
 

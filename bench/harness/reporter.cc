@@ -81,6 +81,10 @@ struct Row {
   // ("compute:1"), "int8" for one in kInt8 ("compute:2"), "" for float32
   // compute: a row is compared with the peers of its compute mode only.
   std::string compute;
+  // A peer's stored weights, from its "weights:N" argument (packed's
+  // numbering: 1 float32, 2 bf16, 3 int8): "f32", "bf16", "int8"; "" for a
+  // row without one.
+  std::string weights;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
   double gflops = 0.0;   // 0: not reported
@@ -131,6 +135,10 @@ Row ParseRow(const Run& run) {
       } else if (StartsWith(arg, "dtype:")) {
         // The stored type is a variant of the shape, as packed is.
         row.dtype = DtypeName(arg.substr(6));
+      } else if (StartsWith(arg, "weights:")) {
+        static const char* const kWeights[] = {"", "f32", "bf16", "int8"};
+        const int n = std::atoi(arg.substr(8).c_str());
+        row.weights = n >= 1 && n <= 3 ? kWeights[n] : arg;
       } else {
         peer_shape.push_back(arg);
       }
@@ -192,6 +200,16 @@ bool Float32Storage(const Row& row) {
 bool Float32Weights(const Row& row) {
   return row.packed.empty() || row.packed == "packed:0" ||
          row.packed == "packed:1";
+}
+
+// How `row`'s matmul B is stored: "bf16" (packed:2, and the bf16 compute mode's
+// packed:4 and 5), "int8" (packed:3) or "f32".
+std::string StoredWeights(const Row& row) {
+  if (row.packed == "packed:2" || row.packed == "packed:4" ||
+      row.packed == "packed:5") {
+    return "bf16";
+  }
+  return row.packed == "packed:3" ? "int8" : "f32";
 }
 
 // The run's own ceiling row for `row`'s bound: fma_peak of its target and
@@ -297,6 +315,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       variant += " packed";
     }
     if (!row.dtype.empty() && row.compute.empty()) variant += " " + row.dtype;
+    if (!row.weights.empty()) variant += " " + row.weights + " weights";
     if (!row.error.empty()) {
       snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
                row.threads, row.error.c_str());
@@ -309,11 +328,12 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
                row.ceiling.c_str());
     }
     // The fastest peer on this shape and thread count (on the same target if
-    // the peer has targets). A peer with a dtype (ggml's attention on the KV
-    // cache types) compares with the rows of that stored type in every compute
-    // mode: it multiplies as its library does for that type. The others store
-    // float32: they compare with float32-storage rows, a bf16 compute row with
-    // the bf16 peers, a float32 one with the float32 peers.
+    // the peer has targets). A peer that names its stored type, a dtype or
+    // weights (ggml's attention on the KV cache types, its matmul on the
+    // weight types), compares with the rows that store that type in every
+    // compute mode: it multiplies as its library does for that type. The
+    // others store float32: they compare with float32-storage rows, a bf16
+    // compute row with the bf16 peers, a float32 one with the float32 peers.
     const Row* best_peer = nullptr;
     const Row* scalar = nullptr;
     // This row with a float32 cache, or for narrower weights with float32
@@ -323,9 +343,10 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       if (!other.error.empty() || other.threads != row.threads) continue;
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
           other.peer_shape == row.peer_shape &&
-          (other.dtype.empty()
-               ? Float32Storage(row) && other.compute == row.compute
-               : other.dtype == row.dtype) &&
+          (!other.dtype.empty() ? other.dtype == row.dtype
+           : !other.weights.empty()
+               ? other.weights == StoredWeights(row)
+               : Float32Storage(row) && other.compute == row.compute) &&
           (other.target.empty() || other.target == row.target) &&
           (best_peer == nullptr || other.seconds < best_peer->seconds)) {
         best_peer = &other;
