@@ -46,7 +46,7 @@
 // ("brg:avx512_core_bf16" where it runs its AVX512_BF16 kernel). The peers
 // count the flops and bytes of the Headway rows they pair with (bf16 B: 2 bytes
 // per weight), so their percentages compare directly. Where bench/meson.build
-// found ggml, matmul_ggml/cpu/.../weights:W runs llama.cpp's projections
+// found ggml, matmul_ggml/cpu/.../packed:P runs llama.cpp's projections
 // (ggml_mul_mat) on weights stored as f32, bf16 and q8_0 (BM_GgmlMatmul), the
 // peer of Headway's rows that store that type.
 #include <stddef.h>
@@ -437,14 +437,14 @@ void RegisterOneDnnBF16() {
 }
 
 #ifdef HEADWAY_BENCH_GGML
-// matmul_ggml/cpu/m:M/n:N/k:K/batch:1/tb:0/weights:W/threads:T: ggml's
-// ggml_mul_mat (llama.cpp's projections), C = A * B with B stored as ggml
-// stores weights, [N] rows of K as W says: 1 f32, 2 bf16, 3 q8_0 (blocks of
-// 32 int8 with an f16 scale: llama.cpp's int8 weights), converted once from
-// the float B of Headway's rows, untimed. ggml converts A to the weights'
-// type (bf16; q8_0 quantized by blocks of 32) and multiplies in it. The GEMV
-// shapes rotate through copies of B as Headway's do; bytes are B as ggml
-// stores it (34 per 32 weights for q8_0) plus A and C.
+// matmul_ggml/cpu/m:M/n:N/k:K/batch:1/tb:0/packed:P/threads:T: ggml's
+// ggml_mul_mat (llama.cpp's projections), C = A * B with B stored ahead of the
+// call as ggml stores weights, [N] rows of K, in the type of Headway's
+// packed:P rows: 1 f32, 2 bf16, 3 q8_0 (blocks of 32 int8 with an f16 scale:
+// llama.cpp's int8 weights), converted once from their float B, untimed. ggml
+// converts A to the weights' type (bf16; q8_0 quantized by blocks of 32) and
+// multiplies in it. The GEMV shapes rotate through copies of B as Headway's do;
+// bytes are B as ggml stores it (34 per 32 weights for q8_0) plus A and C.
 struct GgmlWeights {
   ggml_context* ctx = nullptr;  // the weights' tensors and memory
   std::vector<ggml_tensor*> b;  // one per copy
@@ -454,10 +454,10 @@ struct GgmlWeights {
   }
 };
 
-ggml_type GgmlWeightType(int64_t weights) {
-  return weights == 2   ? GGML_TYPE_BF16
-         : weights == 3 ? GGML_TYPE_Q8_0
-                        : GGML_TYPE_F32;
+ggml_type GgmlWeightType(int64_t packed) {
+  return packed == 2   ? GGML_TYPE_BF16
+         : packed == 3 ? GGML_TYPE_Q8_0
+                       : GGML_TYPE_F32;
 }
 
 // The weights of shape s stored as `type`, kept while the next benchmark runs
@@ -491,13 +491,13 @@ const GgmlWeights& SharedGgmlWeights(const Shape& s, ggml_type type,
 
 void BM_GgmlMatmul(benchmark::State& state) {
   ggml_cpu_init();  // its tables, on the first call only
-  const int64_t weights_arg = state.range(5);
+  const int64_t packed = state.range(5);
   const int threads = static_cast<int>(state.range(6));
   // Headway's row of the same stored type: packed:1 + WeightDtype.
   Shape s = Shape::From(state);
   s.packed = true;
-  s.dtype = static_cast<WeightDtype>(weights_arg - 1);
-  const ggml_type type = GgmlWeightType(weights_arg);
+  s.dtype = static_cast<WeightDtype>(packed - 1);
+  const ggml_type type = GgmlWeightType(packed);
   Operands& ops = SharedOperands(s);
   const GgmlWeights& weights = SharedGgmlWeights(s, type, ops);
   // One graph per copy of B over the same A; C in each graph's context.
@@ -548,14 +548,14 @@ void BM_GgmlMatmul(benchmark::State& state) {
 void RegisterGgml() {
   benchmark::internal::Benchmark* bench =
       benchmark::RegisterBenchmark("matmul_ggml/cpu", BM_GgmlMatmul);
-  bench->ArgNames({"m", "n", "k", "batch", "tb", "weights", "threads"})
+  bench->ArgNames({"m", "n", "k", "batch", "tb", "packed", "threads"})
       ->UseRealTime();
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 4096, 4096}, {1, 4096, 14336}, {512, 512, 512}, {2048, 2048, 2048}};
   for (const std::vector<int64_t>& shape : shapes) {
-    for (const int64_t weights : {1, 2, 3}) {
+    for (const int64_t packed : {1, 2, 3}) {
       for (int threads : ThreadCounts()) {
-        bench->Args({shape[0], shape[1], shape[2], 1, 0, weights, threads});
+        bench->Args({shape[0], shape[1], shape[2], 1, 0, packed, threads});
       }
     }
   }

@@ -81,10 +81,6 @@ struct Row {
   // ("compute:1"), "int8" for one in kInt8 ("compute:2"), "" for float32
   // compute: a row is compared with the peers of its compute mode only.
   std::string compute;
-  // A peer's stored weights, from its "weights:N" argument (packed's
-  // numbering: 1 float32, 2 bf16, 3 int8): "f32", "bf16", "int8"; "" for a
-  // row without one.
-  std::string weights;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
   double gflops = 0.0;   // 0: not reported
@@ -135,10 +131,6 @@ Row ParseRow(const Run& run) {
       } else if (StartsWith(arg, "dtype:")) {
         // The stored type is a variant of the shape, as packed is.
         row.dtype = DtypeName(arg.substr(6));
-      } else if (StartsWith(arg, "weights:")) {
-        static const char* const kWeights[] = {"", "f32", "bf16", "int8"};
-        const int n = std::atoi(arg.substr(8).c_str());
-        row.weights = n >= 1 && n <= 3 ? kWeights[n] : arg;
       } else {
         peer_shape.push_back(arg);
       }
@@ -210,6 +202,14 @@ std::string StoredWeights(const Row& row) {
     return "bf16";
   }
   return row.packed == "packed:3" ? "int8" : "f32";
+}
+
+// The weights a peer names as stored ahead of the call, packed:1-3 (ggml's
+// matmul): StoredWeights; "" for any other peer.
+std::string PeerWeights(const Row& peer) {
+  const bool stored = peer.packed == "packed:1" || peer.packed == "packed:2" ||
+                      peer.packed == "packed:3";
+  return stored ? StoredWeights(peer) : "";
 }
 
 // The run's own ceiling row for `row`'s bound: fma_peak of its target and
@@ -315,7 +315,6 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       variant += " packed";
     }
     if (!row.dtype.empty() && row.compute.empty()) variant += " " + row.dtype;
-    if (!row.weights.empty()) variant += " " + row.weights + " weights";
     if (!row.error.empty()) {
       snprintf(line, sizeof(line), "  %-22s %3d  error: %s\n", variant.c_str(),
                row.threads, row.error.c_str());
@@ -329,7 +328,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
     }
     // The fastest peer on this shape and thread count (on the same target if
     // the peer has targets). A peer that names its stored type, a dtype or
-    // weights (ggml's attention on the KV cache types, its matmul on the
+    // packed:1-3 (ggml's attention on the KV cache types, its matmul on the
     // weight types), compares with the rows that store that type in every
     // compute mode: it multiplies as its library does for that type. The
     // others store float32: they compare with float32-storage rows, a bf16
@@ -344,8 +343,8 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       if (row.peer.empty() && !other.peer.empty() && other.base == row.base &&
           other.peer_shape == row.peer_shape &&
           (!other.dtype.empty() ? other.dtype == row.dtype
-           : !other.weights.empty()
-               ? other.weights == StoredWeights(row)
+           : !PeerWeights(other).empty()
+               ? PeerWeights(other) == StoredWeights(row)
                : Float32Storage(row) && other.compute == row.compute) &&
           (other.target.empty() || other.target == row.target) &&
           (best_peer == nullptr || other.seconds < best_peer->seconds)) {
