@@ -7,7 +7,8 @@
 # fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers
 # (the prefills, seconds long on the fallback, on the best target only), plus two rows on stored
 # KV types (GQA-8 decode on an int8 cache, MHA prefill on a bf16 cache) and matmul 512^3 in bf16
-# compute with its peer, oneDNN's bf16 matmul. Checks that the progress line and the summary
+# compute with its peer, oneDNN's bf16 matmul; where the build found ggml, its rows of those
+# shapes too (llama.cpp's peers). Checks that the progress line and the summary
 # table appear (with "in run" figures: the ceiling rows fma_peak and read_peak run too) and that
 # the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs is
 # refused with a message. The charts are drawn only where matplotlib is installed; the test
@@ -23,11 +24,11 @@ rm -f "$out/bench.json" "$out/roofline.svg" "$out/roofline.png" "$out/speedup.sv
 # Targets other than the fallback (SCALAR or EMU128): ([^SE]|S[^C]|E[^M])[^/]*
 not_scalar='([^SE]|S[^C]|E[^M])[^/]*'
 filter="^(softmax/[^/]+/rows:32/cols:2048/"
-filter="$filter|matmul(_openblas|_onednn)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:[04]/"
+filter="$filter|matmul(_openblas|_onednn|_ggml)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:[0-4]/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
 filter="$filter|(fma|read)_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
-filter="$filter|attention_decode/[^/]+/kv_heads:8/dtype:3/"
+filter="$filter|attention_decode(_ggml)?/[^/]+/kv_heads:8/dtype:3/"
 filter="$filter|attention_prefill/$not_scalar/kv_heads:(1/|32/dtype:1/)"
 filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"
 filter="$filter|layer_prefill/$not_scalar/kv_heads:1/)"
