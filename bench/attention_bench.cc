@@ -49,15 +49,11 @@
 #include <utility>
 #include <vector>
 
+#include "bench/harness/ggml_peers.h"
 #include "bench/harness/harness.h"
 #include "benchmark/benchmark.h"
 #include "headway/attention.h"
 #include "headway/kv_cache.h"
-
-#ifdef HEADWAY_BENCH_GGML
-#include "ggml-cpu.h"
-#include "ggml.h"
-#endif
 
 namespace headway {
 namespace bench {
@@ -374,26 +370,13 @@ struct GgmlCache {
   BufferPtr<uint8_t> k, v, v_trans;
 };
 
-ggml_type GgmlType(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::kBFloat16:
-      return GGML_TYPE_BF16;
-    case KvDtype::kFloat16:
-      return GGML_TYPE_F16;
-    case KvDtype::kInt8:
-      return GGML_TYPE_Q8_0;
-    default:
-      return GGML_TYPE_F32;
-  }
-}
-
 const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, KvDtype dtype) {
   static std::map<std::pair<int64_t, KvDtype>, std::unique_ptr<GgmlCache>>
       caches;
   std::unique_ptr<GgmlCache>& cache = caches[{n_kv_heads, dtype}];
   if (cache) return *cache;
   cache = std::make_unique<GgmlCache>();
-  const ggml_type type = cache->type = GgmlType(dtype);
+  const ggml_type type = cache->type = GgmlCacheType(dtype);
   cache->row_bytes = ggml_row_size(type, kHeadDim);
   const int64_t width = n_kv_heads * kHeadDim, step = 256;
   const size_t bytes = cache->row_bytes * n_kv_heads * kDecodeLen;
@@ -439,7 +422,6 @@ ggml_tensor* GgmlRows(ggml_context* ctx, const GgmlCache& cache,
 }
 
 void BM_DecodeGgml(benchmark::State& state, bool flash) {
-  ggml_cpu_init();  // its tables, on the first call only
   const int64_t n_kv = state.range(0);
   const KvDtype dtype = static_cast<KvDtype>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
@@ -476,24 +458,10 @@ void BM_DecodeGgml(benchmark::State& state, bool flash) {
   }
   ggml_cgraph* graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
-  ggml_cplan plan = ggml_graph_plan(graph, threads, nullptr);
-  std::vector<uint8_t> work(plan.work_size);
-  plan.work_data = work.data();
-  bool ok = true;
-  PinnedIfOneThread(threads, [&] {
-    ok = ggml_graph_compute(graph, &plan) == GGML_STATUS_SUCCESS;
-    for (auto _ : state) {
-      if (!ok) break;
-      ok = ggml_graph_compute(graph, &plan) == GGML_STATUS_SUCCESS;
-      benchmark::ClobberMemory();
-    }
-  });
+  const bool ok = TimeGgmlGraphs(state, {graph}, threads);
   ggml_free(ctx);
   ggml_free(stored_ctx);
-  if (!ok) {
-    state.SkipWithError("ggml_graph_compute failed");
-    return;
-  }
+  if (!ok) return;
   const StoredCache stored{n_kv, 2.0 * cache.row_bytes * n_kv,
                            dtype != KvDtype::kFloat32};
   Report(state, SupportedTargets().front(), threads, stored, 1, kDecodeLen,

@@ -39,7 +39,9 @@
 // seed peers of the BLAS libraries that bench/ has (bench/harness/peers.h:
 // layer_seed_openblas_decode, layer_seed_onednn_prefill, ...) run the same
 // composition with its four projections on that library's sgemm, as numpy's
-// matmul would call it; their attention steps stay Headway's.
+// matmul would call it; their attention steps stay Headway's. Where
+// bench/meson.build found ggml, layer_decode_ggml and layer_weights_decode_ggml
+// run the decode step as llama.cpp's graph does (BM_LayerDecodeGgml).
 //
 // Memory: one set of MHA-sized host weights (256 MiB) for the whole run, whose
 // first columns of W_K and W_V serve GQA-8 and MQA; the current target's
@@ -49,13 +51,16 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "bench/harness/ggml_peers.h"
 #include "bench/harness/harness.h"
 #include "bench/harness/peers.h"
 #include "benchmark/benchmark.h"
@@ -465,6 +470,217 @@ void BM_SeedPrefill(benchmark::State& state, const RunConfig& run,
          static_cast<double>(cache->bytes_per_token()));
 }
 
+#ifdef HEADWAY_BENCH_GGML
+// -----------------------------------------------------------------------------
+// llama.cpp's layer (ggml), the peer of layer_decode and layer_weights_decode.
+//
+// layer_decode_ggml/<fa or mul_mat>/kv_heads:G/dtype:N/threads:T and
+// layer_weights_decode_ggml/.../weights:W/threads:T: one decode step of the
+// same layer as llama.cpp's graph computes it: Q, K and V by ggml_mul_mat on
+// the host's weights stored as f32, bf16 (W 1) or q8_0 (W 2: llama.cpp's
+// int8 weights), K and V copied into a cache of 4097 rows in llama.cpp's
+// layout (ggml_cpy: f32, bf16, f16 or q8_0 for dtype 3) at row 4096, the
+// attention over the 4097 rows as attention_decode_ggml's rows do it (fa:
+// ggml_flash_attn_ext; mul_mat: K Q^T, softmax and V stored transposed, not
+// on q8_0), and the output projection. Every step writes the same row, as
+// Headway's rows truncate the cache back to 4096. The weights' and the
+// cache's bytes are counted as ggml stores them.
+// The layer's weights in one type, or its cache of 4097 rows in one type
+// (v: [G * d][kContext + 1] for mul_mat), in a context of their own.
+struct GgmlTensors {
+  ggml_context* ctx = nullptr;
+  ggml_tensor *w_q = nullptr, *w_k = nullptr, *w_v = nullptr, *w_o = nullptr;
+  ggml_tensor *k = nullptr, *v = nullptr;
+  double bytes = 0.0;  // the weights' as stored
+  ~GgmlTensors() {
+    if (ctx != nullptr) ggml_free(ctx);
+  }
+};
+
+// A weight [rows, cols] (row-major, stride ld) as ggml's [cols] rows of
+// `rows` in `type`.
+ggml_tensor* GgmlWeight(ggml_context* ctx, ggml_type type, const float* w,
+                        int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> transposed(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) transposed[j * rows + i] = w[i * ld + j];
+  }
+  ggml_tensor* tensor = ggml_new_tensor_2d(ctx, type, rows, cols);
+  ggml_quantize_chunk(type, transposed.data(), tensor->data, 0, cols, rows,
+                      nullptr);
+  return tensor;
+}
+
+// The host's weights for G KV heads stored as `type`, made once per run (all
+// of them: 730 MiB).
+const GgmlTensors& SharedGgmlWeights(int64_t n_kv, ggml_type type) {
+  static std::map<std::pair<int64_t, ggml_type>, GgmlTensors> all;
+  GgmlTensors& weights = all[{n_kv, type}];
+  if (weights.ctx != nullptr) return weights;
+  const int64_t kv_cols = n_kv * kHeadDim;
+  weights.bytes = static_cast<double>(ggml_row_size(type, kDModel) *
+                                          (kQCols + 2 * kv_cols) +
+                                      ggml_row_size(type, kQCols) * kDModel);
+  weights.ctx = ggml_init(
+      {static_cast<size_t>(weights.bytes) + 8 * ggml_tensor_overhead() + 4096,
+       nullptr, false});
+  const HostWeights& host = SharedHostWeights();
+  weights.w_q =
+      GgmlWeight(weights.ctx, type, host.w_q.get(), kDModel, kQCols, kQCols);
+  weights.w_k =
+      GgmlWeight(weights.ctx, type, host.w_k.get(), kDModel, kv_cols, kQCols);
+  weights.w_v =
+      GgmlWeight(weights.ctx, type, host.w_v.get(), kDModel, kv_cols, kQCols);
+  weights.w_o =
+      GgmlWeight(weights.ctx, type, host.w_o.get(), kQCols, kDModel, kDModel);
+  return weights;
+}
+
+// A cache of 4097 random rows for G KV heads stored as `type`, laid out for
+// fa or mul_mat, made once per run.
+const GgmlTensors& SharedGgmlCache(int64_t n_kv, ggml_type type, bool flash) {
+  static std::map<std::tuple<int64_t, ggml_type, bool>, GgmlTensors> all;
+  GgmlTensors& cache = all[{n_kv, type, flash}];
+  if (cache.ctx != nullptr) return cache;
+  const int64_t kv_cols = n_kv * kHeadDim, rows = kContext + 1;
+  cache.ctx = ggml_init({2 * ggml_row_size(type, kv_cols) * rows +
+                             4 * ggml_tensor_overhead() + 4096,
+                         nullptr, false});
+  cache.k = ggml_new_tensor_2d(cache.ctx, type, kv_cols, rows);
+  cache.v = flash ? ggml_new_tensor_2d(cache.ctx, type, kv_cols, rows)
+                  : ggml_new_tensor_2d(cache.ctx, type, rows, kv_cols);
+  // Random rows, as DecodeCache's (the values do not change the work).
+  std::vector<float> values(static_cast<size_t>(kv_cols * rows));
+  FillUniform(values.data(), values.size(), -1.0f, 1.0f, 21);
+  ggml_quantize_chunk(type, values.data(), cache.k->data, 0, rows, kv_cols,
+                      nullptr);
+  FillUniform(values.data(), values.size(), -1.0f, 1.0f, 22);
+  ggml_quantize_chunk(type, values.data(), cache.v->data, 0,
+                      flash ? rows : kv_cols, flash ? kv_cols : rows, nullptr);
+  return cache;
+}
+
+// weights_arg: the index of the "weights" argument (LayerWeights: 1 bf16, 2
+// int8), or -1 for float32 weights; the thread count is the last argument.
+void BM_LayerDecodeGgml(benchmark::State& state, bool flash, int weights_arg) {
+  const int64_t n_kv = state.range(0);
+  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
+  const int64_t weights = weights_arg < 0 ? kWeightsF32 : state.range(2);
+  const int threads = static_cast<int>(state.range(weights_arg < 0 ? 2 : 3));
+  const ggml_type cache_type = GgmlCacheType(dtype);
+  const ggml_type weight_type = weights == kWeightsBF16   ? GGML_TYPE_BF16
+                                : weights == kWeightsInt8 ? GGML_TYPE_Q8_0
+                                                          : GGML_TYPE_F32;
+  const GgmlTensors& layer = SharedGgmlWeights(n_kv, weight_type);
+  const GgmlTensors& cache = SharedGgmlCache(n_kv, cache_type, flash);
+  const int64_t kv_cols = n_kv * kHeadDim, rows = kContext + 1;
+  const size_t row_bytes = ggml_row_size(cache_type, kv_cols);
+  const Activations io(1);
+  ggml_context* ctx = ggml_init(
+      {ggml_graph_overhead() + 64 * ggml_tensor_overhead() + (4u << 20),
+       nullptr, false});
+  ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kDModel, 1);
+  std::copy(io.x.get(), io.x.get() + kDModel, static_cast<float*>(x->data));
+  ggml_tensor* q =
+      ggml_permute(ctx,
+                   ggml_reshape_3d(ctx, ggml_mul_mat(ctx, layer.w_q, x),
+                                   kHeadDim, kHeads, 1),
+                   0, 2, 1, 3);  // [d, 1, H]
+  // K and V into row kContext of the cache.
+  ggml_tensor* store_k =
+      ggml_cpy(ctx, ggml_mul_mat(ctx, layer.w_k, x),
+               ggml_view_1d(ctx, cache.k, kv_cols, kContext * row_bytes));
+  ggml_tensor* v_new = ggml_mul_mat(ctx, layer.w_v, x);
+  ggml_tensor* store_v =
+      flash
+          ? ggml_cpy(ctx, v_new,
+                     ggml_view_1d(ctx, cache.v, kv_cols, kContext * row_bytes))
+          : ggml_cpy(ctx, ggml_reshape_2d(ctx, v_new, 1, kv_cols),
+                     ggml_view_2d(ctx, cache.v, 1, kv_cols, cache.v->nb[1],
+                                  ggml_row_size(cache_type, kContext)));
+  // [d, rows, G] over the cache, as llama.cpp views it.
+  ggml_tensor* k = ggml_permute(
+      ctx,
+      ggml_view_3d(ctx, cache.k, kHeadDim, n_kv, rows,
+                   ggml_row_size(cache_type, kHeadDim), row_bytes, 0),
+      0, 2, 1, 3);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  ggml_tensor* attention;  // [d * H, 1]
+  if (flash) {
+    ggml_tensor* v = ggml_permute(
+        ctx,
+        ggml_view_3d(ctx, cache.v, kHeadDim, n_kv, rows,
+                     ggml_row_size(cache_type, kHeadDim), row_bytes, 0),
+        0, 2, 1, 3);
+    ggml_tensor* out =
+        ggml_flash_attn_ext(ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
+    attention = ggml_reshape_2d(ctx, out, kQCols, 1);
+  } else {
+    ggml_tensor* v_trans =
+        ggml_view_3d(ctx, cache.v, rows, kHeadDim, n_kv, cache.v->nb[1],
+                     cache.v->nb[1] * kHeadDim, 0);
+    ggml_tensor* scores = ggml_mul_mat(ctx, k, q);  // [rows, 1, H]
+    ggml_mul_mat_set_prec(scores, GGML_PREC_F32);
+    ggml_tensor* out = ggml_mul_mat(
+        ctx, v_trans, ggml_soft_max_ext(ctx, scores, nullptr, scale, 0.0f));
+    attention = ggml_reshape_2d(
+        ctx, ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3)), kQCols, 1);
+  }
+  ggml_tensor* y = ggml_mul_mat(ctx, layer.w_o, attention);
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, store_k);
+  ggml_build_forward_expand(graph, store_v);
+  ggml_build_forward_expand(graph, y);
+  const bool ok = TimeGgmlGraphs(state, {graph}, threads);
+  ggml_free(ctx);
+  if (!ok) return;
+  Report(state, RunConfig{SupportedTargets().front(), threads}, n_kv, 1,
+         kContext, layer.bytes, 2.0 * static_cast<double>(row_bytes));
+}
+
+// The peers of layer_decode's MHA and GQA-8 rows and of layer_weights_decode's
+// bf16 and int8 weights (not bf16 compute: ggml's bf16 rows are that), on
+// every thread count; mul_mat not on q8_0 caches.
+void RegisterGgml() {
+  const int64_t kI8 = static_cast<int64_t>(KvDtype::kInt8);
+  for (const bool flash : {true, false}) {
+    const std::string kernel = flash ? "/fa" : "/mul_mat";
+    benchmark::internal::Benchmark* plain =
+        benchmark::RegisterBenchmark(("layer_decode_ggml" + kernel).c_str(),
+                                     [flash](benchmark::State& state) {
+                                       BM_LayerDecodeGgml(state, flash, -1);
+                                     });
+    plain->ArgNames({"kv_heads", "dtype", "threads"})->UseRealTime();
+    benchmark::internal::Benchmark* typed = benchmark::RegisterBenchmark(
+        ("layer_weights_decode_ggml" + kernel).c_str(),
+        [flash](benchmark::State& state) {
+          BM_LayerDecodeGgml(state, flash, 2);
+        });
+    typed->ArgNames({"kv_heads", "dtype", "weights", "threads"})->UseRealTime();
+    for (int threads : ThreadCounts()) {
+      for (const std::vector<int64_t>& args : std::vector<std::vector<int64_t>>{
+               {32, 0}, {8, 0}, {32, 1}, {32, 2}, {32, kI8}}) {
+        if (flash || args[1] != kI8) plain->Args({args[0], args[1], threads});
+      }
+      for (const std::vector<int64_t>& args :
+           std::vector<std::vector<int64_t>>{{32, 0, kWeightsBF16},
+                                             {32, 0, kWeightsInt8},
+                                             {8, 0, kWeightsBF16},
+                                             {8, 0, kWeightsInt8},
+                                             {32, 1, kWeightsBF16},
+                                             {8, 1, kWeightsBF16},
+                                             {32, kI8, kWeightsInt8},
+                                             {8, kI8, kWeightsInt8}}) {
+        if (flash || args[1] != kI8) {
+          typed->Args({args[0], args[1], args[2], threads});
+        }
+      }
+    }
+  }
+}
+#endif  // HEADWAY_BENCH_GGML
+
 void RegisterLayer() {
   // kv_heads: 32 (MHA), 8 (GQA-8), 1 (MQA). No MinTime: a prefill takes from
   // a few tenths of a second (AVX-512) to tens of seconds (SCALAR) per
@@ -530,6 +746,9 @@ void RegisterLayer() {
       "layer_weights_prefill", layer_fn(BM_LayerPrefill, false, 1),
       {"kv_heads", "weights"}, {{32, 1}, {32, 2}, {32, 3}, {8, 1}, {8, 3}},
       /*every_target_sets=*/0);
+#ifdef HEADWAY_BENCH_GGML
+  RegisterGgml();
+#endif
 }
 
 HEADWAY_REGISTER_BENCHMARKS(RegisterLayer);

@@ -59,17 +59,13 @@
 #include <utility>
 #include <vector>
 
+#include "bench/harness/ggml_peers.h"
 #include "bench/harness/harness.h"
 #include "bench/harness/peers.h"
 #include "benchmark/benchmark.h"
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "headway/view.h"
-
-#ifdef HEADWAY_BENCH_GGML
-#include "ggml-cpu.h"
-#include "ggml.h"
-#endif
 
 namespace headway {
 namespace bench {
@@ -490,7 +486,6 @@ const GgmlWeights& SharedGgmlWeights(const Shape& s, ggml_type type,
 }
 
 void BM_GgmlMatmul(benchmark::State& state) {
-  ggml_cpu_init();  // its tables, on the first call only
   const int64_t packed = state.range(5);
   const int threads = static_cast<int>(state.range(6));
   // Headway's row of the same stored type: packed:1 + WeightDtype.
@@ -510,33 +505,14 @@ void BM_GgmlMatmul(benchmark::State& state) {
   ggml_tensor* a = ggml_new_tensor_2d(a_ctx, GGML_TYPE_F32, s.k, s.m);
   a->data = ops.a.get();
   std::vector<ggml_cgraph*> graphs;
-  size_t work_size = 0;
   for (ggml_tensor* b : weights.b) {
     graphs.push_back(ggml_new_graph(ctx));
     ggml_build_forward_expand(graphs.back(), ggml_mul_mat(ctx, b, a));
-    work_size = std::max(
-        work_size, ggml_graph_plan(graphs.back(), threads, nullptr).work_size);
   }
-  std::vector<uint8_t> work(work_size);
-  size_t next = 0;
-  bool ok = true;
-  const auto run_once = [&] {
-    ggml_cplan plan = ggml_graph_plan(graphs[next], threads, nullptr);
-    plan.work_data = work.data();
-    ok = ok && ggml_graph_compute(graphs[next], &plan) == GGML_STATUS_SUCCESS;
-    next = next + 1 == copies ? 0 : next + 1;
-    benchmark::ClobberMemory();
-  };
-  PinnedIfOneThread(threads, [&] {
-    run_once();  // untimed, as for Headway's rows
-    for (auto _ : state) run_once();
-  });
+  const bool ok = TimeGgmlGraphs(state, graphs, threads);
   ggml_free(ctx);
   ggml_free(a_ctx);
-  if (!ok) {
-    state.SkipWithError("ggml_graph_compute failed");
-    return;
-  }
+  if (!ok) return;
   // B's bytes as ggml stores them: Shape counts WeightDtypeSize per weight.
   const double b_bytes = static_cast<double>(ggml_row_size(type, s.k) * s.n);
   ReportRoofline(state, s.Flops(), 4.0 * (s.m * s.k + s.m * s.n) + b_bytes,
