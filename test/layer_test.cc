@@ -1379,6 +1379,7 @@ void DecodeAllocatesNothing(KvDtype dtype) {
   const std::vector<LayerSequence> decode = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
   std::vector<float> x = test::RandomVector(20 * d, 7001);
   std::vector<float> y(20 * d, kSentinel);
+  test::StartAllThreads();
   Status status;
   CountForward(&layer, &cache, prefill, x, &y, &status);
   ASSERT_TRUE(status.ok()) << status.ToString();
@@ -1417,10 +1418,11 @@ void DecodeAllocatesNothing(KvDtype dtype) {
 // no allocation at all, with a cache of any dtype: no operator new, and on
 // glibc no malloc either (which catches hwy::AllocateAligned and std::vector
 // growth alike). TBB's task memory is pooled per thread, so a warm parallel_for
-// allocates nothing either: both counters read zero on every target. Should TBB
-// ever allocate there, the malloc count (not the operator new one) would show
-// it, and the operator new count alone would still hold the implementation to
-// account.
+// allocates nothing either once TBB has created its worker threads (the
+// warm-up's StartAllThreads): both counters read zero on every target. Should
+// TBB ever allocate there, the malloc count (not the operator new one) would
+// show it, and the operator new count alone would still hold the
+// implementation to account.
 TEST_P(AttentionLayerTest, DecodeAllocatesNothingWhenWarm) {
   {
     // The counters see allocations (volatile: none may be optimised away).

@@ -776,7 +776,8 @@ HEADWAY_C_API int hw_attention_layer_create_ring_cache(
  * (up to itself with HW_MASK_CAUSAL). Prefill, chunked prefill and decode
  * (n_tokens == 1 for many sequences) are all this call. Scratch memory is
  * reused: after a first call of a given size, calls no larger allocate
- * nothing.
+ * nothing (TBB itself allocates when it creates a worker thread, the first
+ * time work needs it).
  * Ring caches: a layer with a window takes a ring cache
  * (hw_attention_layer_create_ring_cache, or hw_kv_cache_create_ring with
  * capacity >= window + n_sink_tokens and the layer's n_sink_tokens) and a

@@ -209,7 +209,8 @@ class HEADWAY_API AttentionLayer {
   // to its own position (causal) or to all of them (kNone). Scratch memory is
   // kept and reused: after a first call of a given size, calls of that size or
   // smaller from the same thread allocate nothing, whichever of TBB's threads
-  // run their parts.
+  // run their parts (TBB itself allocates when it creates a worker thread, the
+  // first time work needs it).
   // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
   // empty layer or a dispatch target of another vector width than at Create;
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache

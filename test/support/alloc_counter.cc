@@ -5,10 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <thread>
+
+#include "tbb/parallel_for.h"
+#include "tbb/partitioner.h"
+#include "tbb/task_arena.h"
 
 namespace {
 
@@ -156,6 +162,25 @@ namespace test {
 AllocationCount Allocations() {
   return {g_operator_new_calls.load(std::memory_order_relaxed),
           g_malloc_calls.load(std::memory_order_relaxed)};
+}
+
+void StartAllThreads() {
+  // One task per thread, each waiting until all have started: a thread that
+  // waits in a task takes no other, so every task runs on its own thread.
+  const int threads = tbb::this_task_arena::max_concurrency();
+  std::atomic<int> started{0};
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  tbb::parallel_for(
+      0, threads, 1,
+      [&](int) {
+        started.fetch_add(1, std::memory_order_relaxed);
+        while (started.load(std::memory_order_relaxed) < threads &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+      },
+      tbb::simple_partitioner());
 }
 
 }  // namespace test
