@@ -19,8 +19,9 @@
 //              packed as float32, bf16 and int8 (packed:1, 2, 3: 1 +
 //              WeightDtype), %read over the bytes stored.
 //   bf16 compute: 512^3, 2048^3 and 1 x 4096 x 4096 with bf16 weights in
-//              MatmulCompute::kBFloat16, with the native kernel where the
-//              target and CPU have it (packed:4) and with the fallback kernel
+//              MatmulCompute::kBFloat16, with the kernel a host gets by
+//              default (packed:4: the native one on the AVX3 targets where
+//              CpuPrefersNativeBFloat16) and with the fallback kernel
 //              (packed:5); %peak of the float32 FMA peak (so 200% is the bf16
 //              dot product's peak).
 // Every row counts 2 * m * n * k * batch flops and the bytes it must move, 4 *
@@ -79,13 +80,15 @@ struct Shape {
   bool packed;        // B pre-packed (Headway only)
   WeightDtype dtype;  // how pre-packed B stores its weights
   MatmulCompute compute = MatmulCompute::kFloat32;
-  bool allow_native = true;  // bf16 compute: the native kernel may run
+  // bf16 compute: where the native kernel runs.
+  NativeBFloat16 native = NativeBFloat16::kWhereFaster;
   // packed: 0 plain B; 1 + WeightDtype: pre-packed, float32 compute; 4 and 5:
-  // bf16 weights in bf16 compute, native allowed (4) or not (5).
-  static constexpr int64_t kBF16Native = 4, kBF16Fallback = 5;
+  // bf16 weights in bf16 compute, the kernel a host gets by default (4: the
+  // native one where CpuPrefersNativeBFloat16) or the fallback (5).
+  static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5;
   static Shape From(const benchmark::State& state) {
     const int64_t packed = state.range(5);
-    const bool bf16_compute = packed >= kBF16Native;
+    const bool bf16_compute = packed >= kBF16Default;
     Shape s{state.range(0),
             state.range(1),
             state.range(2),
@@ -96,7 +99,7 @@ struct Shape {
                 ? WeightDtype::kBFloat16
                 : static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
     if (bf16_compute) s.compute = MatmulCompute::kBFloat16;
-    s.allow_native = packed != kBF16Fallback;
+    if (packed == kBF16Fallback) s.native = NativeBFloat16::kNever;
     return s;
   }
   double Flops() const { return 2.0 * m * n * k * batch; }
@@ -116,8 +119,8 @@ struct Shape {
 const std::vector<std::string> kArgNames = {"m",     "n",  "k",
                                             "batch", "tb", "packed"};
 
-// The shapes of the bf16 compute mode, with `packed` 4 (native kernel allowed)
-// or 5 (fallback kernel); oneDNN's bf16 matmul runs them as packed:4.
+// The shapes of the bf16 compute mode, with `packed` 4 (the default kernel) or
+// 5 (the fallback kernel); oneDNN's bf16 matmul runs them as packed:4.
 std::vector<std::vector<int64_t>> BF16ComputeShapes(int64_t packed) {
   return {{512, 512, 512, 1, 0, packed},
           {2048, 2048, 2048, 1, 0, packed},
@@ -148,7 +151,7 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
         shapes.push_back({1, 4096, k, 1, 0, 1 + static_cast<int64_t>(dtype)});
       }
     }
-    for (const int64_t packed : {Shape::kBF16Native, Shape::kBF16Fallback}) {
+    for (const int64_t packed : {Shape::kBF16Default, Shape::kBF16Fallback}) {
       for (const std::vector<int64_t>& shape : BF16ComputeShapes(packed)) {
         shapes.push_back(shape);
       }
@@ -278,8 +281,8 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // Untimed: the first call of a shape allocates the packing scratch (64 MiB
   // for an unpacked 4096 x 4096 B) and faults its pages in, once per process;
   // with a short --benchmark_min_time that call was often the only one timed.
-  // The native bf16 kernel as the row asks, allowed again on every return.
-  const NativeBFloat16Scope native(s.allow_native);
+  // The bf16 kernel the row asks for, the default again on every return.
+  const NativeBFloat16Scope native(s.native);
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;
@@ -410,7 +413,7 @@ void RegisterOneDnnBF16() {
   std::string impls, first_impl;
   bool same = true;
   for (const std::vector<int64_t>& args :
-       BF16ComputeShapes(Shape::kBF16Native)) {
+       BF16ComputeShapes(Shape::kBF16Default)) {
     for (int threads : ThreadCounts()) {
       const std::string impl =
           OneDnnBF16MatmulImpl(threads, args[0], args[1], args[2]);

@@ -520,18 +520,19 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
 // B stored as bf16 or int8 (WeightDtype).
 
 // A B stored as dtype, multiplied in `compute`; bf16 compute with the native
-// kernel allowed (it runs where NativeBFloat16Active()) or not (the fallback
-// kernel runs on every target).
+// kernel wherever the CPU has it (on the AVX3 targets) or nowhere (the
+// fallback kernel runs on every target).
 struct StoredMode {
   WeightDtype dtype;
   MatmulCompute compute = MatmulCompute::kFloat32;
-  bool allow_native = true;
+  NativeBFloat16 native = NativeBFloat16::kWhereSupported;
 };
 constexpr StoredMode kStoredModes[] = {
     {WeightDtype::kBFloat16},
     {WeightDtype::kInt8},
-    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, true},
-    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, false}};
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16,
+     NativeBFloat16::kWhereSupported},
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, NativeBFloat16::kNever}};
 
 // op(x) dense: [x.rows, x.cols] for kNo, [x.cols, x.rows] for kYes.
 std::vector<float> DenseOp(const Operand& x, Transpose t) {
@@ -558,7 +559,7 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
                  int64_t offset = 0, uint64_t seed = 1) {
   const WeightDtype dtype = mode.dtype;
   const bool bf16_compute = mode.compute == MatmulCompute::kBFloat16;
-  const NativeBFloat16Scope native(mode.allow_native);
+  const NativeBFloat16Scope native(mode.native);
   SCOPED_TRACE(testing::Message()
                << "m=" << m << " n=" << n << " k=" << k
                << " ta=" << static_cast<int>(ta)
@@ -690,7 +691,7 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
     int64_t m, n, k;
   };
   for (const StoredMode& mode : kStoredModes) {
-    const NativeBFloat16Scope native(mode.allow_native);
+    const NativeBFloat16Scope native(mode.native);
     for (const Shape& s :
          {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 701}}) {
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
@@ -861,24 +862,29 @@ TEST_P(MatmulTest, StoredInt8Columns) {
       StatusCode::kInvalidArgument, {"got 3"}));
 }
 
-// The bf16 compute mode runs the native kernel exactly where the CPU has
-// AVX512_BF16 and the target is AVX3 or AVX3_DL (unless forbidden), and the
-// native and fallback kernels agree within the bound both meet (twice it).
+// The bf16 compute mode runs the native kernel, on AVX3 and AVX3_DL, where
+// the CPU prefers it (the default), where it has it, or nowhere, as
+// SetNativeBFloat16 says; and the native and fallback kernels agree within the
+// bound both meet (twice it).
 TEST_P(MatmulTest, BF16NativeAndFallback) {
   const Target active = ActiveTarget();
   const bool avx3 = std::string(active.name).rfind("AVX3", 0) == 0;
-  EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
+  EXPECT_EQ(NativeBFloat16Active(), CpuPrefersNativeBFloat16() && avx3);
+  EXPECT_TRUE(CpuHasNativeBFloat16() || !CpuPrefersNativeBFloat16());
   {
-    const NativeBFloat16Scope forbid(false);
+    const NativeBFloat16Scope never(NativeBFloat16::kNever);
     EXPECT_FALSE(NativeBFloat16Active());
     {
-      const NativeBFloat16Scope allow(true);
+      const NativeBFloat16Scope supported(NativeBFloat16::kWhereSupported);
       EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
     }
     // The inner scope gave back the setting it found.
     EXPECT_FALSE(NativeBFloat16Active());
+    // A value outside the enum runs the fallback.
+    const NativeBFloat16Scope bad(static_cast<NativeBFloat16>(7));
+    EXPECT_FALSE(NativeBFloat16Active());
   }
-  EXPECT_EQ(NativeBFloat16Active(), CpuHasNativeBFloat16() && avx3);
+  EXPECT_EQ(NativeBFloat16Active(), CpuPrefersNativeBFloat16() && avx3);
   const Tile t = ActiveTile();
   struct Shape {
     int64_t m, n, k;
@@ -893,12 +899,12 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
             .ok());
     std::vector<float> native, fallback;
     {
-      const NativeBFloat16Scope allow(true);
+      const NativeBFloat16Scope where(NativeBFloat16::kWhereSupported);
       native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                          &packed, 0.0f, MatmulCompute::kBFloat16);
     }
     {
-      const NativeBFloat16Scope forbid(false);
+      const NativeBFloat16Scope never(NativeBFloat16::kNever);
       fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                            &packed, 0.0f, MatmulCompute::kBFloat16);
     }

@@ -528,7 +528,8 @@ typedef enum hw_matmul_compute {
   HW_COMPUTE_FLOAT32 = 0, /* the inputs as they are, float32 accumulation */
   /* The inputs (x, and the attention output before W_O) rounded to bfloat16,
    * times bfloat16 weights, pairs of products summed in float32 (with
-   * AVX512_BF16: 1.8x float32's GEMM speed at 2048^3 on Zen 5, measured). */
+   * AVX512_BF16 on AMD's cores: 1.8x float32's GEMM speed at 2048^3 on Zen
+   * 5, measured; elsewhere float32's speed). */
   HW_COMPUTE_BFLOAT16 = 1
 } hw_matmul_compute;
 
@@ -540,7 +541,8 @@ typedef enum hw_attention_compute {
    * times query heads per KV head) number 2 to the target's float lanes - 1
    * (GQA decode, a few tokens at a time), q and the softmax weights rounded
    * to bfloat16 and multiplied with the stored K and V, sums in float32 (with
-   * AVX512_BF16: vdpbf16ps, GQA-8 decode 1.15x faster on Zen 4, measured);
+   * AVX512_BF16 on AMD's cores: vdpbf16ps, GQA-8 decode 1.15x faster on Zen
+   * 4, measured);
    * the rest as HW_ATTENTION_FLOAT32. */
   HW_ATTENTION_BFLOAT16 = 1,
   /* An int8 cache only: where a sequence's query rows per KV head number 1

@@ -47,9 +47,10 @@ enum class WeightDtype : int {
 //   kBFloat16  op(a) rounded to bf16 (nearest even) times the weights of a
 //              PackedB stored as kBFloat16, each pair of products (k, k + 1)
 //              added to a float32 accumulator: AVX512_BF16's vdpbf16ps where
-//              NativeBFloat16Active() (targets.h), else a kernel with the same
-//              contract. Native: 1.8x float32's GEMM speed at 2048^3 on Zen 5
-//              (AVX3_DL, one thread, measured: docs/BENCHMARKS.md).
+//              NativeBFloat16Active() (targets.h: AMD's cores by default),
+//              else a kernel with the same contract. Native: 1.8x float32's
+//              GEMM speed at 2048^3 on Zen 5 (AVX3_DL, one thread, measured:
+//              docs/BENCHMARKS.md); the fallback runs at float32's speed.
 enum class MatmulCompute : int {
   kFloat32 = 0,
   kBFloat16 = 1,

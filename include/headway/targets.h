@@ -58,30 +58,45 @@ HEADWAY_API void ResetMaxTarget();
 // detected once.
 HEADWAY_API bool CpuHasNativeBFloat16();
 
-// Whether Matmul's bf16 compute mode (MatmulCompute::kBFloat16) runs
-// vdpbf16ps now: the CPU has it, the active target is AVX3 or AVX3_DL, and
-// AllowNativeBFloat16(false) has not turned it off. Otherwise it runs a
-// fallback kernel with the same contract.
+// Whether this CPU has AVX512_BF16 and runs it faster than float32 FMAs, so
+// that the bf16 compute modes gain from it: true on AMD's cores (Zen 4 and Zen
+// 5: vdpbf16ps does twice the float32 FMA's flops per cycle, measured), false
+// on Intel's, whose vdpbf16ps does half of them (Emerald Rapids, measured: 0.46
+// to 0.54x, and the bf16 GEMM 1.2-2.6x faster with the fallback kernel, median
+// 1.5 in 5 runs; Cooper Lake and Sapphire and Granite Rapids are taken to be
+// alike). Detected once.
+HEADWAY_API bool CpuPrefersNativeBFloat16();
+
+// Where the bf16 compute modes (MatmulCompute::kBFloat16,
+// AttentionCompute::kBFloat16) run vdpbf16ps, on the AVX3 and AVX3_DL targets:
+enum class NativeBFloat16 : int {
+  kWhereFaster = 0,     // where CpuPrefersNativeBFloat16() (the default)
+  kWhereSupported = 1,  // where CpuHasNativeBFloat16() (tests, benchmarks)
+  kNever = 2,           // nowhere: the fallback kernel, same contract
+};
+
+// Whether the bf16 compute modes run vdpbf16ps now: the active target is AVX3
+// or AVX3_DL and the CPU is one that SetNativeBFloat16's setting names.
+// Otherwise they run a fallback kernel with the same contract.
 HEADWAY_API bool NativeBFloat16Active();
 
-// Allows (the default) or forbids the native bf16 dot product: tests and
-// benchmarks run the fallback kernel on a CPU that has it. Process-wide, like
-// SetMaxTarget: change it while no Headway call runs. Returns the setting
-// before the call.
-HEADWAY_API bool AllowNativeBFloat16(bool allow);
+// Sets where the native bf16 dot product runs (the default kWhereFaster) and
+// returns the setting before the call. Process-wide, like SetMaxTarget: change
+// it while no Headway call runs.
+HEADWAY_API NativeBFloat16 SetNativeBFloat16(NativeBFloat16 where);
 
-// AllowNativeBFloat16(allow) for the lifetime of the scope, then the setting
-// it found.
+// SetNativeBFloat16(where) for the lifetime of the scope, then the setting it
+// found.
 class NativeBFloat16Scope {
  public:
-  explicit NativeBFloat16Scope(bool allow)
-      : previous_(AllowNativeBFloat16(allow)) {}
-  ~NativeBFloat16Scope() { AllowNativeBFloat16(previous_); }
+  explicit NativeBFloat16Scope(NativeBFloat16 where)
+      : previous_(SetNativeBFloat16(where)) {}
+  ~NativeBFloat16Scope() { SetNativeBFloat16(previous_); }
   NativeBFloat16Scope(const NativeBFloat16Scope&) = delete;
   NativeBFloat16Scope& operator=(const NativeBFloat16Scope&) = delete;
 
  private:
-  bool previous_;
+  NativeBFloat16 previous_;
 };
 
 }  // namespace headway

@@ -177,23 +177,48 @@ bool CpuHasNativeBFloat16() {
 #endif
 }
 
-namespace {
-std::atomic<bool> g_allow_native_bf16{true};
-}  // namespace
-
-bool NativeBFloat16Active() {
-#if HWY_ARCH_X86
-  const int64_t active = ActiveTarget().bits;
-  return g_allow_native_bf16.load(std::memory_order_relaxed) &&
-         CpuHasNativeBFloat16() &&
-         (active == HWY_AVX3 || active == HWY_AVX3_DL);
+bool CpuPrefersNativeBFloat16() {
+#if defined(__x86_64__) || defined(__i386__)
+  // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("GenuineIntel").
+  static const bool prefers = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool intel = ebx == 0x756e6547u && edx == 0x49656e69u &&
+                       ecx == 0x6c65746eu;  // "Genu" "ineI" "ntel"
+    return CpuHasNativeBFloat16() && !intel;
+  }();
+  return prefers;
 #else
   return false;
 #endif
 }
 
-bool AllowNativeBFloat16(bool allow) {
-  return g_allow_native_bf16.exchange(allow, std::memory_order_relaxed);
+namespace {
+std::atomic<int> g_native_bf16{static_cast<int>(NativeBFloat16::kWhereFaster)};
+}  // namespace
+
+bool NativeBFloat16Active() {
+#if HWY_ARCH_X86
+  const int64_t active = ActiveTarget().bits;
+  if (active != HWY_AVX3 && active != HWY_AVX3_DL) return false;
+  switch (static_cast<NativeBFloat16>(
+      g_native_bf16.load(std::memory_order_relaxed))) {
+    case NativeBFloat16::kWhereFaster:
+      return CpuPrefersNativeBFloat16();
+    case NativeBFloat16::kWhereSupported:
+      return CpuHasNativeBFloat16();
+    case NativeBFloat16::kNever:
+      break;
+  }
+  return false;
+#else
+  return false;
+#endif
+}
+
+NativeBFloat16 SetNativeBFloat16(NativeBFloat16 where) {
+  return static_cast<NativeBFloat16>(g_native_bf16.exchange(
+      static_cast<int>(where), std::memory_order_relaxed));
 }
 
 }  // namespace headway
