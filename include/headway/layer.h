@@ -210,7 +210,8 @@ class HEADWAY_API AttentionLayer {
   // kept and reused: after a first call of a given size, calls of that size or
   // smaller from the same thread allocate nothing, whichever of TBB's threads
   // run their parts (TBB itself allocates when it creates a worker thread, the
-  // first time work needs it).
+  // first time work needs it, and on every call where it runs without its
+  // allocator, libtbbmalloc).
   // Errors (nothing written, *cache unchanged): kFailedPrecondition for an
   // empty layer or a dispatch target of another vector width than at Create;
   // kInvalidArgument for a null cache or sequences, n_sequences < 1, a cache

@@ -12,6 +12,7 @@
 #include <new>
 #include <thread>
 
+#include "headway/threads.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
 #include "tbb/task_arena.h"
@@ -167,7 +168,7 @@ AllocationCount Allocations() {
 void StartAllThreads() {
   // One task per thread, each waiting until all have started: a thread that
   // waits in a task takes no other, so every task runs on its own thread.
-  const int threads = tbb::this_task_arena::max_concurrency();
+  const int threads = MaxThreads();
   std::atomic<int> started{0};
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(2);

@@ -41,12 +41,12 @@ inline AllocationCount operator-(const AllocationCount& a,
 // The calls so far in this process.
 AllocationCount Allocations();
 
-// Has every thread of the current task arena run a task, so that TBB has
-// created all its worker threads. TBB creates a worker when work first needs
-// it, and creating one allocates (glibc's TLS for it: a calloc); on 16 cores a
-// warm decode met 2-8 such mallocs, 2 cores none. A test calls this before the
-// calls whose allocations it counts. Gives up after 2 s (threads the arena
-// cannot get), so it never hangs.
+// Has each of the threads a Headway call may use here (MaxThreads) run a
+// task, so that TBB has created all its worker threads. TBB creates a worker
+// when work first needs it, and creating one allocates (glibc's TLS for it: a
+// calloc): with 16 threads on this 2-CPU VM a warm decode met 2-14 such
+// mallocs, with 2 none. A test calls this before the calls whose allocations
+// it counts. Gives up after 2 s (threads it cannot get), so it never hangs.
 void StartAllThreads();
 
 }  // namespace test
