@@ -779,7 +779,8 @@ HEADWAY_C_API int hw_attention_layer_create_ring_cache(
  * (n_tokens == 1 for many sequences) are all this call. Scratch memory is
  * reused: after a first call of a given size, calls no larger allocate
  * nothing (TBB itself allocates when it creates a worker thread, the first
- * time work needs it).
+ * time work needs it, and on every call where it runs without its
+ * allocator, libtbbmalloc).
  * Ring caches: a layer with a window takes a ring cache
  * (hw_attention_layer_create_ring_cache, or hw_kv_cache_create_ring with
  * capacity >= window + n_sink_tokens and the layer's n_sink_tokens) and a

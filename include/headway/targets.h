@@ -71,7 +71,7 @@ HEADWAY_API bool CpuPrefersNativeBFloat16();
 // AttentionCompute::kBFloat16) run vdpbf16ps, on the AVX3 and AVX3_DL targets:
 enum class NativeBFloat16 : int {
   kWhereFaster = 0,     // where CpuPrefersNativeBFloat16() (the default)
-  kWhereSupported = 1,  // where CpuHasNativeBFloat16() (tests, benchmarks)
+  kWhereSupported = 1,  // where CpuHasNativeBFloat16() (the tests)
   kNever = 2,           // nowhere: the fallback kernel, same contract
 };
 
