@@ -46,6 +46,18 @@ HWY_INLINE void PrefetchStoredRows(const T* first, size_t count,
   }
 }
 
+// Before a pair reads row s of a head's K or V (rows `stride` elements
+// apart), the prefetch of row s + 16 where DecodePrefetch::pair_ahead.
+template <class T>
+HWY_INLINE void PrefetchPairAhead(const T* row, size_t stride) {
+  if constexpr (DecodePrefetchFor<T>(1).pair_ahead) {
+    PrefetchStoredRows(row + 16 * stride, 1, stride);
+  } else {
+    (void)row;
+    (void)stride;
+  }
+}
+
 // The prefetch of one stored row per call, row j at call j (`stride` elements
 // apart), every line (float32 too: into L2, its whole rows ran as fast as first
 // lines alone). Empty (rows null): none.
@@ -430,6 +442,7 @@ HWY_INLINE void ScorePairTile(const float* const q[2], const T* const k[2],
   for (size_t j = 0; j < kKeys; ++j) {
     HWY_UNROLL(2)
     for (size_t h = 0; h < 2; ++h) {
+      PrefetchPairAhead(k[h] + (s + j) * stride, stride);
       acc[h][j] = OneRowKeyDot(d, q[h], k[h] + (s + j) * stride, dim);
     }
   }
@@ -703,10 +716,12 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
 }
 
 // Vectors [0, kJ) of AccumulateRowPair's two heads: AccumulateTile<1, kJ> of
-// each, the two heads' V rows alternating key by key.
+// each, the two heads' V rows alternating key by key. With `ahead` (the first
+// tile of a row: v at the rows' starts), PrefetchPairAhead per row.
 template <size_t kJ, class T>
 HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
-                                   size_t stride, size_t n, float* const o[2]) {
+                                   size_t stride, size_t n, float* const o[2],
+                                   bool ahead) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   hn::Vec<decltype(d)> acc[2][kJ];
@@ -720,6 +735,7 @@ HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
     for (size_t h = 0; h < 2; ++h) {
       const auto wh = hn::Set(d, w[h][s]);
       const T* v_row = v[h] + s * stride;
+      if (ahead) PrefetchPairAhead(v_row, stride);
       HWY_UNROLL(8)
       for (size_t j = 0; j < kJ; ++j) {
         acc[h][j] = hn::MulAdd(wh, LoadStored(d, v_row + j * N), acc[h][j]);
@@ -748,12 +764,12 @@ HWY_INLINE void AccumulatePairUnscaled(const float* const w[2],
   for (; j + kJ <= n_vec; j += kJ) {
     const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
     float* const oj[2] = {o[0] + j * N, o[1] + j * N};
-    AccumulatePairTile<kJ>(w, vj, stride, n, oj);
+    AccumulatePairTile<kJ>(w, vj, stride, n, oj, j == 0);
   }
   for (; j < n_vec; ++j) {
     const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
     float* const oj[2] = {o[0] + j * N, o[1] + j * N};
-    AccumulatePairTile<1>(w, vj, stride, n, oj);
+    AccumulatePairTile<1>(w, vj, stride, n, oj, j == 0);
   }
 }
 

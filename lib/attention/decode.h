@@ -70,6 +70,8 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
 // the two heads' rows read alternately, key by key: two memory streams, where
 // one head's rows are one: a standalone copy of MHA decode at 16384 keys read
 // 1.18x (float32), 1.14x (f16) and 1.04x (bf16) faster (AVX3_DL, one thread).
+// The 16-bit types prefetch each stream's row 16 keys ahead
+// (DecodePrefetch::pair_ahead).
 template <class T>
 void ScoreRowPair(const float* const q[2], const T* const k[2],
                   const float* const k_scales[2], size_t stride, size_t n,
@@ -159,17 +161,26 @@ inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
 // - next_keys: AccumulateRows gets the next block's K rows, wherever values
 //   are prefetched, and for one row of a 16-bit type (a head left out of
 //   DecodeInPairs' pairs): one-row bf16 and f16 decode ran 1.25-1.35x faster
-//   with them, float32 4-20% slower, int8 without values 0.8x. Pairs do not
-//   prefetch (5-15% slower).
-// (AVX3_DL, in-process interleaved runs.)
+//   with them, float32 4-20% slower, int8 without values 0.8x. Pairs take
+//   neither (5-15% slower).
+// - pair_ahead: ScoreRowPair and AccumulateRowPair (rows = 1) get each head's
+//   K or V row 16 keys ahead of the one they read, for the 16-bit types: MHA
+//   decode at one thread read 1.08-1.25x (bf16) and 0.92-1.19x (f16) as fast
+//   as without in 3 runs, float32 0.82-1.04x; against the old binary, 3
+//   alternating processes, bf16 1.19-1.45x and f16 1.14-1.32x (two threads:
+//   1.12-1.53x, 1.21-1.43x). Into L1 they gained a little more (bf16
+//   1.15-1.29x), but L1 hints cost GQA-8 decode 1.4x on the host that had
+//   22-24 GB/s per core (PrefetchStoredRows); these runs had 34-41.
+// (AVX3_DL, in-process interleaved runs unless said.)
 struct DecodePrefetch {
   bool values;
   bool next_keys;
+  bool pair_ahead;
 };
 template <class T>
-HWY_INLINE DecodePrefetch DecodePrefetchFor(size_t rows) {
+HWY_INLINE constexpr DecodePrefetch DecodePrefetchFor(size_t rows) {
   const bool values = rows > 1 || sizeof(T) == 1;
-  return {values, values || sizeof(T) == 2};
+  return {values, values || sizeof(T) == 2, rows == 1 && sizeof(T) == 2};
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
