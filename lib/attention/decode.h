@@ -166,9 +166,9 @@ inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
 // - pair_ahead: ScoreRowPair and AccumulateRowPair (rows = 1) get each head's
 //   K or V row 16 keys ahead of the one they read, for the 16-bit types: MHA
 //   decode at one thread read 1.08-1.25x (bf16) and 0.92-1.19x (f16) as fast
-//   as without in 3 runs, float32 0.82-1.04x; against the old binary, 3
-//   alternating processes, bf16 1.19-1.45x and f16 1.14-1.32x (two threads:
-//   bf16 1.12-1.53x, f16 1.21x, 1.43x, 0.66x). Into L1 they gained more (bf16
+//   as without in 3 runs, float32 0.82-1.04x; against the old binary, 7
+//   alternating processes, medians bf16 1.19x and f16 1.14x (two threads:
+//   1.21x and 0.97x, float32's unchanged rows 0.97x). Into L1 more (bf16
 //   1.14-1.31x), but L1 hints cost GQA-8 decode 1.4x on the host that had
 //   22-24 GB/s per core (PrefetchStoredRows); these runs had 31-41.
 // (AVX3_DL, in-process interleaved runs unless said.)
