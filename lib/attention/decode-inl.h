@@ -28,47 +28,51 @@ namespace headway {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Hints the 64-byte lines of `count` consecutive stored rows `stride`
-// elements apart, padding included (the cache pads rows by under 16
-// elements), one line per prefetch in a single loop, into L2 (prefetcht1 on
-// x86): GQA-8 decode at 16384 keys read bf16 and f16 1.4x faster than with
-// prefetcht0, whose lines hold L1's miss buffers (AVX3_DL, one thread,
-// in-process interleaved runs). The rows may lie past the cache: prefetches
-// never fault.
+// Hints the 64-byte lines of `count` consecutive stored rows from row `first`
+// of `base` on (rows `stride` elements apart, padding included: the cache pads
+// rows by under 16 elements), one line per prefetch in a single loop, into L2
+// (prefetcht1 on x86): GQA-8 decode at 16384 keys read bf16 and f16 1.4x
+// faster than with prefetcht0, whose lines hold L1's miss buffers (AVX3_DL,
+// one thread, in-process interleaved runs). The rows may lie past the cache:
+// prefetches never fault, and their addresses are computed as integers, so no
+// pointer past the buffer is formed.
 template <class T>
-HWY_INLINE void PrefetchStoredRows(const T* first, size_t count,
+HWY_INLINE void PrefetchStoredRows(const T* base, size_t first, size_t count,
                                    size_t stride) {
-  const char* bytes = reinterpret_cast<const char*>(first);
+  const uintptr_t start =
+      reinterpret_cast<uintptr_t>(base) + first * stride * sizeof(T);
   const size_t size = count * stride * sizeof(T);
   HWY_UNROLL(4)
   for (size_t b = 0; b < size; b += 64) {
-    __builtin_prefetch(bytes + b, /*rw=*/0, /*locality=*/2);
+    __builtin_prefetch(reinterpret_cast<const void*>(start + b), /*rw=*/0,
+                       /*locality=*/2);
   }
 }
 
-// Before a pair reads row s of a head's K or V (rows `stride` elements
-// apart), the prefetch of row s + 16 where DecodePrefetch::pair_ahead.
+// Before a pair reads `row` of a head's K or V (rows `stride` elements
+// apart), the prefetch of the row 16 keys on where DecodePrefetch::pair_ahead.
 template <class T>
 HWY_INLINE void PrefetchPairAhead(const T* row, size_t stride) {
   if constexpr (DecodePrefetchFor<T>(1).pair_ahead) {
-    PrefetchStoredRows(row + 16 * stride, 1, stride);
+    PrefetchStoredRows(row, 16, 1, stride);
   } else {
     (void)row;
     (void)stride;
   }
 }
 
-// The prefetch of one stored row per call, row j at call j (`stride` elements
-// apart), every line (float32 too: into L2, its whole rows ran as fast as first
-// lines alone). Empty (rows null): none.
+// The prefetch of one stored row per call: row first + j of `rows` at call j
+// (`stride` elements apart), every line (float32 too: into L2, its whole rows
+// ran as fast as first lines alone). Empty (rows null): none.
 template <class T>
 struct RowPrefetch {
   const T* rows = nullptr;
+  size_t first = 0;
   size_t stride = 0;
   HWY_INLINE void operator()(size_t j) const {
-    PrefetchStoredRows(rows + j * stride, 1, stride);
+    PrefetchStoredRows(rows, first + j, 1, stride);
   }
-  RowPrefetch Skip(size_t j) const { return {rows + j * stride, stride}; }
+  RowPrefetch Skip(size_t j) const { return {rows, first + j, stride}; }
 };
 
 // The prefetches of a tile of keys, spread key by key: K rows 16 keys ahead of
@@ -89,7 +93,7 @@ struct KeyPrefetch {
   static KeyPrefetch At(const T* k, size_t k_stride, const T* v,
                         size_t v_stride, size_t s) {
     if (v == nullptr) return KeyPrefetch();
-    return {{k + (s + 16) * k_stride, k_stride}, {v + s * v_stride, v_stride}};
+    return {{k, s + 16, k_stride}, {v, s, v_stride}};
   }
   // The same prefetches for the keys from j on.
   KeyPrefetch Skip(size_t j) const {
@@ -704,7 +708,7 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     float* HWY_RESTRICT o, size_t o_stride,
                     const T* HWY_RESTRICT next_k, size_t next_k_stride,
                     size_t next_n) {
-  const RowPrefetch<T> next{next_k, next_k_stride};
+  const RowPrefetch<T> next{next_k, 0, next_k_stride};
   if (next_k == nullptr) next_n = 0;
   if constexpr (!internal::kKvScaled<T>) {
     AccumulateUnscaled(w, w_stride, rows, v, v_stride, n, dim, o, o_stride,
@@ -1393,7 +1397,7 @@ void AccumulateRowsInt8(const float* HWY_RESTRICT w, size_t w_stride,
                         size_t n, size_t dim, float* HWY_RESTRICT o,
                         size_t o_stride, const int8_t* HWY_RESTRICT next_k,
                         size_t next_k_stride, size_t next_n) {
-  const RowPrefetch<int8_t> next{next_k, next_k_stride};
+  const RowPrefetch<int8_t> next{next_k, 0, next_k_stride};
   if (next_k == nullptr) next_n = 0;
 #if HEADWAY_NATIVE_INT8
   AccumulateRowsInt8Native(w, w_stride, rows, v, v_stride, v_scales, n, dim, o,
@@ -1433,7 +1437,7 @@ void AccumulateRowsBF16(const float* HWY_RESTRICT w, size_t w_stride,
 #if HEADWAY_NATIVE_BF16
   if (native) {
     AccumulateRowsNative(w, w_stride, rows, v, v_stride, n, dim, o, o_stride,
-                         {next_k, next_k_stride}, next_k ? next_n : 0);
+                         {next_k, 0, next_k_stride}, next_k ? next_n : 0);
     return;
   }
 #else
