@@ -121,16 +121,18 @@ float StreamHeads(const DecodeOperands& ops, size_t rows, size_t head_begin,
         ks[i] += k0;
         vs[i] += k0;
       }
-      if (n_heads == 2) {
-        const float* const q[2] = {ops.q, ops.q + kDecodeDim};
-        const T* const kb[2] = {k[0] + at, k[1] + at};
-        const T* const vb[2] = {v[0] + at, v[1] + at};
-        float* const scs[2] = {sc[0], sc[1]};
-        const float* const w[2] = {sc[0], sc[1]};
-        float* const os[2] = {o[0], o[1]};
-        ScoreRowPair(q, kb, ks, kDecodeDim, kDecodeBlock, kDecodeDim, scs);
-        AccumulateRowPair(w, vb, vs, kDecodeDim, kDecodeBlock, kDecodeDim, os);
-        continue;
+      if constexpr (hwy::IsSame<T, float>()) {
+        if (n_heads == 2) {
+          const float* const q[2] = {ops.q, ops.q + kDecodeDim};
+          const float* const kb[2] = {k[0] + at, k[1] + at};
+          const float* const vb[2] = {v[0] + at, v[1] + at};
+          float* const scs[2] = {sc[0], sc[1]};
+          const float* const w[2] = {sc[0], sc[1]};
+          float* const os[2] = {o[0], o[1]};
+          ScoreRowPair(q, kb, kDecodeDim, kDecodeBlock, kDecodeDim, scs);
+          AccumulateRowPair(w, vb, kDecodeDim, kDecodeBlock, kDecodeDim, os);
+          continue;
+        }
       }
       // NarrowTiles' prefetches and kernels.
       const T* vp = prefetch.values ? v[0] + at : nullptr;

@@ -945,10 +945,9 @@ HWY_INLINE void RoundRowToBF16(float* HWY_RESTRICT x, size_t n) {
 // Whether narrow tiles of `rows` query rows over stored type T take bf16
 // products (ScoreRowsBF16, AccumulateRowsBF16): AttentionCompute::kBFloat16
 // (which needs a bf16 cache) and several rows per KV head. One row (MHA
-// decode) reads at the bandwidth limit in float32 products, heads in pairs:
-// in bf16 products it ran 0.67-0.73x as fast without V prefetches, 0.8-1.05x
-// with them (AVX3_DL, Zen 4, one thread, 16384 keys), where GQA-8 ran 1.15x
-// faster.
+// decode) ran 0.8-1.05x as fast in bf16 products as in float32 products
+// (Zen 4 and Zen 5, AVX3_DL, one and two threads, 16384 keys), where GQA-8
+// ran 1.15x faster.
 template <class T>
 HWY_INLINE bool BF16Products(const AttentionDims& dims, size_t rows) {
   if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
@@ -1000,10 +999,10 @@ struct NarrowBuffers {
   OnlineSoftmaxState state;
 };
 
-// A work item on n_tiles narrow tiles (1, or a pair: one row each, the same
-// key range, two KV heads; DecodeInPairs), reading the stored K and V rows
-// directly: ScoreRows and AccumulateRows, or for a pair ScoreRowPair and
-// AccumulateRowPair, whose results are the same.
+// A work item on n_tiles narrow tiles (1, or on a float32 cache a pair: one
+// row each, the same key range, two KV heads; DecodeInPairs), reading the
+// stored K and V rows directly: ScoreRows and AccumulateRows, or for a pair
+// ScoreRowPair and AccumulateRowPair, whose results are the same.
 template <class T>
 HWY_INLINE void NarrowTiles(const AttentionDims& dims,
                             const AttentionTile* tiles, size_t n_tiles,
@@ -1017,7 +1016,7 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
   const AttentionWork& work = *tile.work;
   const size_t bkp = RoundUp(static_cast<size_t>(kAttentionKeyBlock), N);
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const bool pair = n_tiles == 2;
+  const bool pair = hwy::IsSame<T, float>() && n_tiles == 2;
 
   const float qscale = QueryScale(dims, work);
   KvRows<T> keys[2] = {
@@ -1055,11 +1054,12 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
     // row while it is in L1. The block's V rows may be prefetched as the keys
     // go by, and the next block's K rows as V is summed (DecodePrefetchFor).
     if (pair) {
-      const float* const qs[2] = {bufs[0].qs, bufs[1].qs};
-      const T* const k[2] = {keys[0].Stored(k0), keys[1].Stored(k0)};
-      const float* const k_scales[2] = {keys[0].Scales(k0), keys[1].Scales(k0)};
-      float* const sc[2] = {bufs[0].sc, bufs[1].sc};
-      ScoreRowPair(qs, k, k_scales, row_stride, n_keys, row_stride, sc);
+      if constexpr (hwy::IsSame<T, float>()) {
+        const float* const qs[2] = {bufs[0].qs, bufs[1].qs};
+        const float* const k[2] = {keys[0].Stored(k0), keys[1].Stored(k0)};
+        float* const sc[2] = {bufs[0].sc, bufs[1].sc};
+        ScoreRowPair(qs, k, row_stride, n_keys, row_stride, sc);
+      }
     } else if (BF16Products<T>(dims, rows)) {
       if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
         ScoreRowsBF16(bufs[0].qs, row_stride, rows, keys[0].Stored(k0),
@@ -1127,12 +1127,12 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
       fast[i] = !may_hide || values[i].Finite(k0, n_keys);
     }
     if (pair && fast[0] && fast[1]) {
-      const float* const w[2] = {bufs[0].sc, bufs[1].sc};
-      const T* const v[2] = {values[0].Stored(k0), values[1].Stored(k0)};
-      const float* const v_scales[2] = {values[0].Scales(k0),
-                                        values[1].Scales(k0)};
-      float* const o[2] = {bufs[0].o, bufs[1].o};
-      AccumulateRowPair(w, v, v_scales, row_stride, n_keys, row_stride, o);
+      if constexpr (hwy::IsSame<T, float>()) {
+        const float* const w[2] = {bufs[0].sc, bufs[1].sc};
+        const float* const v[2] = {values[0].Stored(k0), values[1].Stored(k0)};
+        float* const o[2] = {bufs[0].o, bufs[1].o};
+        AccumulateRowPair(w, v, row_stride, n_keys, row_stride, o);
+      }
       continue;
     }
     for (size_t i = 0; i < n_tiles; ++i) {

@@ -49,18 +49,6 @@ HWY_INLINE void PrefetchStoredRows(const T* base, size_t first, size_t count,
   }
 }
 
-// Before a pair reads `row` of a head's K or V (rows `stride` elements
-// apart), the prefetch of the row 16 keys on where DecodePrefetch::pair_ahead.
-template <class T>
-HWY_INLINE void PrefetchPairAhead(const T* row, size_t stride) {
-  if constexpr (DecodePrefetchFor<T>(1).pair_ahead) {
-    PrefetchStoredRows(row, 16, 1, stride);
-  } else {
-    (void)row;
-    (void)stride;
-  }
-}
-
 // The prefetch of one stored row per call: row first + j of `rows` at call j
 // (`stride` elements apart), every line (float32 too: into L2, its whole rows
 // ran as fast as first lines alone). Empty (rows null): none.
@@ -436,17 +424,16 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 
 // Keys [s, s + kKeys) of ScoreRowPair: each head's one-row tile, the two
 // heads' K rows alternating key by key.
-template <size_t kKeys, bool kScaled, class T>
-HWY_INLINE void ScorePairTile(const float* const q[2], const T* const k[2],
-                              const float* const k_scales[2], size_t stride,
-                              size_t s, size_t dim, float* const sc[2]) {
+template <size_t kKeys>
+HWY_INLINE void ScorePairTile(const float* const q[2], const float* const k[2],
+                              size_t stride, size_t s, size_t dim,
+                              float* const sc[2]) {
   const hn::ScalableTag<float> d;
   hn::Vec<decltype(d)> acc[2][kKeys];
   HWY_UNROLL(8)
   for (size_t j = 0; j < kKeys; ++j) {
     HWY_UNROLL(2)
     for (size_t h = 0; h < 2; ++h) {
-      PrefetchPairAhead(k[h] + (s + j) * stride, stride);
       acc[h][j] = OneRowKeyDot(d, q[h], k[h] + (s + j) * stride, dim);
     }
   }
@@ -454,9 +441,7 @@ HWY_INLINE void ScorePairTile(const float* const q[2], const T* const k[2],
   for (size_t h = 0; h < 2; ++h) {
     HWY_UNROLL(2)
     for (size_t j = 0; j < kKeys; j += 4) {
-      StoreKeyScores4<kScaled>(d, acc[h] + j,
-                               kScaled ? k_scales[h] + s + j : nullptr,
-                               sc[h] + s + j);
+      StoreKeyScores4<false>(d, acc[h] + j, nullptr, sc[h] + s + j);
     }
   }
 }
@@ -464,21 +449,18 @@ HWY_INLINE void ScorePairTile(const float* const q[2], const T* const k[2],
 // ScoreRowPair (decode.h): tiles of 8 keys per head on AVX-512 (16 sums of
 // 32 registers), 4 elsewhere; the keys past the last tile head by head, as
 // ScoreBlocks' one-row path takes them.
-template <class T>
-void ScoreRowPair(const float* const q[2], const T* const k[2],
-                  const float* const k_scales[2], size_t stride, size_t n,
-                  size_t dim, float* const sc[2]) {
-  constexpr bool kScaled = internal::kKvScaled<T>;
+void ScoreRowPair(const float* const q[2], const float* const k[2],
+                  size_t stride, size_t n, size_t dim, float* const sc[2]) {
   constexpr size_t kKeys = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
   size_t s = 0;
   for (; s + kKeys <= n; s += kKeys) {
-    ScorePairTile<kKeys, kScaled>(q, k, k_scales, stride, s, dim, sc);
+    ScorePairTile<kKeys>(q, k, stride, s, dim, sc);
   }
   if (s == n) return;
   for (size_t h = 0; h < 2; ++h) {
-    ScoreBlocks<kScaled>(q[h], dim, 1, k[h] + s * stride, stride,
-                         kScaled ? k_scales[h] + s : nullptr, n - s, dim,
-                         static_cast<const T*>(nullptr), 0, sc[h] + s, n - s);
+    ScoreBlocks<false>(q[h], dim, 1, k[h] + s * stride, stride, nullptr, n - s,
+                       dim, static_cast<const float*>(nullptr), 0, sc[h] + s,
+                       n - s);
   }
 }
 
@@ -720,12 +702,11 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
 }
 
 // Vectors [0, kJ) of AccumulateRowPair's two heads: AccumulateTile<1, kJ> of
-// each, the two heads' V rows alternating key by key. With `ahead` (the first
-// tile of a row: v at the rows' starts), PrefetchPairAhead per row.
-template <size_t kJ, class T>
-HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
-                                   size_t stride, size_t n, float* const o[2],
-                                   bool ahead) {
+// each, the two heads' V rows alternating key by key.
+template <size_t kJ>
+HWY_INLINE void AccumulatePairTile(const float* const w[2],
+                                   const float* const v[2], size_t stride,
+                                   size_t n, float* const o[2]) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   hn::Vec<decltype(d)> acc[2][kJ];
@@ -738,8 +719,7 @@ HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
     HWY_UNROLL(2)
     for (size_t h = 0; h < 2; ++h) {
       const auto wh = hn::Set(d, w[h][s]);
-      const T* v_row = v[h] + s * stride;
-      if (ahead) PrefetchPairAhead(v_row, stride);
+      const float* v_row = v[h] + s * stride;
       HWY_UNROLL(8)
       for (size_t j = 0; j < kJ; ++j) {
         acc[h][j] = hn::MulAdd(wh, LoadStored(d, v_row + j * N), acc[h][j]);
@@ -753,54 +733,24 @@ HWY_INLINE void AccumulatePairTile(const float* const w[2], const T* const v[2],
   }
 }
 
-// The vectors of AccumulateRowPair's rows: 8 at a time per head on AVX-512
-// (16 sums of 32 registers), 4 elsewhere, then one by one. Each element is
-// one FMA chain in key order, as in AccumulateTile, whatever the tile width.
-template <class T>
-HWY_INLINE void AccumulatePairUnscaled(const float* const w[2],
-                                       const T* const v[2], size_t stride,
-                                       size_t n, size_t dim,
-                                       float* const o[2]) {
+// AccumulateRowPair (decode.h): 8 vectors at a time per head on AVX-512 (16
+// sums of 32 registers), 4 elsewhere, then one by one. Each element is one
+// FMA chain in key order, as in AccumulateTile, whatever the tile width.
+void AccumulateRowPair(const float* const w[2], const float* const v[2],
+                       size_t stride, size_t n, size_t dim, float* const o[2]) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
   constexpr size_t kJ = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
   const size_t n_vec = dim / N;
   size_t j = 0;
   for (; j + kJ <= n_vec; j += kJ) {
-    const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
+    const float* const vj[2] = {v[0] + j * N, v[1] + j * N};
     float* const oj[2] = {o[0] + j * N, o[1] + j * N};
-    AccumulatePairTile<kJ>(w, vj, stride, n, oj, j == 0);
+    AccumulatePairTile<kJ>(w, vj, stride, n, oj);
   }
   for (; j < n_vec; ++j) {
-    const T* const vj[2] = {v[0] + j * N, v[1] + j * N};
+    const float* const vj[2] = {v[0] + j * N, v[1] + j * N};
     float* const oj[2] = {o[0] + j * N, o[1] + j * N};
-    AccumulatePairTile<1>(w, vj, stride, n, oj, j == 0);
-  }
-}
-
-// AccumulateRowPair (decode.h): with scales, the weights times the scales
-// (the same products as AccumulateRows) through a buffer of 2 x 128 keys.
-template <class T>
-void AccumulateRowPair(const float* const w[2], const T* const v[2],
-                       const float* const v_scales[2], size_t stride, size_t n,
-                       size_t dim, float* const o[2]) {
-  if constexpr (!internal::kKvScaled<T>) {
-    (void)v_scales;
-    AccumulatePairUnscaled(w, v, stride, n, dim, o);
-  } else {
-    constexpr size_t kKeyChunk = 128;
-    HWY_ALIGN float scaled[2][kKeyChunk];
-    const float* ws[2] = {scaled[0], scaled[1]};
-    for (size_t s0 = 0; s0 < n; s0 += kKeyChunk) {
-      const size_t keys = HWY_MIN(kKeyChunk, n - s0);
-      const T* vs[2];
-      for (size_t h = 0; h < 2; ++h) {
-        for (size_t s = 0; s < keys; ++s) {
-          scaled[h][s] = w[h][s0 + s] * v_scales[h][s0 + s];
-        }
-        vs[h] = v[h] + s0 * stride;
-      }
-      AccumulatePairUnscaled(ws, vs, stride, keys, dim, o);
-    }
+    AccumulatePairTile<1>(w, vj, stride, n, oj);
   }
 }
 

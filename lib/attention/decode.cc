@@ -14,19 +14,13 @@ HWY_BEFORE_NAMESPACE();
 namespace headway {
 namespace HWY_NAMESPACE {
 
-#define HEADWAY_DECODE_INSTANTIATE(T)                                          \
-  template void ScoreRows<T>(const float*, size_t, size_t, const T*, size_t,   \
-                             const float*, size_t, size_t, const T*, size_t,   \
-                             float*, size_t);                                  \
-  template void AccumulateRows<T>(const float*, size_t, size_t, const T*,      \
-                                  size_t, const float*, size_t, size_t,        \
-                                  float*, size_t, const T*, size_t, size_t);   \
-  template void ScoreRowPair<T>(const float* const[2], const T* const[2],      \
-                                const float* const[2], size_t, size_t, size_t, \
-                                float* const[2]);                              \
-  template void AccumulateRowPair<T>(const float* const[2], const T* const[2], \
-                                     const float* const[2], size_t, size_t,    \
-                                     size_t, float* const[2]);
+#define HEADWAY_DECODE_INSTANTIATE(T)                                        \
+  template void ScoreRows<T>(const float*, size_t, size_t, const T*, size_t, \
+                             const float*, size_t, size_t, const T*, size_t, \
+                             float*, size_t);                                \
+  template void AccumulateRows<T>(const float*, size_t, size_t, const T*,    \
+                                  size_t, const float*, size_t, size_t,      \
+                                  float*, size_t, const T*, size_t, size_t);
 HEADWAY_DECODE_INSTANTIATE(float)
 HEADWAY_DECODE_INSTANTIATE(hwy::bfloat16_t)
 HEADWAY_DECODE_INSTANTIATE(hwy::float16_t)

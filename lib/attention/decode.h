@@ -62,24 +62,18 @@ void AccumulateRows(const float* HWY_RESTRICT w, size_t w_stride, size_t rows,
                     const T* HWY_RESTRICT next_k, size_t next_k_stride,
                     size_t next_n);
 
-// ScoreRows and AccumulateRows for one query row of each of two KV heads,
-// side by side: index h < 2 is head h's query q[h], stored rows k[h] / v[h]
-// (stride `stride`, int8 scales k_scales[h] / v_scales[h], null for the other
-// types), scores sc[h] and output o[h]. The same operations per head as
-// ScoreRows and AccumulateRows with rows = 1 (bit-identical results), with
-// the two heads' rows read alternately, key by key: two memory streams, where
-// one head's rows are one: a standalone copy of MHA decode at 16384 keys read
-// 1.18x (float32), 1.14x (f16) and 1.04x (bf16) faster (AVX3_DL, one thread).
-// The 16-bit types prefetch each stream's row 16 keys ahead
-// (DecodePrefetch::pair_ahead).
-template <class T>
-void ScoreRowPair(const float* const q[2], const T* const k[2],
-                  const float* const k_scales[2], size_t stride, size_t n,
-                  size_t dim, float* const sc[2]);
-template <class T>
-void AccumulateRowPair(const float* const w[2], const T* const v[2],
-                       const float* const v_scales[2], size_t stride, size_t n,
-                       size_t dim, float* const o[2]);
+// ScoreRows and AccumulateRows for one query row of each of two KV heads of a
+// float32 cache, side by side: index h < 2 is head h's query q[h], stored rows
+// k[h] / v[h] (stride `stride`), scores sc[h] and output o[h]. The same
+// operations per head as ScoreRows and AccumulateRows with rows = 1
+// (bit-identical results), with the two heads' rows read alternately, key by
+// key: two memory streams, where one head's rows are one: MHA decode at 16384
+// keys 1.03-1.09x faster than one head at a time (AVX3_DL, Zen 5, 1 and 2
+// threads, in-process interleaved calls).
+void ScoreRowPair(const float* const q[2], const float* const k[2],
+                  size_t stride, size_t n, size_t dim, float* const sc[2]);
+void AccumulateRowPair(const float* const w[2], const float* const v[2],
+                       size_t stride, size_t n, size_t dim, float* const o[2]);
 
 // ScoreRows and AccumulateRows on a bf16 cache for AttentionCompute::kBFloat16:
 // q and w hold bf16 values (the caller rounds them: RoundToBF16), so that each
@@ -142,10 +136,14 @@ void AccumulateRowsInt8(const float* HWY_RESTRICT w, size_t w_stride,
 
 // Whether narrow tiles of `rows` query rows over a cache of `dtype` run in
 // pairs of KV heads (ScoreRowPair, AccumulateRowPair): one row (MHA decode)
-// but not int8, whose pairs ran 10-25% slower than its single heads (AVX3_DL,
-// MHA decode at 16384 keys; docs/BENCHMARKS.md has the other types).
+// of float32. The other types run one head at a time: bf16 and f16 MHA decode
+// at 16384 keys ran 1.10-1.15x (one thread) and 1.02-1.11x (two) faster so,
+// with the next key block's K prefetched as V is summed, than in pairs with
+// each stream's row prefetched 16 keys ahead, and 0.84-0.88x in pairs with
+// both prefetches; int8 pairs ran 10-25% slower (AVX3_DL, Zen 5, in-process
+// interleaved calls; docs/BENCHMARKS.md).
 inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
-  return rows == 1 && dtype != KvDtype::kInt8;
+  return rows == 1 && dtype == KvDtype::kFloat32;
 }
 
 // Which prefetches a key block's ScoreRows and AccumulateRows issue for `rows`
@@ -157,30 +155,20 @@ inline bool DecodeInPairs(KvDtype dtype, size_t rows) {
 //   next_keys than without; int8 MHA decode at one thread read 77-93% of the
 //   run's read ceiling against 55-84% without (6 alternating runs, Zen 4; two
 //   threads within noise); one row of the other types does without, where
-//   they cost 4-9%.
+//   they cost 4-9% (bf16 and f16 MHA on Zen 5: 0.99-1.04x, not taken).
 // - next_keys: AccumulateRows gets the next block's K rows, wherever values
-//   are prefetched, and for one row of a 16-bit type (a head left out of
-//   DecodeInPairs' pairs): one-row bf16 and f16 decode ran 1.25-1.35x faster
-//   with them, float32 4-20% slower, int8 without values 0.8x. Pairs take
-//   neither (5-15% slower).
-// - pair_ahead: ScoreRowPair and AccumulateRowPair (rows = 1) get each head's
-//   K or V row 16 keys ahead of the one they read, for the 16-bit types: MHA
-//   decode at one thread read 1.08-1.25x (bf16) and 0.92-1.19x (f16) as fast
-//   as without in 3 runs, float32 0.82-1.04x; against the old binary, 7
-//   alternating processes, medians bf16 1.19x and f16 1.14x (two threads:
-//   1.21x and 0.97x, float32's unchanged rows 0.97x). Into L1 more (bf16
-//   1.14-1.31x), but L1 hints cost GQA-8 decode 1.4x on the host that had
-//   22-24 GB/s per core (PrefetchStoredRows); these runs had 31-41.
+//   are prefetched, and for one row of a 16-bit type: bf16 and f16 MHA
+//   decode ran 1.22-1.29x faster with them (Zen 5; 1.25-1.35x on Zen 4),
+//   float32 4-20% slower, int8 without values 0.8x. Pairs take neither.
 // (AVX3_DL, in-process interleaved runs unless said.)
 struct DecodePrefetch {
   bool values;
   bool next_keys;
-  bool pair_ahead;
 };
 template <class T>
 HWY_INLINE constexpr DecodePrefetch DecodePrefetchFor(size_t rows) {
   const bool values = rows > 1 || sizeof(T) == 1;
-  return {values, values || sizeof(T) == 2, rows == 1 && sizeof(T) == 2};
+  return {values, values || sizeof(T) == 2};
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
