@@ -1,7 +1,8 @@
 // Storage-type tests (lib/core/storage.h, storage-inl.h):
 // - LoadStored, on every target, gives FloatFrom's bits for all 65536 bf16 and
 //   f16 patterns and all 256 int8 values (aligned buffers, full and 4-lane
-//   vectors).
+//   vectors); LoadStoredPair gives them in the order StoreInPairOrder puts
+//   floats in.
 // - BF16FromFloat and F16FromFloat equal an independent float64 round to
 //   nearest even, written here, on edge cases (ties, subnormals, the largest
 //   finite values, overflow to inf, NaN, signed zero) and on 4M random bit
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -65,6 +67,39 @@ void LoadI8T(const int8_t* p, size_t n, float* out, float* out_capped) {
   LoadStoredAll(p, n, out, out_capped);
 }
 
+// Per 2N-element chunk of p[0, n) (n a multiple of 32): the two vectors of
+// LoadStoredPair into out, and from[] (the chunk's floats) put in T's pair
+// order by StoreInPairOrder into ordered.
+template <class T>
+void PairsAll(const T* HWY_RESTRICT p, const float* HWY_RESTRICT from, size_t n,
+              float* HWY_RESTRICT out, float* HWY_RESTRICT ordered) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  for (size_t i = 0; i + 2 * N <= n; i += 2 * N) {
+    hn::Vec<decltype(d)> a, b;
+    headway::HWY_NAMESPACE::LoadStoredPair(d, p + i, a, b);
+    hn::StoreU(a, d, out + i);
+    hn::StoreU(b, d, out + i + N);
+    headway::HWY_NAMESPACE::StoreInPairOrder<T>(d, from + i, ordered + i);
+  }
+}
+void PairsF32T(const float* p, const float* from, size_t n, float* out,
+               float* ordered) {
+  PairsAll(p, from, n, out, ordered);
+}
+void PairsBF16T(const hwy::bfloat16_t* p, const float* from, size_t n,
+                float* out, float* ordered) {
+  PairsAll(p, from, n, out, ordered);
+}
+void PairsF16T(const hwy::float16_t* p, const float* from, size_t n, float* out,
+               float* ordered) {
+  PairsAll(p, from, n, out, ordered);
+}
+void PairsI8T(const int8_t* p, const float* from, size_t n, float* out,
+              float* ordered) {
+  PairsAll(p, from, n, out, ordered);
+}
+
 // StoreRowVec with full vectors of this target.
 void StoreF32T(const float* src, size_t n, float* dst, float* scale) {
   headway::HWY_NAMESPACE::StoreRowVec(hn::ScalableTag<float>(), src, n, dst,
@@ -105,6 +140,10 @@ HWY_EXPORT(LoadF32T);
 HWY_EXPORT(LoadBF16T);
 HWY_EXPORT(LoadF16T);
 HWY_EXPORT(LoadI8T);
+HWY_EXPORT(PairsF32T);
+HWY_EXPORT(PairsBF16T);
+HWY_EXPORT(PairsF16T);
+HWY_EXPORT(PairsI8T);
 HWY_EXPORT(StoreF32T);
 HWY_EXPORT(StoreBF16T);
 HWY_EXPORT(StoreF16T);
@@ -497,6 +536,53 @@ TEST_P(StorageTest, LoadStoredEqualsFloatFromForEveryPattern) {
   }
   HWY_DYNAMIC_DISPATCH(LoadF32T)(f32.get(), 1024, out.get(), out_capped.get());
   ExpectLoads(f32.get(), 1024, out.get(), out_capped.get());
+}
+
+// LoadStoredPair and StoreInPairOrder agree: per 32-element chunk (two
+// AVX-512 vectors, four of 8 lanes, ...), the pair of vectors read from the
+// stored elements holds, bit for bit, their FloatFrom floats put in pair order,
+// and that order is a permutation of the chunk.
+template <class T, class Fn>
+void ExpectPairs(Fn pairs, const T* p, size_t n) {
+  auto from = hwy::AllocateAligned<float>(n);
+  auto out = hwy::AllocateAligned<float>(n);
+  auto ordered = hwy::AllocateAligned<float>(n);
+  for (size_t i = 0; i < n; ++i) from[i] = headway::internal::FloatFrom(p[i]);
+  pairs(p, from.get(), n, out.get(), ordered.get());
+  for (size_t c = 0; c < n; c += 32) {
+    std::vector<uint32_t> want, got;
+    for (size_t i = c; i < c + 32; ++i) {
+      ASSERT_EQ(FloatBits(out[i]), FloatBits(ordered[i])) << "element " << i;
+      want.push_back(FloatBits(from[i]));
+      got.push_back(FloatBits(ordered[i]));
+    }
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(want, got) << "chunk at " << c;
+  }
+}
+
+TEST_P(StorageTest, LoadStoredPairMatchesStoreInPairOrder) {
+  constexpr size_t kN = 65536;
+  auto bf16 = hwy::AllocateAligned<hwy::bfloat16_t>(kN);
+  auto f16 = hwy::AllocateAligned<hwy::float16_t>(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    // Every pattern, in an order that puts unlike values side by side.
+    const uint16_t bits = static_cast<uint16_t>(i * 40503u);
+    bf16[i].bits = bits;
+    f16[i].bits = bits;
+  }
+  ExpectPairs(HWY_DYNAMIC_DISPATCH(PairsBF16T), bf16.get(), kN);
+  ExpectPairs(HWY_DYNAMIC_DISPATCH(PairsF16T), f16.get(), kN);
+  auto i8 = hwy::AllocateAligned<int8_t>(256);
+  for (size_t i = 0; i < 256; ++i) i8[i] = static_cast<int8_t>(i * 37u);
+  ExpectPairs(HWY_DYNAMIC_DISPATCH(PairsI8T), i8.get(), 256);
+  auto f32 = hwy::AllocateAligned<float>(1024);
+  SplitMix64 rng(6);
+  for (size_t i = 0; i < 1024; ++i) {
+    f32[i] = BitsFloat(static_cast<uint32_t>(rng.Next()));
+  }
+  ExpectPairs(HWY_DYNAMIC_DISPATCH(PairsF32T), f32.get(), 1024);
 }
 
 // StoreRowVec(src [n]) with T's exported entry point, against StoreRow:

@@ -147,17 +147,26 @@ HWY_INLINE hn::Vec<hn::Full128<hn::TFromD<D>>> SumsOf4(D d, hn::Vec<D> a,
 
 // One query row's products with one stored key row, as every one-row tile
 // takes them: two FMA chains along dim (even and odd vectors), added; the
-// sum of the lanes is the score (dim a multiple of the vector length).
-template <class D, class T>
+// sum of the lanes is the score (dim a multiple of the vector length). kPairs:
+// q holds each whole 2N-element chunk in T's pair order (StoreInPairOrder),
+// and K is read by LoadStoredPair; else both in the natural order (the same
+// FMAs where T's pair order is the natural one).
+template <bool kPairs, class D, class T>
 HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
                                    const T* HWY_RESTRICT k_row, size_t dim) {
   const size_t N = hn::Lanes(d);
   auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
   size_t p = 0;
   for (; p + 2 * N <= dim; p += 2 * N) {
-    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
-    acc1 =
-        hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k_row + p + N), acc1);
+    hn::Vec<D> k0, k1;
+    if constexpr (kPairs) {
+      LoadStoredPair(d, k_row + p, k0, k1);
+    } else {
+      k0 = LoadStored(d, k_row + p);
+      k1 = LoadStored(d, k_row + p + N);
+    }
+    acc0 = hn::MulAdd(hn::Load(d, q + p), k0, acc0);
+    acc1 = hn::MulAdd(hn::Load(d, q + p + N), k1, acc1);
   }
   if (p < dim) {
     acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
@@ -206,8 +215,10 @@ inline constexpr bool kDimOuter =
 // Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
 // kRows x kKeys accumulators along dim, each K vector converted once for all
 // rows, then reduced 4 keys at a time (SumsOf4) and stored as one vector per
-// row: sc[r * sc_stride + j] for r < kRows, j < kKeys.
-template <size_t kRows, size_t kKeys, bool kScaled, class T>
+// row: sc[r * sc_stride + j] for r < kRows, j < kKeys. One row: kPairs as
+// OneRowKeyDot's.
+template <size_t kRows, size_t kKeys, bool kScaled, bool kPairs = false,
+          class T>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
                           const T* HWY_RESTRICT k, size_t k_stride,
                           const float* HWY_RESTRICT k_scales, size_t dim,
@@ -228,7 +239,7 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
     HWY_UNROLL(8)
     for (size_t j = 0; j < kKeys; ++j) {
       prefetch(j);
-      acc[0][j] = OneRowKeyDot(d, q, k + j * k_stride, dim);
+      acc[0][j] = OneRowKeyDot<kPairs>(d, q, k + j * k_stride, dim);
     }
   } else if constexpr (kDimOuter<kRows, kKeys>) {
     // Two vectors of dim at a time: each row's q vectors once for the kKeys
@@ -385,15 +396,34 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   const auto prefetch_at = [&](size_t s) {
     return KeyPrefetch<T>::At(k, k_stride, v, v_stride, s);
   };
-  // One row: 8 keys at a time (8 accumulators cover the FMA latency).
+  // One row: 8 keys at a time (8 accumulators cover the FMA latency), K in
+  // T's pair order against q put in that order once here where that order
+  // permutes (bf16 on AVX-512) and q fits q_pairs.
   constexpr size_t kKeys = 4;
   size_t s = 0;
-  if (rows == 1) {
+  const auto one_row_tiles = [&](auto pairs_tag, const float* q1) HWY_ATTR {
     for (; s + 2 * kKeys <= n; s += 2 * kKeys) {
-      ScoreTile<1, 2 * kKeys, kScaled>(q, q_stride, k + s * k_stride, k_stride,
-                                       k_scales + (kScaled ? s : 0), dim,
-                                       sc + s, sc_stride, prefetch_at(s));
+      ScoreTile<1, 2 * kKeys, kScaled, decltype(pairs_tag)::value>(
+          q1, q_stride, k + s * k_stride, k_stride,
+          k_scales + (kScaled ? s : 0), dim, sc + s, sc_stride, prefetch_at(s));
     }
+  };
+  if (rows == 1) {
+    constexpr size_t kMaxPairDim = 512;
+    const hn::ScalableTag<float> d;
+    const size_t N = hn::Lanes(d);
+    if constexpr (kPairOrderPermutes<T, decltype(d)>) {
+      if (dim <= kMaxPairDim) {
+        HWY_ALIGN float q_pairs[kMaxPairDim];
+        size_t p = 0;
+        for (; p + 2 * N <= dim; p += 2 * N) {
+          StoreInPairOrder<T>(d, q + p, q_pairs + p);
+        }
+        if (p < dim) hn::Store(hn::Load(d, q + p), d, q_pairs + p);
+        one_row_tiles(std::true_type(), q_pairs);
+      }
+    }
+    one_row_tiles(std::false_type(), q);
   }
   for (; s + kKeys <= n; s += kKeys) {
     ScoreKeys<kScaled>(q, q_stride, rows, k + s * k_stride, k_stride,
@@ -434,7 +464,7 @@ HWY_INLINE void ScorePairTile(const float* const q[2], const float* const k[2],
   for (size_t j = 0; j < kKeys; ++j) {
     HWY_UNROLL(2)
     for (size_t h = 0; h < 2; ++h) {
-      acc[h][j] = OneRowKeyDot(d, q[h], k[h] + (s + j) * stride, dim);
+      acc[h][j] = OneRowKeyDot<false>(d, q[h], k[h] + (s + j) * stride, dim);
     }
   }
   HWY_UNROLL(2)
