@@ -15,9 +15,10 @@
 //
 // Shapes: every stored type, rows 1..8 and lanes - 1, n around the vector
 // length and the 128-key block, dim 16..144 (multiples of 16, as the cache's
-// row_stride), rows strided past dim (NaN or garbage in the padding), score
-// rows strided as NarrowTile's (the key block rounded up to vectors), and the
-// K and V buffers ending at a guard page.
+// row_stride; for the scores also kMaxPairOrderDim and 16 past it, and
+// kMaxInt8ProductDim and 16 past it for int8 products), rows strided past dim
+// (NaN or garbage in the padding), score rows strided as NarrowTile's (the key
+// block rounded up to vectors), and the K and V buffers ending at a guard page.
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -373,6 +374,12 @@ void SweepScoreRows(Products products = Products::kStored) {
   // int8 products: the longest native dim, and one past it (the fallback).
   if (products == Products::kInt8) {
     for (size_t dim : {kMaxInt8ProductDim, kMaxInt8ProductDim + 16}) {
+      dims.push_back(dim);
+    }
+  }
+  // One row: the longest q in pair order, and one past it (natural order).
+  if (products == Products::kStored) {
+    for (size_t dim : {kMaxPairOrderDim, kMaxPairOrderDim + 16}) {
       dims.push_back(dim);
     }
   }

@@ -90,24 +90,6 @@ struct KeyPrefetch {
   }
 };
 
-// sum_{p < dim} q[p] * K(p) over a stored row, two accumulators (dim a multiple
-// of the vector length).
-template <class T>
-HWY_INLINE float DotStored(const float* HWY_RESTRICT q, const T* HWY_RESTRICT k,
-                           size_t dim) {
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
-  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
-  size_t p = 0;
-  for (; p + 2 * N <= dim; p += 2 * N) {
-    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k + p), acc0);
-    acc1 = hn::MulAdd(hn::Load(d, q + p + N), LoadStored(d, k + p + N), acc1);
-  }
-  if (p < dim)
-    acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k + p), acc0);
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
-}
-
 #if HWY_TARGET != HWY_SCALAR
 // The sum of v's 128-bit blocks.
 template <class D>
@@ -172,6 +154,15 @@ HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
     acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
   }
   return hn::Add(acc0, acc1);
+}
+
+// One query row's score against one stored key row: OneRowKeyDot's lanes
+// summed.
+template <bool kPairs, class T>
+HWY_INLINE float OneRowKeyScore(const float* HWY_RESTRICT q,
+                                const T* HWY_RESTRICT k_row, size_t dim) {
+  const hn::ScalableTag<float> d;
+  return hn::GetLane(hn::SumOfLanes(d, OneRowKeyDot<kPairs>(d, q, k_row, dim)));
 }
 
 // Stores the scores of 4 consecutive keys from their lane vectors acc[0, 4)
@@ -385,6 +376,39 @@ HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, size_t q_stride,
   }
 }
 
+// ScoreRows for one query row: tiles of 8 keys (8 accumulators cover the FMA
+// latency), then one of 4, then key by key, every key by OneRowKeyDot<kPairs>
+// (q in T's pair order with kPairs).
+template <bool kScaled, bool kPairs, class T>
+HWY_INLINE void ScoreOneRow(const float* HWY_RESTRICT q,
+                            const T* HWY_RESTRICT k, size_t k_stride,
+                            const float* HWY_RESTRICT k_scales, size_t n,
+                            size_t dim, const T* HWY_RESTRICT v,
+                            size_t v_stride, float* HWY_RESTRICT sc) {
+  // The prefetches of keys [s, ...): none without v.
+  const auto prefetch_at = [&](size_t s) {
+    return KeyPrefetch<T>::At(k, k_stride, v, v_stride, s);
+  };
+  size_t s = 0;
+  for (; s + 8 <= n; s += 8) {
+    ScoreTile<1, 8, kScaled, kPairs>(q, 0, k + s * k_stride, k_stride,
+                                     k_scales + (kScaled ? s : 0), dim, sc + s,
+                                     0, prefetch_at(s));
+  }
+  if (s + 4 <= n) {
+    ScoreTile<1, 4, kScaled, kPairs>(q, 0, k + s * k_stride, k_stride,
+                                     k_scales + (kScaled ? s : 0), dim, sc + s,
+                                     0, prefetch_at(s));
+    s += 4;
+  }
+  for (; s < n; ++s) {
+    prefetch_at(s)(0);
+    float score = OneRowKeyScore<kPairs>(q, k + s * k_stride, dim);
+    if constexpr (kScaled) score *= k_scales[s];
+    sc[s] = score;
+  }
+}
+
 template <bool kScaled, class T>
 HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
                             size_t rows, const T* HWY_RESTRICT k,
@@ -392,39 +416,29 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
                             size_t n, size_t dim, const T* HWY_RESTRICT v,
                             size_t v_stride, float* HWY_RESTRICT sc,
                             size_t sc_stride) {
+  if (rows == 1) {
+    // K in T's pair order against q put in that order once here, where that
+    // order permutes (bf16 on AVX-512) and q fits q_pairs.
+    const hn::ScalableTag<float> d;
+    if constexpr (kPairOrderPermutes<T, decltype(d)>) {
+      if (dim <= kMaxPairOrderDim) {
+        HWY_ALIGN float q_pairs[kMaxPairOrderDim];
+        StoreRowInPairOrder<T>(d, q, dim, q_pairs);
+        ScoreOneRow<kScaled, true>(q_pairs, k, k_stride, k_scales, n, dim, v,
+                                   v_stride, sc);
+        return;
+      }
+    }
+    ScoreOneRow<kScaled, false>(q, k, k_stride, k_scales, n, dim, v, v_stride,
+                                sc);
+    return;
+  }
   // The prefetches of keys [s, ...): none without v.
   const auto prefetch_at = [&](size_t s) {
     return KeyPrefetch<T>::At(k, k_stride, v, v_stride, s);
   };
-  // One row: 8 keys at a time (8 accumulators cover the FMA latency), K in
-  // T's pair order against q put in that order once here where that order
-  // permutes (bf16 on AVX-512) and q fits q_pairs.
   constexpr size_t kKeys = 4;
   size_t s = 0;
-  const auto one_row_tiles = [&](auto pairs_tag, const float* q1) HWY_ATTR {
-    for (; s + 2 * kKeys <= n; s += 2 * kKeys) {
-      ScoreTile<1, 2 * kKeys, kScaled, decltype(pairs_tag)::value>(
-          q1, q_stride, k + s * k_stride, k_stride,
-          k_scales + (kScaled ? s : 0), dim, sc + s, sc_stride, prefetch_at(s));
-    }
-  };
-  if (rows == 1) {
-    constexpr size_t kMaxPairDim = 512;
-    const hn::ScalableTag<float> d;
-    const size_t N = hn::Lanes(d);
-    if constexpr (kPairOrderPermutes<T, decltype(d)>) {
-      if (dim <= kMaxPairDim) {
-        HWY_ALIGN float q_pairs[kMaxPairDim];
-        size_t p = 0;
-        for (; p + 2 * N <= dim; p += 2 * N) {
-          StoreInPairOrder<T>(d, q + p, q_pairs + p);
-        }
-        if (p < dim) hn::Store(hn::Load(d, q + p), d, q_pairs + p);
-        one_row_tiles(std::true_type(), q_pairs);
-      }
-    }
-    one_row_tiles(std::false_type(), q);
-  }
   for (; s + kKeys <= n; s += kKeys) {
     ScoreKeys<kScaled>(q, q_stride, rows, k + s * k_stride, k_stride,
                        k_scales + (kScaled ? s : 0), dim, sc + s, sc_stride,
@@ -433,7 +447,8 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   for (; s < n; ++s) {
     prefetch_at(s)(0);
     for (size_t r = 0; r < rows; ++r) {
-      float score = DotStored(q + r * q_stride, k + s * k_stride, dim);
+      float score =
+          OneRowKeyScore<false>(q + r * q_stride, k + s * k_stride, dim);
       if constexpr (kScaled) score *= k_scales[s];
       sc[r * sc_stride + s] = score;
     }

@@ -32,10 +32,14 @@ namespace HWY_NAMESPACE {
 // dim is a multiple of the vector length (rows zero-padded), q and k rows
 // aligned; sc[.., n) only is written. Keys go 4 at a time (8 for one row, the
 // last n % 4 one by one), each K vector converted once per 4 rows (ScoreKeys).
+// One row reads K in T's pair order (LoadStoredPair, storage-inl.h) against q
+// put in that order, where it permutes and dim <= kMaxPairOrderDim (q's
+// stack copy).
 // Error: float32 sums in a target-dependent order, at most (dim + 1) u sum_p |q
 // K k_scale| (u = 2^-24). v (may be null) are the same keys' V rows, stride
 // v_stride: with v, K rows 16 keys ahead and the V rows are prefetched into L2
 // as the keys go by (KeyPrefetch). Callers pass v as DecodePrefetch says.
+inline constexpr size_t kMaxPairOrderDim = 512;
 template <class T>
 void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
                const T* HWY_RESTRICT k, size_t k_stride,

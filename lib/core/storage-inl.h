@@ -6,9 +6,10 @@
 //   score or a weight). p must be aligned to the stored vector (N elements of
 //   T): cache rows are, as row_stride is a multiple of 16 elements and
 //   N <= 16.
-// - LoadStoredPair, StoreInPairOrder: two vectors at a time, in an order that
-//   may permute the elements (bf16: even and odd elements), for the kernels
-//   that put the floats they meet in the same order.
+// - LoadStoredPair, StoreInPairOrder, StoreRowInPairOrder: two vectors at a
+//   time, in an order that may permute the elements (bf16: even and odd
+//   elements), for the kernels that put the floats they meet in the same
+//   order.
 // - StoreRowVec: a whole row, the same bits (and int8 scale) as storage.h's
 //   StoreRow, any alignment; what KvCache::Append and StoreKvRows run.
 // - Int8RowScale, Int8Levels: int8's rule (a row's scale, the integers),
@@ -108,9 +109,8 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const int8_t* HWY_RESTRICT p) {
 // to N elements of T.
 template <class T, class D>
 inline constexpr bool kPairOrderPermutes =
-    HWY_TARGET <= HWY_AVX3&& hwy::IsSame<T, hwy::bfloat16_t>() && hn::MaxLanes(
-                                                                      D()) ==
-                                                                      16;
+    (HWY_TARGET <= HWY_AVX3) && hwy::IsSame<T, hwy::bfloat16_t>() &&
+    hn::MaxLanes(D()) == 16;
 
 template <class D, class T>
 HWY_INLINE void LoadStoredPair(D d, const T* HWY_RESTRICT p, hn::Vec<D>& a,
@@ -143,6 +143,18 @@ HWY_INLINE void StoreInPairOrder(D d, const float* HWY_RESTRICT src,
 #endif
   hn::Store(a, d, dst);
   hn::Store(b, d, dst + N);
+}
+
+// dst[0, n) = a row src[0, n) (n a multiple of N, both aligned) as the
+// kernels that read a stored row by LoadStoredPair meet it: each whole 2N
+// chunk in T's pair order (StoreInPairOrder), a last N floats as they are.
+template <class T, class D>
+HWY_INLINE void StoreRowInPairOrder(D d, const float* HWY_RESTRICT src,
+                                    size_t n, float* HWY_RESTRICT dst) {
+  const size_t N = hn::Lanes(d);
+  size_t p = 0;
+  for (; p + 2 * N <= n; p += 2 * N) StoreInPairOrder<T>(d, src + p, dst + p);
+  if (p < n) hn::Store(hn::Load(d, src + p), d, dst + p);
 }
 
 // ---------------------------------------------------------------------------
