@@ -102,8 +102,9 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const int8_t* HWY_RESTRICT p) {
 // two vectors of floats. Where kPairOrderPermutes<T, D> (bf16 in 512-bit
 // vectors), lane m of a holds element 2m and lane m of b element 2m + 1: one
 // 64-byte load, a shift and an and, where LoadStored(p) and LoadStored(p + N)
-// take two widening loads and two shifts (one-row bf16 decode 1.06-1.07x
-// faster: decode-inl.h's OneRowKeyDot). Elsewhere a = LoadStored(p) and b =
+// take two widening loads and two shifts (one-row bf16 decode, decode-inl.h's
+// OneRowKeyDot: 0.99-1.08x as fast as those, call by call on Zen 5, as the
+// host's state moves it). Elsewhere a = LoadStored(p) and b =
 // LoadStored(p + N), the natural order. StoreInPairOrder puts 2N floats (the
 // vectors that meet those of LoadStoredPair) in the same order. p is aligned
 // to N elements of T.
