@@ -113,6 +113,15 @@ std::vector<size_t> KeyCounts(size_t lanes) {
 
 constexpr size_t kDims[] = {16, 32, 80, 128, 144};
 
+// Appends the dims of kUnrolledDims that dims lacks (one-row scores).
+void AddUnrolledDims(std::vector<size_t>* dims) {
+  for (size_t dim : kUnrolledDims) {
+    if (std::find(dims->begin(), dims->end(), dim) == dims->end()) {
+      dims->push_back(dim);
+    }
+  }
+}
+
 // The score rows' stride as NarrowTile has it: the 128-key block rounded up to
 // vectors (n > 128 here only to test the key tail: the stride grows with it).
 size_t ScoreStride(size_t n, size_t lanes) {
@@ -377,11 +386,13 @@ void SweepScoreRows(Products products = Products::kStored) {
       dims.push_back(dim);
     }
   }
-  // One row: the longest q in pair order, and one past it (natural order).
+  // One row: the longest q in pair order, and one past it (natural order);
+  // the dims whose loop is unrolled.
   if (products == Products::kStored) {
     for (size_t dim : {kMaxPairOrderDim, kMaxPairOrderDim + 16}) {
       dims.push_back(dim);
     }
+    AddUnrolledDims(&dims);
   }
   for (size_t dim : dims) {
     for (size_t rows : RowCounts(lanes)) {
@@ -475,7 +486,9 @@ void SweepRowPair() {
   // Past the pair tiles' 4 and 8 keys.
   for (size_t n : {5, 7, 9, 15, 17, 257}) counts.push_back(n);
   uint64_t seed = 500;
-  for (size_t dim : kDims) {
+  std::vector<size_t> dims(std::begin(kDims), std::end(kDims));
+  AddUnrolledDims(&dims);
+  for (size_t dim : dims) {
     for (size_t n : counts) {
       CheckRowPair(n, dim, seed);
       if (::testing::Test::HasFatalFailure()) return;

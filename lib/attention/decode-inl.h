@@ -127,19 +127,35 @@ HWY_INLINE hn::Vec<hn::Full128<hn::TFromD<D>>> SumsOf4(D d, hn::Vec<D> a,
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// f(std::integral_constant<size_t, kDim>()): kDim = dim where dim is one of
+// kUnrolledDims (decode.h), else 0.
+template <size_t kIndex = 0, class F>
+HWY_INLINE void WithUnrolledDim(size_t dim, const F& f) {
+  constexpr size_t kCount = sizeof(kUnrolledDims) / sizeof(kUnrolledDims[0]);
+  if constexpr (kIndex == kCount) {
+    f(std::integral_constant<size_t, 0>());
+  } else if (dim == kUnrolledDims[kIndex]) {
+    f(std::integral_constant<size_t, kUnrolledDims[kIndex]>());
+  } else {
+    WithUnrolledDim<kIndex + 1>(dim, f);
+  }
+}
+
 // One query row's products with one stored key row, as every one-row tile
 // takes them: two FMA chains along dim (even and odd vectors), added; the
 // sum of the lanes is the score (dim a multiple of the vector length). kPairs:
 // q holds each whole 2N-element chunk in T's pair order (StoreInPairOrder),
 // and K is read by LoadStoredPair; else both in the natural order (the same
-// FMAs where T's pair order is the natural one).
-template <bool kPairs, class D, class T>
+// FMAs where T's pair order is the natural one). kDim: 0, or dim, whose loop
+// is then unrolled (WithUnrolledDim); the same FMAs either way.
+template <bool kPairs, size_t kDim = 0, class D, class T>
 HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
-                                   const T* HWY_RESTRICT k_row, size_t dim) {
+                                   const T* HWY_RESTRICT k_row,
+                                   size_t dim_arg) {
   const size_t N = hn::Lanes(d);
+  const size_t dim = kDim != 0 ? kDim : dim_arg;
   auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
-  size_t p = 0;
-  for (; p + 2 * N <= dim; p += 2 * N) {
+  const auto products = [&](size_t p) HWY_ATTR {
     hn::Vec<D> k0, k1;
     if constexpr (kPairs) {
       LoadStoredPair(d, k_row + p, k0, k1);
@@ -149,6 +165,13 @@ HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
     }
     acc0 = hn::MulAdd(hn::Load(d, q + p), k0, acc0);
     acc1 = hn::MulAdd(hn::Load(d, q + p + N), k1, acc1);
+  };
+  size_t p = 0;
+  if constexpr (kDim != 0) {
+    HWY_UNROLL(16)
+    for (; p + 2 * N <= dim; p += 2 * N) products(p);
+  } else {
+    for (; p + 2 * N <= dim; p += 2 * N) products(p);
   }
   if (p < dim) {
     acc0 = hn::MulAdd(hn::Load(d, q + p), LoadStored(d, k_row + p), acc0);
@@ -158,11 +181,12 @@ HWY_INLINE hn::Vec<D> OneRowKeyDot(D d, const float* HWY_RESTRICT q,
 
 // One query row's score against one stored key row: OneRowKeyDot's lanes
 // summed.
-template <bool kPairs, class T>
+template <bool kPairs, size_t kDim = 0, class T>
 HWY_INLINE float OneRowKeyScore(const float* HWY_RESTRICT q,
                                 const T* HWY_RESTRICT k_row, size_t dim) {
   const hn::ScalableTag<float> d;
-  return hn::GetLane(hn::SumOfLanes(d, OneRowKeyDot<kPairs>(d, q, k_row, dim)));
+  return hn::GetLane(
+      hn::SumOfLanes(d, OneRowKeyDot<kPairs, kDim>(d, q, k_row, dim)));
 }
 
 // Stores the scores of 4 consecutive keys from their lane vectors acc[0, 4)
@@ -206,10 +230,10 @@ inline constexpr bool kDimOuter =
 // Scores of kRows query rows against kKeys (a multiple of 4) consecutive keys:
 // kRows x kKeys accumulators along dim, each K vector converted once for all
 // rows, then reduced 4 keys at a time (SumsOf4) and stored as one vector per
-// row: sc[r * sc_stride + j] for r < kRows, j < kKeys. One row: kPairs as
-// OneRowKeyDot's.
+// row: sc[r * sc_stride + j] for r < kRows, j < kKeys. One row: kPairs and
+// kDim as OneRowKeyDot's.
 template <size_t kRows, size_t kKeys, bool kScaled, bool kPairs = false,
-          class T>
+          size_t kDim = 0, class T>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
                           const T* HWY_RESTRICT k, size_t k_stride,
                           const float* HWY_RESTRICT k_scales, size_t dim,
@@ -230,7 +254,7 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, size_t q_stride,
     HWY_UNROLL(8)
     for (size_t j = 0; j < kKeys; ++j) {
       prefetch(j);
-      acc[0][j] = OneRowKeyDot<kPairs>(d, q, k + j * k_stride, dim);
+      acc[0][j] = OneRowKeyDot<kPairs, kDim>(d, q, k + j * k_stride, dim);
     }
   } else if constexpr (kDimOuter<kRows, kKeys>) {
     // Two vectors of dim at a time: each row's q vectors once for the kKeys
@@ -377,9 +401,9 @@ HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, size_t q_stride,
 }
 
 // ScoreRows for one query row: tiles of 8 keys (8 accumulators cover the FMA
-// latency), then one of 4, then key by key, every key by OneRowKeyDot<kPairs>
-// (q in T's pair order with kPairs).
-template <bool kScaled, bool kPairs, class T>
+// latency), then one of 4, then key by key, every key by OneRowKeyDot<kPairs,
+// kDim> (q in T's pair order with kPairs).
+template <bool kScaled, bool kPairs, size_t kDim, class T>
 HWY_INLINE void ScoreOneRow(const float* HWY_RESTRICT q,
                             const T* HWY_RESTRICT k, size_t k_stride,
                             const float* HWY_RESTRICT k_scales, size_t n,
@@ -391,19 +415,19 @@ HWY_INLINE void ScoreOneRow(const float* HWY_RESTRICT q,
   };
   size_t s = 0;
   for (; s + 8 <= n; s += 8) {
-    ScoreTile<1, 8, kScaled, kPairs>(q, 0, k + s * k_stride, k_stride,
-                                     k_scales + (kScaled ? s : 0), dim, sc + s,
-                                     0, prefetch_at(s));
+    ScoreTile<1, 8, kScaled, kPairs, kDim>(q, 0, k + s * k_stride, k_stride,
+                                           k_scales + (kScaled ? s : 0), dim,
+                                           sc + s, 0, prefetch_at(s));
   }
   if (s + 4 <= n) {
-    ScoreTile<1, 4, kScaled, kPairs>(q, 0, k + s * k_stride, k_stride,
-                                     k_scales + (kScaled ? s : 0), dim, sc + s,
-                                     0, prefetch_at(s));
+    ScoreTile<1, 4, kScaled, kPairs, kDim>(q, 0, k + s * k_stride, k_stride,
+                                           k_scales + (kScaled ? s : 0), dim,
+                                           sc + s, 0, prefetch_at(s));
     s += 4;
   }
   for (; s < n; ++s) {
     prefetch_at(s)(0);
-    float score = OneRowKeyScore<kPairs>(q, k + s * k_stride, dim);
+    float score = OneRowKeyScore<kPairs, kDim>(q, k + s * k_stride, dim);
     if constexpr (kScaled) score *= k_scales[s];
     sc[s] = score;
   }
@@ -419,18 +443,21 @@ HWY_INLINE void ScoreBlocks(const float* HWY_RESTRICT q, size_t q_stride,
   if (rows == 1) {
     // K in T's pair order against q put in that order once here, where that
     // order permutes (bf16 on AVX-512) and q fits q_pairs.
-    const hn::ScalableTag<float> d;
-    if constexpr (kPairOrderPermutes<T, decltype(d)>) {
-      if (dim <= kMaxPairOrderDim) {
-        HWY_ALIGN float q_pairs[kMaxPairOrderDim];
-        StoreRowInPairOrder<T>(d, q, dim, q_pairs);
-        ScoreOneRow<kScaled, true>(q_pairs, k, k_stride, k_scales, n, dim, v,
-                                   v_stride, sc);
-        return;
+    WithUnrolledDim(dim, [&](auto dim_tag) HWY_ATTR {
+      constexpr size_t kDim = decltype(dim_tag)::value;
+      const hn::ScalableTag<float> d;
+      if constexpr (kPairOrderPermutes<T, decltype(d)>) {
+        if (dim <= kMaxPairOrderDim) {
+          HWY_ALIGN float q_pairs[kMaxPairOrderDim];
+          StoreRowInPairOrder<T>(d, q, dim, q_pairs);
+          ScoreOneRow<kScaled, true, kDim>(q_pairs, k, k_stride, k_scales, n,
+                                           dim, v, v_stride, sc);
+          return;
+        }
       }
-    }
-    ScoreOneRow<kScaled, false>(q, k, k_stride, k_scales, n, dim, v, v_stride,
-                                sc);
+      ScoreOneRow<kScaled, false, kDim>(q, k, k_stride, k_scales, n, dim, v,
+                                        v_stride, sc);
+    });
     return;
   }
   // The prefetches of keys [s, ...): none without v.
@@ -469,7 +496,7 @@ void ScoreRows(const float* HWY_RESTRICT q, size_t q_stride, size_t rows,
 
 // Keys [s, s + kKeys) of ScoreRowPair: each head's one-row tile, the two
 // heads' K rows alternating key by key.
-template <size_t kKeys>
+template <size_t kKeys, size_t kDim>
 HWY_INLINE void ScorePairTile(const float* const q[2], const float* const k[2],
                               size_t stride, size_t s, size_t dim,
                               float* const sc[2]) {
@@ -479,7 +506,8 @@ HWY_INLINE void ScorePairTile(const float* const q[2], const float* const k[2],
   for (size_t j = 0; j < kKeys; ++j) {
     HWY_UNROLL(2)
     for (size_t h = 0; h < 2; ++h) {
-      acc[h][j] = OneRowKeyDot<false>(d, q[h], k[h] + (s + j) * stride, dim);
+      acc[h][j] =
+          OneRowKeyDot<false, kDim>(d, q[h], k[h] + (s + j) * stride, dim);
     }
   }
   HWY_UNROLL(2)
@@ -498,9 +526,11 @@ void ScoreRowPair(const float* const q[2], const float* const k[2],
                   size_t stride, size_t n, size_t dim, float* const sc[2]) {
   constexpr size_t kKeys = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
   size_t s = 0;
-  for (; s + kKeys <= n; s += kKeys) {
-    ScorePairTile<kKeys>(q, k, stride, s, dim, sc);
-  }
+  WithUnrolledDim(dim, [&](auto dim_tag) HWY_ATTR {
+    for (; s + kKeys <= n; s += kKeys) {
+      ScorePairTile<kKeys, decltype(dim_tag)::value>(q, k, stride, s, dim, sc);
+    }
+  });
   if (s == n) return;
   for (size_t h = 0; h < 2; ++h) {
     ScoreBlocks<false>(q[h], dim, 1, k[h] + s * stride, stride, nullptr, n - s,
