@@ -26,13 +26,9 @@ namespace HWY_NAMESPACE {
 
 // The head dims whose one-row scores (ScoreRows with rows = 1, ScoreRowPair)
 // run their loop over dim unrolled in full; the others loop at run time, the
-// same FMAs either way. MHA decode at 16384 keys, dim 128 (AVX3_DL, Zen 5):
-// one thread, call by call, bf16 1.04-1.11x, f16 1.08-1.11x, int8
-// 1.08-1.13x, float32 (pairs) 0.99-1.07x as fast as with the loop; the bench
-// rows in 6 alternating processes f16 1.07x, int8 1.03x, float32 1.02x, bf16
-// 1.00x; two threads 1.00-1.07x. Dim 64: 1.04-1.08x, float32 0.97x. Not 256
-// (0.98-1.06x): decode.cc compiled in 105 s, against 60 s so and 36 s
-// without. The tiles of several rows keep the loop: GQA-8 ran 0.90-0.93x.
+// same FMAs either way. MHA decode, dim 128, one thread: f16 1.07x, int8
+// 1.03x, bf16 and float32 1.00-1.02x (bench, alternating processes); the
+// tiles of several rows keep the loop (GQA-8 unrolled: 0.90-0.93x).
 inline constexpr size_t kUnrolledDims[] = {64, 128};
 
 // Scores of `rows` query rows against n stored key rows:

@@ -103,11 +103,10 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const int8_t* HWY_RESTRICT p) {
 // vectors), lane m of a holds element 2m and lane m of b element 2m + 1: one
 // 64-byte load, a shift and an and, where LoadStored(p) and LoadStored(p + N)
 // take two widening loads and two shifts (one-row bf16 decode, decode-inl.h's
-// OneRowKeyDot: 0.99-1.08x as fast as those, call by call on Zen 5, as the
-// host's state moves it). Elsewhere a = LoadStored(p) and b =
-// LoadStored(p + N), the natural order. StoreInPairOrder puts 2N floats (the
-// vectors that meet those of LoadStoredPair) in the same order. p is aligned
-// to N elements of T.
+// OneRowKeyDot: 0.99-1.08x as fast as those, call by call). Elsewhere a =
+// LoadStored(p) and b = LoadStored(p + N), the natural order. StoreInPairOrder
+// puts 2N floats (the vectors that meet those of LoadStoredPair) in the same
+// order. p is aligned to N elements of T.
 template <class T, class D>
 inline constexpr bool kPairOrderPermutes =
     (HWY_TARGET <= HWY_AVX3) && hwy::IsSame<T, hwy::bfloat16_t>() &&
