@@ -707,8 +707,9 @@ HWY_INLINE void MatmulPrefetchC(const MatmulOut::Column& column, size_t i0,
 // tile [kRows, cols] for writing (none for a null column: C's columns not
 // next to each other), a quarter in each of the first 4 chunks (the rest in
 // the last, for kc <= 3 chunks), and kLines lines of each row of `next` (1 per
-// chunk of N k; 2 per chunk of N pairs). Quarters are 9% faster than the whole
-// tile at once (1024 x 1024 x 128, two threads).
+// chunk of N k; 2 per chunk of N pairs). Quarters make the float kernel 9%
+// faster than the whole tile at once (1024 x 1024 x 128, two threads); the
+// native kernel was measured with the whole schedule (MatmulTileNative).
 template <size_t kRows, size_t kLines = 1>
 HWY_INLINE void MatmulChunkPrefetch(size_t chunk, bool last,
                                     const MatmulOut::Column* column, size_t i0,
@@ -744,15 +745,18 @@ HWY_INLINE void MatmulScaleRow(V (&acc)[kMatmulNV],
 // The end of MatmulTile and MatmulTileNative: the kSets accumulator sets of a
 // C tile [kRows, cols] at (i0, j0) summed pairwise in a fixed order, int8
 // columns scaled (scales [NR]), and the tile stored (alpha, beta, first as
-// MatmulStoreRow; lane by lane where its columns are not contiguous).
+// MatmulStoreRow): through `column` (out.ColumnAt(j0)), or lane by lane for
+// a null column (the tile's columns not next to each other).
 // Unrolled, so that MatmulTileNative's accumulators stay in registers across
 // its chunks (with these loops rolled GCC 12 kept them on the stack, loaded
 // and stored at every chunk: 0.94x).
 template <class T, size_t kSets, size_t kRows, class V>
 HWY_INLINE void MatmulFinishTile(V (&acc)[kSets][kRows][kMatmulNV],
-                                 const MatmulOut& out, size_t i0, size_t j0,
-                                 size_t cols, float alpha, float beta,
-                                 bool first, const float* HWY_RESTRICT scales) {
+                                 const MatmulOut& out,
+                                 const MatmulOut::Column* column, size_t i0,
+                                 size_t j0, size_t cols, float alpha,
+                                 float beta, bool first,
+                                 const float* HWY_RESTRICT scales) {
   HWY_UNROLL(4)
   for (size_t step = kSets / 2; step >= 1; step /= 2) {
     HWY_UNROLL(4)
@@ -766,12 +770,11 @@ HWY_INLINE void MatmulFinishTile(V (&acc)[kSets][kRows][kMatmulNV],
       }
     }
   }
-  const bool contiguous = out.Contiguous(j0, cols);
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
     MatmulScaleRow<T>(acc[0][r], scales);
-    if (contiguous) {
-      MatmulStoreRow(acc[0][r], out.At(i0 + r, j0), cols, alpha, beta, first);
+    if (column != nullptr) {
+      MatmulStoreRow(acc[0][r], column->At(i0 + r), cols, alpha, beta, first);
     } else {
       MatmulStoreLanes(
           acc[0][r],
@@ -800,8 +803,10 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  const bool contiguous = out.Contiguous(j0, cols);
-  if (contiguous) MatmulPrefetchC(out.ColumnAt(j0), i0, kRows, cols);
+  const MatmulOut::Column column = out.ColumnAt(j0);
+  const MatmulOut::Column* contiguous =
+      out.Contiguous(j0, cols) ? &column : nullptr;
+  if (contiguous != nullptr) MatmulPrefetchC(column, i0, kRows, cols);
   V acc[kSets][kRows][kNV];
   for (size_t s = 0; s < kSets; ++s) {
     for (size_t r = 0; r < kRows; ++r) {
@@ -842,7 +847,8 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
       MatmulFma<kRows>(acc[s % kSets], a + k + s, bv);
     }
   }
-  MatmulFinishTile<T>(acc, out, i0, j0, cols, alpha, beta, first, scales);
+  MatmulFinishTile<T>(acc, out, contiguous, i0, j0, cols, alpha, beta, first,
+                      scales);
 }
 
 // Where and how MatmulTileFull stores its tile.
@@ -1055,10 +1061,25 @@ HWY_INLINE void MatmulConvertAChunk(const float* HWY_RESTRICT src, size_t lda,
   }
 }
 
-// Pairs [kp0, kp1) (kp1 - kp0 a multiple of kSets) of a native tile:
-// acc[s][r][v] += A pair (r, kp + s) times B pairs (kp + s, vector v), with
-// vdpbf16ps, a strip of bf16 pairs a [kRows][kMatmulAStride] and B pairs bp
-// [pairs][NR].
+// acc[r][v] += A pair (r, q) times B pairs bv[v] (vdpbf16ps), for every row
+// r of a strip of bf16 pairs a [kRows][kMatmulAStride].
+template <size_t kRows, class V, class VU>
+HWY_INLINE void MatmulNativePair(V (&acc)[kRows][kMatmulNV],
+                                 const uint32_t* HWY_RESTRICT a, size_t q,
+                                 const VU (&bv)[kMatmulNV]) {
+  const hn::RebindToUnsigned<MatmulTag> du;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    const VU ar = hn::Set(du, a[r * kMatmulAStride + q]);
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      acc[r][v] = DotBF16Pairs(acc[r][v], ar, bv[v]);
+    }
+  }
+}
+
+// Pairs [kp0, kp1) (kp1 - kp0 a multiple of kSets) of a native tile: set s
+// takes pairs kp + s (MatmulNativePair), B pairs bp [pairs][NR].
 template <size_t kSets, size_t kRows, class V>
 HWY_INLINE void MatmulNativeSteps(V (&acc)[kSets][kRows][kMatmulNV],
                                   const uint32_t* HWY_RESTRICT a,
@@ -1075,14 +1096,7 @@ HWY_INLINE void MatmulNativeSteps(V (&acc)[kSets][kRows][kMatmulNV],
       for (size_t v = 0; v < kMatmulNV; ++v) {
         bv[v] = hn::Load(du, bp + (kp + s) * kMatmulNR + v * N);
       }
-      HWY_UNROLL(16)
-      for (size_t r = 0; r < kRows; ++r) {
-        const VU ar = hn::Set(du, a[r * kMatmulAStride + kp + s]);
-        HWY_UNROLL(4)
-        for (size_t v = 0; v < kMatmulNV; ++v) {
-          acc[s][r][v] = DotBF16Pairs(acc[s][r][v], ar, bv[v]);
-        }
-      }
+      MatmulNativePair<kRows>(acc[s], a, kp + s, bv);
     }
   }
 }
@@ -1116,8 +1130,9 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  const bool contiguous = out.Contiguous(j0, cols);
   const MatmulOut::Column column = out.ColumnAt(j0);
+  const MatmulOut::Column* contiguous =
+      out.Contiguous(j0, cols) ? &column : nullptr;
   const uint32_t* HWY_RESTRICT bp = reinterpret_cast<const uint32_t*>(b);
   V acc[kSets][kRows][kNV];
   HWY_UNROLL(4)
@@ -1154,9 +1169,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
         MatmulConvertAChunk<kRows>(source.src, source.lda, 2 * (kp + N), a);
       }
     }
-    MatmulChunkPrefetch<kRows, 2>(kp / N, kp + N >= pairs_all,
-                                  contiguous ? &column : nullptr, i0, cols,
-                                  next);
+    MatmulChunkPrefetch<kRows, 2>(kp / N, kp + N >= pairs_all, contiguous, i0,
+                                  cols, next);
   };
   // Chunks of N pairs (a multiple of kSets) over the pairs that fill whole
   // sets, each started by chunk_start.
@@ -1182,17 +1196,10 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
                     du, hn::Load(du16, reinterpret_cast<const uint16_t*>(b) +
                                            q * 2 * NR + v * N));
     }
-    HWY_UNROLL(16)
-    for (size_t r = 0; r < kRows; ++r) {
-      const VU ar = hn::Set(du, a[r * AS + q]);
-      HWY_UNROLL(4)
-      for (size_t v = 0; v < kNV; ++v) {
-        acc[s][r][v] = DotBF16Pairs(acc[s][r][v], ar, bv[v]);
-      }
-    }
+    MatmulNativePair<kRows>(acc[s], a, q, bv);
   }
-  MatmulFinishTile<hwy::bfloat16_t>(acc, out, i0, j0, cols, alpha, beta, first,
-                                    nullptr);
+  MatmulFinishTile<hwy::bfloat16_t>(acc, out, contiguous, i0, j0, cols, alpha,
+                                    beta, first, nullptr);
 }
 #endif  // HEADWAY_NATIVE_BF16
 
