@@ -8,13 +8,15 @@
 // of AttentionOptions on the float32 rows (attention_*_variant: argument
 // variant 1 soft-capping at 50 as Gemma 2, 2 ALiBi with the paper's slopes,
 // 3 sink logits as gpt-oss), decode in the AttentionCompute modes (argument
-// compute: 1 kBFloat16 on the bf16 cache, 2 kInt8 on the int8 cache), and the
-// sliding window
-// (attention_*_window: decode at position 65535 with a 4096-key window beside
-// plain decode at 4096 keys, prefill of 16384 tokens with a 4096-key window).
+// compute: 1 kBFloat16 on the bf16 cache, 2 kInt8 on the int8 cache), the
+// sliding window (attention_*_window: decode at position 65535 with a
+// 4096-key window beside plain decode at 4096 keys, prefill of 16384 tokens
+// with a 4096-key window), and MHA decode at other head sizes in every type
+// (attention_decode_head_dim, argument head_dim: 64 heads of 64, 16 of 256,
+// the same query width and cache bytes as 32 x 128).
 //
 // Counted work (docs/BENCHMARKS.md), with H = 32 query heads, G KV heads, d =
-// 128, L cached rows, n query rows:
+// 128 (H * d = 4096 in every row), L cached rows, n query rows:
 // - flops: the two products, 4 * H * d per (query, visible key) pair (QK^T
 //   and PV, two flops per multiply-add): decode 4 * H * L * d, prefill
 //   4 * H * d * n * n / 2 (the half of the square under the causal mask);
@@ -60,25 +62,31 @@ namespace bench {
 namespace {
 
 constexpr int64_t kHeads = 32, kHeadDim = 128;
+// The query width, kHeads * kHeadDim, which attention_decode_head_dim keeps
+// (64 heads of 64, 16 of 256).
+constexpr int64_t kWidth = kHeads * kHeadDim;
 constexpr int64_t kDecodeLen = 16384, kPrefillLen = 2048;
 
-// One cache per (n_kv_heads, length, dtype, ring), filled once for the whole
-// run with the same random floats for every dtype; null after skipping the
-// benchmark if it cannot be made. Decode's at L = 16384 take 1.4 GiB in all
-// (float32 MHA 512 MiB, GQA-8 128 MiB; bfloat16 and float16 half of that,
-// int8 a quarter plus the scales). ring_rows > 0: a ring cache of that many
-// rows with n_sink_tokens pinned, holding the last of `length` positions.
+// One cache per (n_kv_heads, length, dtype, ring, head_dim), filled once for
+// the whole run with the same random floats for every dtype; null after
+// skipping the benchmark if it cannot be made. Decode's at L = 16384 take
+// 1.4 GiB in all at head_dim 128 (float32 MHA 512 MiB, GQA-8 128 MiB;
+// bfloat16 and float16 half of that, int8 a quarter plus the scales), and
+// 1.1 GiB (MHA) at each other head_dim. ring_rows > 0: a ring cache of that
+// many rows with n_sink_tokens pinned, holding the last of `length` positions.
 const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
                            int64_t length, KvDtype dtype, int64_t ring_rows = 0,
-                           int64_t n_sink_tokens = 0) {
-  static std::map<std::tuple<int64_t, int64_t, KvDtype, int64_t, int64_t>,
-                  std::unique_ptr<KvCache>>
+                           int64_t n_sink_tokens = 0,
+                           int64_t head_dim = kHeadDim) {
+  static std::map<
+      std::tuple<int64_t, int64_t, KvDtype, int64_t, int64_t, int64_t>,
+      std::unique_ptr<KvCache>>
       caches;
   std::unique_ptr<KvCache>& cache =
-      caches[{n_kv_heads, length, dtype, ring_rows, n_sink_tokens}];
+      caches[{n_kv_heads, length, dtype, ring_rows, n_sink_tokens, head_dim}];
   if (!cache) {
     auto made = std::make_unique<KvCache>();
-    KvCacheConfig config{1, n_kv_heads, kHeadDim, length};
+    KvCacheConfig config{1, n_kv_heads, head_dim, length};
     config.dtype = dtype;
     if (ring_rows > 0) {
       config.capacity = ring_rows;
@@ -87,7 +95,7 @@ const KvCache* SharedCache(benchmark::State& state, int64_t n_kv_heads,
     }
     if (!Check(state, KvCache::Create(config, made.get()))) return nullptr;
     cache = std::move(made);
-    const int64_t width = n_kv_heads * kHeadDim, step = 256;
+    const int64_t width = n_kv_heads * head_dim, step = 256;
     auto k = AllocateBuffer<float>(step * width);
     auto v = AllocateBuffer<float>(step * width);
     for (int64_t t = 0; t < length; t += step) {
@@ -110,7 +118,7 @@ struct Buffers {
 
 Buffers MakeBuffers(int64_t n_tokens, bool weights, int64_t kv_len) {
   Buffers buffers;
-  const size_t size = static_cast<size_t>(n_tokens * kHeads * kHeadDim);
+  const size_t size = static_cast<size_t>(n_tokens * kWidth);
   buffers.q = AllocateBuffer<float>(size);
   buffers.out = AllocateBuffer<float>(size);
   // Every buffer is written once before timing: a first touch costs a page
@@ -130,9 +138,8 @@ AttentionQuery MakeQuery(const Buffers& buffers, int64_t n_tokens,
                          int64_t kv_len) {
   AttentionQuery query;
   query.q_pos0 = kv_len - n_tokens;
-  query.q =
-      MatrixView<const float>(buffers.q.get(), n_tokens, kHeads * kHeadDim);
-  query.out = MatrixView<float>(buffers.out.get(), n_tokens, kHeads * kHeadDim);
+  query.q = MatrixView<const float>(buffers.q.get(), n_tokens, kWidth);
+  query.out = MatrixView<float>(buffers.out.get(), n_tokens, kWidth);
   return query;
 }
 
@@ -155,11 +162,12 @@ double VisiblePairs(int64_t n_tokens, int64_t kv_len, int64_t window,
   return pairs;
 }
 
-// A cache as the counters see it: its KV heads, its stored bytes per token (K
-// and V of every KV head, scales included) and whether its elements are
-// converted to float32 (every type but float32).
+// A cache as the counters see it: its elements per token of K (n_kv_heads *
+// head_dim), its stored bytes per token (K and V of every KV head, scales
+// included) and whether its elements are converted to float32 (every type but
+// float32).
 struct StoredCache {
-  int64_t n_kv_heads;
+  int64_t kv_width;
   double bytes_per_token;
   bool converted;
 };
@@ -177,12 +185,11 @@ void Report(benchmark::State& state, const Target& target, int threads,
                : std::min(kv_len, window + n_tokens - 1 + n_sink_tokens);
   // One conversion per stored K and V element, unless stored as float32.
   const double conversions =
-      cache.converted
-          ? 2.0 * static_cast<double>(cache.n_kv_heads * kv_len * kHeadDim)
-          : 0.0;
-  const double flops = 4.0 * kHeads * kHeadDim * pairs + conversions;
+      cache.converted ? 2.0 * static_cast<double>(cache.kv_width * kv_len)
+                      : 0.0;
+  const double flops = 4.0 * kWidth * pairs + conversions;
   double bytes = cache.bytes_per_token * static_cast<double>(kv_len) +
-                 sizeof(float) * 2.0 * n_tokens * kHeads * kHeadDim;
+                 sizeof(float) * 2.0 * n_tokens * kWidth;
   if (weights) bytes += sizeof(float) * 1.0 * kHeads * n_tokens * kv_len;
   ReportRoofline(state, flops, bytes, MemoryCeiling::kRead, target, threads);
 }
@@ -192,23 +199,39 @@ void Report(benchmark::State& state, const Target& target, int threads,
 void Report(benchmark::State& state, const RunConfig& run, const KvCache& cache,
             int64_t n_tokens, int64_t kv_len, bool weights, int64_t window = 0,
             int64_t n_sink_tokens = 0) {
-  const StoredCache stored{cache.n_kv_heads(),
+  const StoredCache stored{cache.n_kv_heads() * cache.head_dim(),
                            static_cast<double>(cache.bytes_per_token()),
                            cache.config().dtype != KvDtype::kFloat32};
   Report(state, run.target, run.threads, stored, n_tokens, kv_len, weights,
          window, n_sink_tokens);
 }
 
-void BM_Decode(benchmark::State& state, const RunConfig& run) {
-  const int64_t n_kv = state.range(0);
-  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
-  const KvCache* cache = SharedCache(state, n_kv, kDecodeLen, dtype);
+// One query row against kDecodeLen keys of a cache in `dtype` with n_kv
+// heads of head_dim (kWidth / head_dim query heads).
+void Decode(benchmark::State& state, const RunConfig& run, int64_t n_kv,
+            int64_t head_dim, KvDtype dtype) {
+  const KvCache* cache =
+      SharedCache(state, n_kv, kDecodeLen, dtype, 0, 0, head_dim);
   if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   const AttentionQuery query = MakeQuery(buffers, 1, kDecodeLen);
-  const auto step = [&] { return Attention(*cache, kHeads, &query, 1); };
+  const auto step = [&] {
+    return Attention(*cache, kWidth / head_dim, &query, 1);
+  };
   if (!TimeSteps(state, step)) return;
   Report(state, run, *cache, 1, kDecodeLen, /*weights=*/false);
+}
+
+void BM_Decode(benchmark::State& state, const RunConfig& run) {
+  Decode(state, run, state.range(0), kHeadDim,
+         static_cast<KvDtype>(state.range(1)));
+}
+
+// MHA decode at head_dim state.range(0) (64 heads of 64, 16 of 256).
+void BM_DecodeHeadDim(benchmark::State& state, const RunConfig& run) {
+  const int64_t head_dim = state.range(0);
+  Decode(state, run, kWidth / head_dim, head_dim,
+         static_cast<KvDtype>(state.range(1)));
 }
 
 // BM_Decode in an AttentionCompute mode (arguments dtype and compute, the
@@ -364,21 +387,25 @@ void BM_Window(benchmark::State& state, const RunConfig& run) {
 //   without fa.
 // Bytes are counted as ggml stores them (q8_0: 34 per 32 elements).
 struct GgmlCache {
+  int64_t head_dim;
   ggml_type type;
   size_t row_bytes;  // one KV head's row of one token
   // K and V as [L][G][d]; V as [G][d][L] (mul_mat; empty for q8_0).
   BufferPtr<uint8_t> k, v, v_trans;
 };
 
-const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, KvDtype dtype) {
-  static std::map<std::pair<int64_t, KvDtype>, std::unique_ptr<GgmlCache>>
+const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, int64_t head_dim,
+                                 KvDtype dtype) {
+  static std::map<std::tuple<int64_t, int64_t, KvDtype>,
+                  std::unique_ptr<GgmlCache>>
       caches;
-  std::unique_ptr<GgmlCache>& cache = caches[{n_kv_heads, dtype}];
+  std::unique_ptr<GgmlCache>& cache = caches[{n_kv_heads, head_dim, dtype}];
   if (cache) return *cache;
   cache = std::make_unique<GgmlCache>();
+  cache->head_dim = head_dim;
   const ggml_type type = cache->type = GgmlCacheType(dtype);
-  cache->row_bytes = ggml_row_size(type, kHeadDim);
-  const int64_t width = n_kv_heads * kHeadDim, step = 256;
+  cache->row_bytes = ggml_row_size(type, head_dim);
+  const int64_t width = n_kv_heads * head_dim, step = 256;
   const size_t bytes = cache->row_bytes * n_kv_heads * kDecodeLen;
   const bool trans = type != GGML_TYPE_Q8_0;
   cache->k = AllocateBuffer<uint8_t>(bytes);
@@ -394,9 +421,9 @@ const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, KvDtype dtype) {
     FillUniform(v.get(), step * width, -1.0f, 1.0f, 2 * t + 2);
     const size_t at = static_cast<size_t>(t / step) * step_bytes;
     ggml_quantize_chunk(type, k.get(), cache->k.get() + at, 0,
-                        step * n_kv_heads, kHeadDim, nullptr);
+                        step * n_kv_heads, head_dim, nullptr);
     ggml_quantize_chunk(type, v.get(), cache->v.get() + at, 0,
-                        step * n_kv_heads, kHeadDim, nullptr);
+                        step * n_kv_heads, head_dim, nullptr);
     for (int64_t c = 0; trans && c < width; ++c) {
       for (int64_t i = 0; i < step; ++i) column[i] = v.get()[i * width + c];
       ggml_quantize_chunk(
@@ -412,34 +439,41 @@ const GgmlCache& SharedGgmlCache(int64_t n_kv_heads, KvDtype dtype) {
 // viewed and permuted as llama.cpp does.
 ggml_tensor* GgmlRows(ggml_context* ctx, const GgmlCache& cache,
                       int64_t n_kv_heads, uint8_t* data) {
+  const int64_t d = cache.head_dim;
   ggml_tensor* all =
-      ggml_new_tensor_2d(ctx, cache.type, kHeadDim * n_kv_heads, kDecodeLen);
+      ggml_new_tensor_2d(ctx, cache.type, d * n_kv_heads, kDecodeLen);
   all->data = data;
   ggml_tensor* rows =
-      ggml_view_3d(ctx, all, kHeadDim, n_kv_heads, kDecodeLen, cache.row_bytes,
+      ggml_view_3d(ctx, all, d, n_kv_heads, kDecodeLen, cache.row_bytes,
                    cache.row_bytes * n_kv_heads, 0);
   return ggml_permute(ctx, rows, 0, 2, 1, 3);
 }
 
-void BM_DecodeGgml(benchmark::State& state, bool flash) {
-  const int64_t n_kv = state.range(0);
+// by_head_dim: attention_decode_head_dim's peer (argument 0 head_dim, MHA),
+// else attention_decode's (argument 0 kv_heads, head_dim 128).
+void BM_DecodeGgml(benchmark::State& state, bool flash, bool by_head_dim) {
+  const int64_t head_dim = by_head_dim ? state.range(0) : kHeadDim;
+  const int64_t heads = kWidth / head_dim;
+  const int64_t n_kv = by_head_dim ? heads : state.range(0);
   const KvDtype dtype = static_cast<KvDtype>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
-  const GgmlCache& cache = SharedGgmlCache(n_kv, dtype);
+  const GgmlCache& cache = SharedGgmlCache(n_kv, head_dim, dtype);
   const Buffers buffers = MakeBuffers(1, false, kDecodeLen);
   // The cache's tensors in stored_ctx, which has no memory of its own (their
   // data is ours); q and what the graph makes (mul_mat's scores and weights,
-  // 2 MiB each) in ctx's.
+  // L x H floats each: 2 MiB at H = 32) in ctx's.
   ggml_context* stored_ctx =
       ggml_init({ggml_tensor_overhead() * 16, nullptr, true});
-  ggml_context* ctx = ggml_init(
-      {ggml_tensor_overhead() * 16 + ggml_graph_overhead() + (8u << 20),
-       nullptr, false});
-  ggml_tensor* q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, kHeadDim, kHeads, 1);
-  std::copy(buffers.q.get(), buffers.q.get() + kHeads * kHeadDim,
+  const size_t scores_bytes = sizeof(float) * kDecodeLen * heads;
+  ggml_context* ctx =
+      ggml_init({ggml_tensor_overhead() * 16 + ggml_graph_overhead() +
+                     2 * scores_bytes + (4u << 20),
+                 nullptr, false});
+  ggml_tensor* q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, head_dim, heads, 1);
+  std::copy(buffers.q.get(), buffers.q.get() + kWidth,
             static_cast<float*>(q->data));
   q = ggml_permute(ctx, q, 0, 2, 1, 3);  // [d, 1, H]
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   ggml_tensor* k = GgmlRows(stored_ctx, cache, n_kv, cache.k.get());
   ggml_tensor* out;
   if (flash) {
@@ -449,7 +483,7 @@ void BM_DecodeGgml(benchmark::State& state, bool flash) {
     ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
   } else {
     ggml_tensor* v_trans =
-        ggml_new_tensor_3d(stored_ctx, cache.type, kDecodeLen, kHeadDim, n_kv);
+        ggml_new_tensor_3d(stored_ctx, cache.type, kDecodeLen, head_dim, n_kv);
     v_trans->data = cache.v_trans.get();
     ggml_tensor* scores = ggml_mul_mat(ctx, k, q);  // [L, 1, H]
     ggml_mul_mat_set_prec(scores, GGML_PREC_F32);
@@ -462,22 +496,28 @@ void BM_DecodeGgml(benchmark::State& state, bool flash) {
   ggml_free(ctx);
   ggml_free(stored_ctx);
   if (!ok) return;
-  const StoredCache stored{n_kv, 2.0 * cache.row_bytes * n_kv,
+  const StoredCache stored{n_kv * head_dim, 2.0 * cache.row_bytes * n_kv,
                            dtype != KvDtype::kFloat32};
   Report(state, SupportedTargets().front(), threads, stored, 1, kDecodeLen,
          /*weights=*/false);
 }
 
-// The peers' rows: attention_decode's MHA and GQA-8 shapes (arg_sets, less
-// MQA) in every type, on every thread count; mul_mat not on q8_0.
-void RegisterGgml(const std::vector<std::vector<int64_t>>& arg_sets) {
+// The peers' rows of `family` (attention_decode, argument kv_heads; or
+// attention_decode_head_dim, by_head_dim): its shapes (arg_sets, less MQA) in
+// every type, on every thread count; mul_mat not on q8_0.
+void RegisterGgml(const std::string& family,
+                  const std::vector<std::vector<int64_t>>& arg_sets,
+                  bool by_head_dim) {
   for (const bool flash : {true, false}) {
     benchmark::internal::Benchmark* bench = benchmark::RegisterBenchmark(
-        flash ? "attention_decode_ggml/fa" : "attention_decode_ggml/mul_mat",
-        [flash](benchmark::State& state) { BM_DecodeGgml(state, flash); });
-    bench->ArgNames({"kv_heads", "dtype", "threads"})->UseRealTime();
+        (family + (flash ? "_ggml/fa" : "_ggml/mul_mat")).c_str(),
+        [flash, by_head_dim](benchmark::State& state) {
+          BM_DecodeGgml(state, flash, by_head_dim);
+        });
+    bench->ArgNames({by_head_dim ? "head_dim" : "kv_heads", "dtype", "threads"})
+        ->UseRealTime();
     for (const std::vector<int64_t>& args : arg_sets) {
-      if (args[0] == 1) continue;
+      if (!by_head_dim && args[0] == 1) continue;
       if (!flash && args[1] == static_cast<int64_t>(KvDtype::kInt8)) continue;
       for (int threads : ThreadCounts()) {
         bench->Args({args[0], args[1], threads});
@@ -504,7 +544,18 @@ void RegisterAttention() {
   RegisterPerTarget("attention_decode", BM_Decode, {"kv_heads", "dtype"},
                     decode_sets, /*every_target_sets=*/3);
 #ifdef HEADWAY_BENCH_GGML
-  RegisterGgml(decode_sets);
+  RegisterGgml("attention_decode", decode_sets, /*by_head_dim=*/false);
+#endif
+  // MHA decode at head_dim 64 and 256 in every type, on the key targets.
+  const std::vector<std::vector<int64_t>> head_dim_sets = {
+      {64, kF32},  {64, kBF16},  {64, kF16},  {64, kI8},
+      {256, kF32}, {256, kBF16}, {256, kF16}, {256, kI8}};
+  RegisterPerTarget("attention_decode_head_dim", BM_DecodeHeadDim,
+                    {"head_dim", "dtype"}, head_dim_sets,
+                    /*every_target_sets=*/0);
+#ifdef HEADWAY_BENCH_GGML
+  RegisterGgml("attention_decode_head_dim", head_dim_sets,
+               /*by_head_dim=*/true);
 #endif
   // GQA-8 on the bf16 cache in AttentionCompute::kBFloat16 (MHA decode
   // computes as kFloat32 there), MHA and GQA-8 on the int8 cache in kInt8,

@@ -5,10 +5,10 @@
 #
 # Tiny mode: 1 ms per ceiling measurement, 1 ms per benchmark, 1 thread, the best target and the
 # fallback (SCALAR, EMU128 with clang), and one small row of each kernel family and of its peers
-# (the prefills, seconds long on the fallback, on the best target only), plus two rows on stored
-# KV types (GQA-8 decode on an int8 cache, MHA prefill on a bf16 cache) and matmul 512^3 in bf16
-# compute with its peer, oneDNN's bf16 matmul; where the build found ggml, its rows of those
-# shapes too (llama.cpp's peers). Checks that the progress line and the summary
+# (the prefills, seconds long on the fallback, on the best target only), plus three rows on
+# stored KV types (GQA-8 decode on an int8 cache, MHA prefill on a bf16 cache, MHA decode at
+# head_dim 64 on a bf16 cache) and matmul 512^3 in bf16 compute with its peer, oneDNN's bf16
+# matmul; where the build found ggml, its rows of those shapes too (llama.cpp's peers). Checks that the progress line and the summary
 # table appear (with "in run" figures: the ceiling rows fma_peak and read_peak run too) and that
 # the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs is
 # refused with a message. The charts are drawn only where matplotlib is installed; the test
@@ -29,6 +29,7 @@ filter="$filter|matmul_kernel/[^/]+/kc:512/"
 filter="$filter|(fma|read)_peak/[^/]+/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
 filter="$filter|attention_decode(_ggml)?/[^/]+/kv_heads:8/dtype:3/"
+filter="$filter|attention_decode_head_dim(_ggml/fa)?/[^/]+/head_dim:64/dtype:1/"
 filter="$filter|attention_prefill/$not_scalar/kv_heads:(1/|32/dtype:1/)"
 filter="$filter|layer_(seed_)?decode/[^/]+/kv_heads:1/"
 filter="$filter|layer_prefill/$not_scalar/kv_heads:1/)"
