@@ -16,7 +16,8 @@
 // Shapes: every stored type, rows 1..8 and lanes - 1, n around the vector
 // length and the 128-key block, dim 16..144 (multiples of 16, as the cache's
 // row_stride; for the scores also kMaxPairOrderDim and 16 past it, and
-// kMaxInt8ProductDim and 16 past it for int8 products), rows strided past dim
+// kMaxInt8ProductDim and 16 past it for int8 products; for the sums also 16
+// vectors, one pass of kOneRowWide on AVX-512), rows strided past dim
 // (NaN or garbage in the padding), score rows strided as NarrowTile's (the key
 // block rounded up to vectors), and the K and V buffers ending at a guard page.
 #include <stddef.h>
@@ -415,7 +416,13 @@ void SweepAccumulateRows(Products products = Products::kStored) {
   if (products != Products::kStored) {
     for (size_t n : {255, 258}) counts.push_back(n);
   }
-  for (size_t dim : kDims) {
+  std::vector<size_t> dims(std::begin(kDims), std::end(kDims));
+  // One row of 16 vectors in one pass of 16 sums (kOneRowWide on AVX-512).
+  if (products == Products::kStored &&
+      std::find(dims.begin(), dims.end(), 16 * lanes) == dims.end()) {
+    dims.push_back(16 * lanes);
+  }
+  for (size_t dim : dims) {
     for (size_t rows : RowCounts(lanes)) {
       for (size_t n : counts) {
         CheckAccumulateRows<T>(rows, n, dim, seed, products);
