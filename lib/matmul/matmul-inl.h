@@ -803,9 +803,8 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  const MatmulOut::Column column = out.ColumnAt(j0);
-  const MatmulOut::Column* contiguous =
-      out.Contiguous(j0, cols) ? &column : nullptr;
+  MatmulOut::Column column{};
+  const MatmulOut::Column* contiguous = out.ContiguousColumn(j0, cols, &column);
   if (contiguous != nullptr) MatmulPrefetchC(column, i0, kRows, cols);
   V acc[kSets][kRows][kNV];
   for (size_t s = 0; s < kSets; ++s) {
@@ -1130,9 +1129,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  const MatmulOut::Column column = out.ColumnAt(j0);
-  const MatmulOut::Column* contiguous =
-      out.Contiguous(j0, cols) ? &column : nullptr;
+  MatmulOut::Column column{};
+  const MatmulOut::Column* contiguous = out.ContiguousColumn(j0, cols, &column);
   const uint32_t* HWY_RESTRICT bp = reinterpret_cast<const uint32_t*>(b);
   V acc[kSets][kRows][kNV];
   HWY_UNROLL(4)

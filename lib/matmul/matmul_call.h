@@ -56,6 +56,13 @@ struct MatmulOut {
   bool Contiguous(size_t j, size_t cols) const {
     return rows == nullptr || j / seg_cols == (j + cols - 1) / seg_cols;
   }
+  // A tile's column: *column = ColumnAt(j) and column where columns [j, j +
+  // cols) are Contiguous, else null (column untouched).
+  const Column* ContiguousColumn(size_t j, size_t cols, Column* column) const {
+    if (!Contiguous(j, cols)) return nullptr;
+    *column = ColumnAt(j);
+    return column;
+  }
 };
 
 // Columns [begin, begin + cols) of a matrix given as parts side by side (the
