@@ -665,9 +665,9 @@ inline constexpr bool kAccumulateFloatPairs = false;
 
 // Whether one row of a 16-bit type takes a row of exactly 16 vectors (head_dim
 // 256 on AVX-512) in one pass of 16 sums, where other rows go 8 vectors at a
-// time: MHA decode at dim 256 1.03-1.12x (bf16), 1.15-1.18x (f16), one and two
-// threads; int8 ran 0.94x, and dim 512 in two passes of 16 0.65-0.71x against
-// four of 8 (one thread, call by call).
+// time: MHA decode at dim 256 1.03-1.07x (bf16) and 1.18-1.25x (f16), one
+// thread, old and new builds in alternating processes; int8 ran 0.94x, and
+// dim 512 in two passes of 16 0.65-0.71x against four of 8 (call by call).
 template <class T>
 inline constexpr bool kOneRowWide = HWY_TARGET <= HWY_AVX3 && sizeof(T) == 2;
 
@@ -852,19 +852,22 @@ HWY_INLINE void AccumulatePairTile(const float* const w[2],
   }
 }
 
+// Keys per pass of AccumulateRowPair's tiles where a row needs more than one
+// tile: each tile takes kPairKeyChunk keys before the next tile does, so that
+// the later tiles read those keys' V rows (both heads': 32 KiB at dim 256)
+// from L1: float32 MHA decode 1.03-1.07x at dim 256 and 512 (one thread).
+inline constexpr size_t kPairKeyChunk = 16;
+
 // AccumulateRowPair (decode.h): 8 vectors at a time per head on AVX-512 (16
 // sums of 32 registers), 4 elsewhere (ForColumnTiles). Each element is one
-// FMA chain in key order, as in AccumulateTile, whatever the tile width. A
-// row wider than one tile goes through all its tiles 16 keys at a time, so
-// that the later tiles read those keys' V rows (both heads': 32 KiB at dim
-// 256) from L1: float32 MHA decode 1.03-1.07x at dim 256 and 512 (one
-// thread).
+// FMA chain in key order, as in AccumulateTile, whatever the tile width; a
+// row wider than one tile goes kPairKeyChunk keys at a time.
 void AccumulateRowPair(const float* const w[2], const float* const v[2],
                        size_t stride, size_t n, size_t dim, float* const o[2]) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
   constexpr size_t kJ = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
   const size_t n_vec = dim / N;
-  const size_t chunk = n_vec > kJ ? 16 : n;
+  const size_t chunk = n_vec > kJ ? kPairKeyChunk : n;
   for (size_t s0 = 0; s0 < n; s0 += chunk) {
     const float* const ws[2] = {w[0] + s0, w[1] + s0};
     ForColumnTiles<kJ>(n_vec, [&](auto width, size_t j) HWY_ATTR {
