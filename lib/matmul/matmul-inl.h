@@ -1083,9 +1083,9 @@ HWY_INLINE void MatmulNativePair(V (&acc)[kRows][kMatmulNV],
 // integers, so no pointer past B is formed). Against oneDNN's bf16 matmul (one
 // thread, builds with and without in alternating processes), 8 pairs (1 KiB):
 // 0.968-0.973x vs 0.955-0.961x at 512^3, 0.996-0.999x vs 0.968-0.977x at
-// 2048^3, 1.01-1.02x vs 0.87x at 8 x 4096 x 4096; tiles of fewer rows stream
-// B from memory faster without (1 x 4096 x 4096: 0.99-1.01x vs 1.07-1.12x;
-// 4 rows 0.97x). The float kernel gained nothing.
+// 2048^3, 1.01-1.05x vs 0.87-0.96x at 8 x 4096 x 4096; tiles of fewer rows
+// stream B from memory faster without (1 x 4096 x 4096: 0.99-1.01x vs
+// 1.07-1.12x; 4 rows 0.97x). The float kernel gained nothing.
 inline constexpr size_t kMatmulNativeBAhead = 8;
 inline constexpr size_t kMatmulNativeBAheadRows = 8;
 
