@@ -41,7 +41,8 @@
 //   NC block of panels (kc x NC of B, 256 KiB, stays in L2): for each strip
 //   (A: MR x kc, 25 KiB, stays in L1; packed by its first kernel, while its
 //   kernels prefetch the next strip, a line of each row per N k): for each
-//   panel: micro-kernel, which prefetches its C tile for writing.
+//   panel: micro-kernel, which prefetches its C tile for writing (and, the
+//   native bf16 kernel of 8 rows or more, B 8 pairs ahead).
 //
 // - Few rows (M <= kMatmulSmallM = 16, decode): one task per group of panels,
 //   one group per thread, A packed once for all K blocks; for each K block,
