@@ -1022,9 +1022,10 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
                             const float* scales,
                             const MatmulASource* source = nullptr,
                             const MatmulAPrefetch& next = MatmulAPrefetch()) {
-  if (rows == kMatmulMR && cols == kMatmulNR && out.Contiguous(j0, cols)) {
-    const MatmulTileStore store{
-        out.ColumnAt(j0), i0, alpha, beta, first, scales};
+  MatmulOut::Column column{};
+  if (rows == kMatmulMR && cols == kMatmulNR &&
+      out.ContiguousColumn(j0, cols, &column) != nullptr) {
+    const MatmulTileStore store{column, i0, alpha, beta, first, scales};
     if (source != nullptr) {
       MatmulTileFull<kMatmulMR, true>(kc, a, b, store, *source, next);
     } else {
@@ -1078,16 +1079,13 @@ HWY_INLINE void MatmulNativePair(V (&acc)[kRows][kMatmulNV],
   }
 }
 
-// B pairs that MatmulNativeSteps prefetches into L1 ahead of its loads, in
-// tiles of at least kMatmulNativeBAheadRows rows: a line per B vector and pair
-// (past the slice: the next one's, or lines nobody reads; the addresses are
-// integers, so no pointer past B is formed). Against oneDNN's bf16 matmul (one
-// thread, builds with and without in alternating processes), 8 pairs (1 KiB):
-// 0.968-0.973x vs 0.955-0.961x at 512^3, 0.996-0.999x vs 0.968-0.977x at
-// 2048^3, 1.01-1.05x vs 0.87-0.96x at 8 x 4096 x 4096; tiles of fewer rows
-// stream B from memory faster without (1 x 4096 x 4096: 0.99-1.01x vs
-// 1.07-1.12x; 4 rows 0.97x). The float kernel gained nothing.
+// B pairs that MatmulNativeSteps prefetches into L1 ahead of its loads (a
+// line per B vector and pair; integer addresses, so no pointer past B is
+// formed): 8 (1 KiB), 2048^3 0.996-0.999x oneDNN's bf16 matmul vs
+// 0.968-0.977x without (one thread; docs/BENCHMARKS.md).
 inline constexpr size_t kMatmulNativeBAhead = 8;
+// Only tiles of at least this many rows prefetch B: GEMVs stream it from
+// memory faster without (1 x 4096 x 4096: 1.07-1.12x oneDNN vs 0.99-1.01x).
 inline constexpr size_t kMatmulNativeBAheadRows = 8;
 
 // Pairs [kp0, kp1) (kp1 - kp0 a multiple of kSets) of a native tile: set s
@@ -1106,14 +1104,13 @@ HWY_INLINE void MatmulNativeSteps(V (&acc)[kSets][kRows][kMatmulNV],
     HWY_UNROLL(4)
     for (size_t s = 0; s < kSets; ++s) {
       const uint32_t* row = bp + (kp + s) * kMatmulNR;
-      const uintptr_t ahead = reinterpret_cast<uintptr_t>(row) + kAheadBytes;
       VU bv[kMatmulNV];
       HWY_UNROLL(4)
       for (size_t v = 0; v < kMatmulNV; ++v) {
         if constexpr (kRows >= kMatmulNativeBAheadRows) {
-          __builtin_prefetch(
-              reinterpret_cast<const void*>(ahead + v * N * sizeof(uint32_t)),
-              /*rw=*/0, /*locality=*/3);
+          const uintptr_t ahead = reinterpret_cast<uintptr_t>(row + v * N);
+          __builtin_prefetch(reinterpret_cast<const void*>(ahead + kAheadBytes),
+                             /*rw=*/0, /*locality=*/3);
         }
         bv[v] = hn::Load(du, row + v * N);
       }
