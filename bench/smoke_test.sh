@@ -9,7 +9,8 @@
 # stored KV types (GQA-8 decode on an int8 cache, MHA prefill on a bf16 cache, MHA decode at
 # head_dim 64 on a bf16 cache) and matmul 512^3 in bf16 compute with its peer, oneDNN's bf16
 # matmul; where the build found ggml, its rows of those shapes too (llama.cpp's peers). Checks that the progress line and the summary
-# table appear (with "in run" figures: the ceiling rows fma_peak and read_peak run too) and that
+# table appear (with "in run" figures: the ceiling rows fma_peak and read_peak run too, and
+# read_fma_peak at 4 flops per byte) and that
 # the JSON has rows with both GFLOP/s and GB/s, and that a thread count above the CPUs is
 # refused with a message. The charts are drawn only where matplotlib is installed; the test
 # passes without it.
@@ -27,6 +28,7 @@ filter="^(softmax/[^/]+/rows:32/cols:2048/"
 filter="$filter|matmul(_openblas|_onednn|_ggml)?/[^/]+/m:512/n:512/k:512/batch:1/tb:0/packed:[0-4]/"
 filter="$filter|matmul_kernel/[^/]+/kc:512/"
 filter="$filter|(fma|read)_peak/[^/]+/"
+filter="$filter|read_fma_peak/[^/]+/flops_per_byte:4/"
 filter="$filter|attention_decode(_materialized)?/[^/]+/kv_heads:1/"
 filter="$filter|attention_decode(_ggml)?/[^/]+/kv_heads:8/dtype:3/"
 filter="$filter|attention_decode_head_dim(_ggml/fa)?/[^/]+/head_dim:64/dtype:1/"

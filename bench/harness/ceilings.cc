@@ -363,41 +363,81 @@ void BM_FmaPeak(benchmark::State& state, const RunConfig& run) {
 void RegisterFmaPeak() { RegisterPerTarget("fma_peak", BM_FmaPeak, {}, {{}}); }
 HEADWAY_REGISTER_BENCHMARKS(RegisterFmaPeak);
 
-// The read ceiling as a benchmark row, read_peak/<TARGET>/threads:N, the
-// fma_peak row's counterpart for the memory-bound rows: each thread sums its
-// share of a buffer the size of the ceiling's (512 MiB, huge pages) once per
-// iteration, the loop that MeasureRead times. A row's GB/s median over this
-// row's median in the same interleaved run is its fraction of the bandwidth
-// that this run's machine gave (bf16 MHA decode took 7.1 to 16.0 ms in
-// alternating processes within 3 minutes); its own "%read" says how far the
-// run's conditions were from the start-up trial. On the key targets: the loop
-// is the same loads on every vector target.
-void BM_ReadPeak(benchmark::State& state, const RunConfig& run) {
+// The buffer of the read rows below, the size of the read ceiling's (512 MiB,
+// huge pages), touched once as the start-up one; its floats.
+const float* ReadRowsBuffer(size_t* floats) {
   const Ceilings& c = GetCeilings();
   const size_t bytes = c.measured ? c.memory_bytes : kMemoryBytes;
-  const size_t floats = bytes / sizeof(float);
-  // One buffer for every read_peak row, touched once as the start-up one.
-  static const BufferPtr<float> buffer = TouchedBuffer(floats);
+  *floats = bytes / sizeof(float);
+  static const BufferPtr<float> buffer = TouchedBuffer(*floats);
+  return buffer.get();
+}
+
+// Times `read`(slice, floats) on each thread's share of ReadRowsBuffer once
+// per iteration. Returns the bytes read per iteration, 0 if skipped.
+template <class Read>
+double TimeSlices(benchmark::State& state, const RunConfig& run,
+                  const Read& read) {
+  size_t floats = 0;
+  const float* buffer = ReadRowsBuffer(&floats);
   const size_t threads = static_cast<size_t>(run.threads);
   const size_t slice = floats / threads / kStreamElements * kStreamElements;
   std::vector<float> sums(threads);
   const auto step = [&] {
     ForEachThread(run.threads, [&](int i) {
       const size_t t = static_cast<size_t>(i);
-      sums[t] = internal::ReadSum(buffer.get() + t * slice, slice);
+      sums[t] = read(buffer + t * slice, slice);
     });
     for (float sum : sums) sink = sum;
     return Status::Ok();
   };
-  if (!TimeSteps(state, step)) return;
-  ReportMemory(state, static_cast<double>(threads * slice * sizeof(float)),
-               MemoryCeiling::kRead, run.threads);
+  if (!TimeSteps(state, step)) return 0.0;
+  return static_cast<double>(threads * slice * sizeof(float));
+}
+
+// The read ceiling as a benchmark row, read_peak/<TARGET>/threads:N, the
+// fma_peak row's counterpart for the memory-bound rows: each thread sums its
+// share of the buffer (TimeSlices), the loop that MeasureRead times. A row's
+// GB/s median over this row's median in the same interleaved run is its
+// fraction of the bandwidth that this run's machine gave (bf16 MHA decode
+// took 7.1 to 16.0 ms in alternating processes within 3 minutes); its own
+// "%read" says how far the run's conditions were from the start-up trial. On
+// the key targets: the loop is the same loads on every vector target.
+void BM_ReadPeak(benchmark::State& state, const RunConfig& run) {
+  const double bytes = TimeSlices(state, run, internal::ReadSum);
+  if (bytes == 0.0) return;
+  ReportMemory(state, bytes, MemoryCeiling::kRead, run.threads);
 }
 
 void RegisterReadPeak() {
   RegisterPerTarget("read_peak", BM_ReadPeak, {}, {{}}, 0);
 }
 HEADWAY_REGISTER_BENCHMARKS(RegisterReadPeak);
+
+// Streaming with arithmetic, read_fma_peak/<TARGET>/flops_per_byte:I/
+// threads:N: read_peak's buffer read as two streams (decode's K and V), with
+// I flops per byte on the loaded floats and nothing else (no conversions,
+// reductions or softmax). Its bound is the roofline's at intensity I, the
+// lower of I x read and FMA; its "in run" % says how much of that bound one
+// core reaches when its loads and FMAs share the time. A decode row of the
+// same flops per stored byte (docs/BENCHMARKS.md) reads at most about this
+// row's rate: GQA-8 decode does 2 (float32), 4 (bf16, f16) and 8 (int8).
+void BM_ReadFmaPeak(benchmark::State& state, const RunConfig& run) {
+  const size_t flops_per_byte = static_cast<size_t>(state.range(0));
+  const double bytes =
+      TimeSlices(state, run, [&](const float* slice, size_t floats) {
+        return internal::ReadFma(slice, floats, flops_per_byte);
+      });
+  if (bytes == 0.0) return;
+  ReportRoofline(state, bytes * static_cast<double>(flops_per_byte), bytes,
+                 MemoryCeiling::kRead, run.target, run.threads);
+}
+
+void RegisterReadFmaPeak() {
+  RegisterPerTarget("read_fma_peak", BM_ReadFmaPeak, {"flops_per_byte"},
+                    {{2}, {4}, {8}}, 0);
+}
+HEADWAY_REGISTER_BENCHMARKS(RegisterReadFmaPeak);
 
 }  // namespace
 }  // namespace bench

@@ -1,5 +1,6 @@
 // Streaming read and copy: the memory bandwidth ceilings (and the L2 one, on a
-// small buffer).
+// small buffer); streaming read with arithmetic, the rate a kernel of a given
+// intensity can read.
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +48,67 @@ float ReadSumT(const float* HWY_RESTRICT data, size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// acc[(s + f) % 12] += x * c for f < kFmas: one vector's MulAdds, spread over
+// 12 accumulators (FMA latency x throughput needs 8) from slot s on.
+template <size_t kFmas, class D, class V = hn::Vec<D>>
+HWY_INLINE void MulAddsInto(V (&acc)[12], size_t s, V x, V c) {
+  HWY_UNROLL(16)
+  for (size_t f = 0; f < kFmas; ++f) {
+    acc[(s + f) % 12] = hn::MulAdd(x, c, acc[(s + f) % 12]);
+  }
+}
+
+// Two streams (the halves of data, as decode streams K and V), kFmas MulAdds
+// per vector loaded: the read rate of a kernel with kFmas / 2 flops per byte
+// whose arithmetic and loads are all it does. Three vectors of each stream
+// per step fill the 12 accumulators evenly (6 kFmas slots); n: a multiple of
+// kStreamElements.
+template <size_t kFmas>
+float ReadFmaLoop(const float* HWY_RESTRICT data, size_t n) {
+  using D = hn::ScalableTag<float>;
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const size_t half = n / 2;
+  const float* HWY_RESTRICT a = data;
+  const float* HWY_RESTRICT b = data + half;
+  const auto c = hn::Set(d, 0.5f);
+  // Each from its own value: from equal ones, GCC 12 merges the accumulators
+  // that see the same vectors and drops their MulAdds.
+  hn::Vec<D> acc[12];
+  HWY_UNROLL(12)
+  for (size_t s = 0; s < 12; ++s) acc[s] = hn::Set(d, static_cast<float>(s));
+  size_t i = 0;
+  for (; i + 3 * N <= half; i += 3 * N) {
+    HWY_UNROLL(3)
+    for (size_t u = 0; u < 3; ++u) {
+      MulAddsInto<kFmas, D>(acc, 2 * u * kFmas, hn::Load(d, a + i + u * N), c);
+      MulAddsInto<kFmas, D>(acc, (2 * u + 1) * kFmas,
+                            hn::Load(d, b + i + u * N), c);
+    }
+  }
+  for (; i < half; i += N) {
+    MulAddsInto<kFmas, D>(acc, 0, hn::Load(d, a + i), c);
+    MulAddsInto<kFmas, D>(acc, kFmas, hn::Load(d, b + i), c);
+  }
+  HWY_UNROLL(12)
+  for (size_t s = 1; s < 12; ++s) acc[0] = hn::Add(acc[0], acc[s]);
+  return hn::GetLane(hn::SumOfLanes(d, acc[0]));
+}
+
+float ReadFmaT(const float* HWY_RESTRICT data, size_t n,
+               size_t flops_per_byte) {
+  switch (flops_per_byte) {
+    case 1:
+      return ReadFmaLoop<2>(data, n);
+    case 2:
+      return ReadFmaLoop<4>(data, n);
+    case 4:
+      return ReadFmaLoop<8>(data, n);
+    default:
+      return ReadFmaLoop<16>(data, n);
+  }
+}
+
 void CopyT(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -73,12 +135,17 @@ namespace headway {
 namespace bench {
 
 HWY_EXPORT(ReadSumT);
+HWY_EXPORT(ReadFmaT);
 HWY_EXPORT(CopyT);
 
 namespace internal {
 
 float ReadSum(const float* data, size_t n) {
   return HWY_DYNAMIC_DISPATCH(ReadSumT)(data, n);
+}
+
+float ReadFma(const float* data, size_t n, size_t flops_per_byte) {
+  return HWY_DYNAMIC_DISPATCH(ReadFmaT)(data, n, flops_per_byte);
 }
 
 void Copy(const float* src, float* dst, size_t n) {

@@ -28,6 +28,11 @@ FmaLoopResult FmaLoop(uint64_t rounds, float mul, float add);
 // kStreamElements.
 float ReadSum(const float* data, size_t n);
 
+// A checksum of data[0, n) that takes flops_per_byte (1, 2, 4 or 8) flops
+// per byte read: two streams, 2 flops_per_byte MulAdds per float vector
+// loaded. The same alignment and n as ReadSum.
+float ReadFma(const float* data, size_t n, size_t flops_per_byte);
+
 // dst[0, n) = src[0, n) with ordinary (write-allocate) stores, as the kernels
 // write. Both are 64-byte aligned and n is a multiple of kStreamElements.
 void Copy(const float* src, float* dst, size_t n);
