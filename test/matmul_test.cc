@@ -716,6 +716,57 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
   }
 }
 
+// Few rows against B packed before the call run its panels two at a time on
+// AVX-512 (lib/matmul/matmul-inl.h, MatmulGemvPanelPairs): rows 1 to 5 (5 is
+// past the pairs), 1, 2, 3 and 7 panels (an odd one alone, the last one half
+// full), odd and even k, every dtype, against the float64 reference. An
+// element's arithmetic is the same as one panel at a time, so float32 equals
+// the unpacked call (one panel at a time) bit for bit, and 1, 2 and 7 threads
+// (other pairs of panels) agree for every dtype.
+TEST_P(MatmulTest, GemvPanelPairs) {
+  const Tile t = ActiveTile();
+  for (int64_t m = 1; m <= 5; ++m) {
+    for (int64_t panels : {1, 2, 3, 7}) {
+      const int64_t n = (panels - 1) * t.nr + (t.nr + 1) / 2;
+      for (int64_t k : {1, 2, 3, 513}) {
+        CheckCase(m, n, k, Transpose::kNo, Transpose::kNo, 1.0f, 0.5f, 0, 0,
+                  /*packed=*/true);
+        for (const StoredMode& mode : kStoredModes) {
+          CheckStored(m, n, k, Transpose::kNo, Transpose::kYes, 1.0f, 0.0f,
+                      mode);
+        }
+        const Operand a(m, k, Transpose::kNo, 1, 0, 41);
+        const Operand b(k, n, Transpose::kNo, 2, 0, 42);
+        PackedB packed;
+        ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed).ok());
+        EXPECT_TRUE(BitIdentical(RunMatmul(a, Transpose::kNo, b, Transpose::kNo,
+                                           m, n, nullptr, 1.0f),
+                                 RunMatmul(a, Transpose::kNo, b, Transpose::kNo,
+                                           m, n, &packed, 1.0f)))
+            << m << "x" << n << "x" << k;
+      }
+    }
+  }
+  for (const WeightDtype dtype :
+       {WeightDtype::kFloat32, WeightDtype::kBFloat16, WeightDtype::kInt8}) {
+    const Operand a(3, 1031, Transpose::kNo, 0, 0, 43);
+    const Operand b(1031, 7 * t.nr + 5, Transpose::kNo, 0, 0, 44);
+    PackedB packed;
+    ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, dtype).ok());
+    std::vector<float> results[3];
+    const int threads[3] = {1, 2, 7};
+    for (int i = 0; i < 3; ++i) {
+      tbb::task_arena arena(threads[i]);
+      arena.execute([&] {
+        results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, 3,
+                               7 * t.nr + 5, &packed, 0.0f);
+      });
+      EXPECT_TRUE(BitIdentical(results[0], results[i]))
+          << threads[i] << " threads, dtype " << static_cast<int>(dtype);
+    }
+  }
+}
+
 // Packing bf16 weights packs exactly what packing the same values as floats
 // does, for every dtype, B and B^T, and PackColumns (of float or bf16 parts)
 // stores what Pack stores.

@@ -47,7 +47,9 @@
 // - Few rows (M <= kMatmulSmallM = 16, decode): one task per group of panels,
 //   one group per thread, A packed once for all K blocks; for each K block,
 //   for each panel, the 1 or 2 strips. B, the bulk of the bytes, is read
-//   once, front to back, in one run per K block and thread.
+//   once, front to back, in one run per K block and thread; up to 4 rows
+//   over float32 or bf16 B packed before the call take the group's panels in
+//   pairs half the group apart (MatmulGemvPanelPairs), two runs at once.
 //
 // Determinism: only KC shapes the arithmetic of an element: its dot product is
 // accumulated in registers over one K block in k order, then added to C
@@ -786,31 +788,51 @@ HWY_INLINE void MatmulFinishTile(V (&acc)[kSets][kRows][kMatmulNV],
   }
 }
 
-// C tile [kRows, cols] at (i0, j0) of out op= alpha * A strip
-// [MR][kMatmulAStride] * B slice [kc][NR] of T (float, bf16 or int8, loaded
-// through LoadStored; int8 accumulators times `scales` [NR] before the store).
+// The B slices of a tile (MatmulTileSlices): slice q, b[q] [kc][NR], gives C's
+// columns [j0[q], j0[q] + cols[q]), int8 columns scaled by scales[q] [NR].
+template <size_t kSlices, class T>
+struct MatmulSlices {
+  const T* b[kSlices];
+  size_t j0[kSlices];
+  size_t cols[kSlices];
+  const float* scales[kSlices];
+};
+
+// C tiles [kRows, cols[q]] at (i0, j0[q]) of out op= alpha * A strip
+// [MR][kMatmulAStride] * B slice q [kc][NR] of T (float, bf16 or int8, loaded
+// through LoadStored; int8 accumulators times the slice's scales before the
+// store), for kSlices slices at once: two slices far apart in B are two
+// streams from memory where one slice is one (MatmulGemvPanelPairs). Each
+// slice's arithmetic is the same whatever kSlices.
 // Not inlined: on its own the kernel gets all 32 registers (inlined into the
 // loops of the driver, GCC 12 at -O3 hoists loop invariants into them and
 // spills a B vector).
-template <size_t kRows, class T>
-HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
-                             const T* HWY_RESTRICT b, const MatmulOut& out,
-                             size_t i0, size_t j0, size_t cols, float alpha,
-                             float beta, bool first,
-                             const float* HWY_RESTRICT scales) {
+template <size_t kRows, size_t kSlices, class T>
+HWY_NOINLINE void MatmulTileSlices(size_t kc, const float* HWY_RESTRICT a,
+                                   const MatmulSlices<kSlices, T>& slices,
+                                   const MatmulOut& out, size_t i0, float alpha,
+                                   float beta, bool first) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
   constexpr size_t NR = kMatmulNR;
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  MatmulOut::Column column{};
-  const MatmulOut::Column* contiguous = out.ContiguousColumn(j0, cols, &column);
-  if (contiguous != nullptr) MatmulPrefetchC(column, i0, kRows, cols);
-  V acc[kSets][kRows][kNV];
-  for (size_t s = 0; s < kSets; ++s) {
-    for (size_t r = 0; r < kRows; ++r) {
-      for (size_t v = 0; v < kNV; ++v) acc[s][r][v] = hn::Zero(d);
+  MatmulOut::Column columns[kSlices];
+  const MatmulOut::Column* contiguous[kSlices];
+  for (size_t q = 0; q < kSlices; ++q) {
+    contiguous[q] =
+        out.ContiguousColumn(slices.j0[q], slices.cols[q], &columns[q]);
+    if (contiguous[q] != nullptr) {
+      MatmulPrefetchC(columns[q], i0, kRows, slices.cols[q]);
+    }
+  }
+  V acc[kSlices][kSets][kRows][kNV];
+  for (size_t q = 0; q < kSlices; ++q) {
+    for (size_t s = 0; s < kSets; ++s) {
+      for (size_t r = 0; r < kRows; ++r) {
+        for (size_t v = 0; v < kNV; ++v) acc[q][s][r][v] = hn::Zero(d);
+      }
     }
   }
   // k per pass of the main loop: kSets, and at least a pair of bf16 rows.
@@ -821,20 +843,24 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   for (; k + kStep <= kc_main; k += kStep) {
     if constexpr (kMatmulBPairs<T>) {
       for (size_t s = 0; s < kStep; s += 2) {
-        V even[kNV], odd[kNV];
-        for (size_t v = 0; v < kNV; ++v) {
-          MatmulLoadBPair(b, (k + s) / 2, v, &even[v], &odd[v]);
+        for (size_t q = 0; q < kSlices; ++q) {
+          V even[kNV], odd[kNV];
+          for (size_t v = 0; v < kNV; ++v) {
+            MatmulLoadBPair(slices.b[q], (k + s) / 2, v, &even[v], &odd[v]);
+          }
+          MatmulFma<kRows>(acc[q][s % kSets], a + k + s, even);
+          MatmulFma<kRows>(acc[q][(s + 1) % kSets], a + k + s + 1, odd);
         }
-        MatmulFma<kRows>(acc[s % kSets], a + k + s, even);
-        MatmulFma<kRows>(acc[(s + 1) % kSets], a + k + s + 1, odd);
       }
     } else {
       for (size_t s = 0; s < kStep; ++s) {
-        V bv[kNV];
-        for (size_t v = 0; v < kNV; ++v) {
-          bv[v] = LoadStored(d, b + (k + s) * NR + v * N);
+        for (size_t q = 0; q < kSlices; ++q) {
+          V bv[kNV];
+          for (size_t v = 0; v < kNV; ++v) {
+            bv[v] = LoadStored(d, slices.b[q] + (k + s) * NR + v * N);
+          }
+          MatmulFma<kRows>(acc[q][s], a + k + s, bv);
         }
-        MatmulFma<kRows>(acc[s], a + k + s, bv);
       }
     }
   }
@@ -842,13 +868,31 @@ HWY_NOINLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
   // registers).
   for (size_t s = 0; s + 1 < kStep; ++s) {
     if (k + s < kc) {
-      V bv[kNV];
-      for (size_t v = 0; v < kNV; ++v) bv[v] = MatmulLoadBRow(b, k + s, kc, v);
-      MatmulFma<kRows>(acc[s % kSets], a + k + s, bv);
+      for (size_t q = 0; q < kSlices; ++q) {
+        V bv[kNV];
+        for (size_t v = 0; v < kNV; ++v) {
+          bv[v] = MatmulLoadBRow(slices.b[q], k + s, kc, v);
+        }
+        MatmulFma<kRows>(acc[q][s % kSets], a + k + s, bv);
+      }
     }
   }
-  MatmulFinishTile<T>(acc, out, contiguous, i0, j0, cols, alpha, beta, first,
-                      scales);
+  for (size_t q = 0; q < kSlices; ++q) {
+    MatmulFinishTile<T>(acc[q], out, contiguous[q], i0, slices.j0[q],
+                        slices.cols[q], alpha, beta, first, slices.scales[q]);
+  }
+}
+
+// MatmulTileSlices of one slice: C tile [kRows, cols] at (i0, j0) from the B
+// slice b [kc][NR] (int8: scales [NR]).
+template <size_t kRows, class T>
+HWY_INLINE void MatmulTile(size_t kc, const float* HWY_RESTRICT a,
+                           const T* HWY_RESTRICT b, const MatmulOut& out,
+                           size_t i0, size_t j0, size_t cols, float alpha,
+                           float beta, bool first,
+                           const float* HWY_RESTRICT scales) {
+  const MatmulSlices<1, T> slice{{b}, {j0}, {cols}, {scales}};
+  MatmulTileSlices<kRows, 1>(kc, a, slice, out, i0, alpha, beta, first);
 }
 
 // Where and how MatmulTileFull stores its tile.
@@ -1564,6 +1608,65 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   return touched * threads <= 2 * groups;
 }
 
+// Rows up to which a task of few rows runs its panels two at a time
+// (MatmulGemvPanelPairs), on targets with 32 vector registers: two slices of
+// 1 to 4 rows take at most 24 accumulators.
+#if HWY_TARGET <= HWY_AVX3
+inline constexpr size_t kMatmulGemvPairRows = 4;
+#else
+inline constexpr size_t kMatmulGemvPairRows = 0;
+#endif
+
+// Whether a task of few rows (`strips` strips, the first of `rows` rows) runs
+// its panels in pairs: float32 A; float32 or bf16 B packed before the call
+// (its slices are where they lie); one strip of at most kMatmulGemvPairRows
+// rows. 4096 x 4096 B, one thread, old and new builds in alternating
+// processes (medians of 5-7): float32 1.06-1.19x (1 row), 1.23x (2), 1.09x
+// (3), 1.15x (4); bf16 1.05x, 1.14x, 1.26x, 1.39x (1 to 4 rows). int8 B,
+// whose conversions bound its kernels before its bytes do, stays one panel at
+// a time: 1.00x (1 row), 0.85x (3 rows).
+template <int kMode, class T>
+HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
+  return kMode == kMatmulFloat32 && sizeof(T) >= 2 && b.PackedBefore() &&
+         strips == 1 && rows <= kMatmulGemvPairRows;
+}
+
+// One K block of a task of few rows over panels [p0, p1): panel p0 + u with
+// panel p0 + half + u (half = (p1 - p0) / 2) in one kernel, so that B comes
+// from memory as two streams, half the task's block apart: a core reads one
+// stream at about 0.8x the rate of two or more (docs/BENCHMARKS.md). The odd
+// last panel alone. slice(p), scales(p): panel p's B slice and int8 scales.
+template <class T, class SliceFn, class ScalesFn>
+HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
+                                     const float* HWY_RESTRICT a, size_t p0,
+                                     size_t p1, size_t n, const SliceFn& slice,
+                                     const ScalesFn& scales,
+                                     const MatmulOut& out, size_t i0,
+                                     float alpha, float beta, bool first) {
+  constexpr size_t NR = kMatmulNR;
+  const size_t half = (p1 - p0) / 2;
+  const auto cols = [n](size_t p) {
+    return std::min(kMatmulNR, n - p * kMatmulNR);
+  };
+  MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
+    constexpr size_t R = decltype(tag)::value;
+    if constexpr (R <= kMatmulGemvPairRows) {
+      for (size_t u = 0; u < half; ++u) {
+        const size_t pa = p0 + u, pb = p0 + half + u;
+        const MatmulSlices<2, T> pair{{slice(pa), slice(pb)},
+                                      {pa * NR, pb * NR},
+                                      {cols(pa), cols(pb)},
+                                      {scales(pa), scales(pb)}};
+        MatmulTileSlices<R, 2>(kc, a, pair, out, i0, alpha, beta, first);
+      }
+      for (size_t p = p0 + 2 * half; p < p1; ++p) {
+        MatmulTile<R>(kc, a, slice(p), out, i0, p * NR, cols(p), alpha, beta,
+                      first, scales(p));
+      }
+    }
+  });
+}
+
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
 // B's elements of T (MatmulB).
 template <class T = float, int kMode = kMatmulFloat32>
@@ -1647,6 +1750,20 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                       kblocks.Begin(kb), kblocks.Size(kb, k),
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats);
                 }
+              }
+              if (MatmulGemvPairs<kMode, T>(b, strips, i1 - i0)) {
+                for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                  MatmulGemvPanelPairs<T>(
+                      i1 - i0, kblocks.Size(kb, k),
+                      a_buf + kb * kMatmulAStripFloats, p0, p1, n,
+                      [&](size_t p) HWY_ATTR {
+                        return b.template Slice<T>(layout, b_base, window, kb,
+                                                   p, 0, true);
+                      },
+                      [&](size_t p) { return b.Scales(p * kMatmulNR); }, out,
+                      i0, alpha, beta, kb == 0);
+                }
+                continue;
               }
               for (size_t kb = 0; kb < kblocks.count; ++kb) {
                 const size_t kc = kblocks.Size(kb, k);
