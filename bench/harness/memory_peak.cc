@@ -98,8 +98,6 @@ float ReadFmaLoop(const float* HWY_RESTRICT data, size_t n) {
 float ReadFmaT(const float* HWY_RESTRICT data, size_t n,
                size_t flops_per_byte) {
   switch (flops_per_byte) {
-    case 1:
-      return ReadFmaLoop<2>(data, n);
     case 2:
       return ReadFmaLoop<4>(data, n);
     case 4:

@@ -28,7 +28,7 @@ FmaLoopResult FmaLoop(uint64_t rounds, float mul, float add);
 // kStreamElements.
 float ReadSum(const float* data, size_t n);
 
-// A checksum of data[0, n) that takes flops_per_byte (1, 2, 4 or 8) flops
+// A checksum of data[0, n) that takes flops_per_byte (2, 4 or 8) flops
 // per byte read: two streams, 2 flops_per_byte MulAdds per float vector
 // loaded. The same alignment and n as ReadSum.
 float ReadFma(const float* data, size_t n, size_t flops_per_byte);

@@ -1617,18 +1617,19 @@ inline constexpr size_t kMatmulGemvPairRows = 4;
 inline constexpr size_t kMatmulGemvPairRows = 0;
 #endif
 
-// Whether a task of few rows (`strips` strips, the first of `rows` rows) runs
-// its panels in pairs: float32 A; float32 or bf16 B packed before the call
-// (its slices are where they lie); one strip of at most kMatmulGemvPairRows
-// rows. 4096 x 4096 B, one thread, old and new builds in alternating
-// processes (medians of 5-7): float32 1.06-1.19x (1 row), 1.23x (2), 1.09x
-// (3), 1.15x (4); bf16 1.05x, 1.14x, 1.26x, 1.39x (1 to 4 rows). int8 B,
-// whose conversions bound its kernels before its bytes do, stays one panel at
-// a time: 1.00x (1 row), 0.85x (3 rows).
+// Whether B of T in mode kMode may run its panels in pairs: float32 A, float32
+// or bf16 B (GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16
+// 1.05-1.39x); int8 B, bound by its conversions before its bytes, stays one
+// panel at a time (0.85-1.00x; docs/BENCHMARKS.md).
 template <int kMode, class T>
+inline constexpr bool kMatmulGemvPairsFor =
+    kMode == kMatmulFloat32 && sizeof(T) >= 2 && kMatmulGemvPairRows > 0;
+
+// Whether a task of few rows (`strips` strips, the first of `rows` rows) runs
+// its panels in pairs: kMatmulGemvPairsFor, B packed before the call (its
+// slices are where they lie), one strip of at most kMatmulGemvPairRows rows.
 HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
-  return kMode == kMatmulFloat32 && sizeof(T) >= 2 && b.PackedBefore() &&
-         strips == 1 && rows <= kMatmulGemvPairRows;
+  return b.PackedBefore() && strips == 1 && rows <= kMatmulGemvPairRows;
 }
 
 // One K block of a task of few rows over panels [p0, p1): panel p0 + u with
@@ -1751,19 +1752,21 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats);
                 }
               }
-              if (MatmulGemvPairs<kMode, T>(b, strips, i1 - i0)) {
-                for (size_t kb = 0; kb < kblocks.count; ++kb) {
-                  MatmulGemvPanelPairs<T>(
-                      i1 - i0, kblocks.Size(kb, k),
-                      a_buf + kb * kMatmulAStripFloats, p0, p1, n,
-                      [&](size_t p) HWY_ATTR {
-                        return b.template Slice<T>(layout, b_base, window, kb,
-                                                   p, 0, true);
-                      },
-                      [&](size_t p) { return b.Scales(p * kMatmulNR); }, out,
-                      i0, alpha, beta, kb == 0);
+              if constexpr (kMatmulGemvPairsFor<kMode, T>) {
+                if (MatmulGemvPairs(b, strips, i1 - i0)) {
+                  for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                    MatmulGemvPanelPairs<T>(
+                        i1 - i0, kblocks.Size(kb, k),
+                        a_buf + kb * kMatmulAStripFloats, p0, p1, n,
+                        [&](size_t p) HWY_ATTR {
+                          return b.template Slice<T>(layout, b_base, window, kb,
+                                                     p, 0, true);
+                        },
+                        [&](size_t p) { return b.Scales(p * kMatmulNR); }, out,
+                        i0, alpha, beta, kb == 0);
+                  }
+                  continue;
                 }
-                continue;
               }
               for (size_t kb = 0; kb < kblocks.count; ++kb) {
                 const size_t kc = kblocks.Size(kb, k);
