@@ -1608,28 +1608,25 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   return touched * threads <= 2 * groups;
 }
 
-// Rows up to which a task of few rows runs its panels two at a time
-// (MatmulGemvPanelPairs), on targets with 32 vector registers: two slices of
-// 1 to 4 rows take at most 24 accumulators.
-#if HWY_TARGET <= HWY_AVX3
-inline constexpr size_t kMatmulGemvPairRows = 4;
-#else
-inline constexpr size_t kMatmulGemvPairRows = 0;
-#endif
-
-// Whether B of T in mode kMode may run its panels in pairs: float32 A, float32
-// or bf16 B (GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16
-// 1.05-1.39x); int8 B, bound by its conversions before its bytes, stays one
-// panel at a time (0.85-1.00x; docs/BENCHMARKS.md).
+// Rows up to which a task of few rows over B of T in mode kMode runs its
+// panels two at a time (MatmulGemvPanelPairs); 0: never. Float32 A only, on
+// targets with 32 vector registers (two slices of 1 to 4 rows take at most 24
+// accumulators). GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16
+// 1.05-1.39x; int8 one row 1.07x at one and two threads, 2-4 rows (bound by
+// the conversions, not the bytes) 0.86-0.93x, so one (docs/BENCHMARKS.md).
 template <int kMode, class T>
-inline constexpr bool kMatmulGemvPairsFor =
-    kMode == kMatmulFloat32 && sizeof(T) >= 2 && kMatmulGemvPairRows > 0;
+inline constexpr size_t kMatmulGemvPairRows = (kMode == kMatmulFloat32 &&
+                                               HWY_TARGET <= HWY_AVX3)
+                                                  ? (sizeof(T) == 1 ? 1 : 4)
+                                                  : 0;
 
 // Whether a task of few rows (`strips` strips, the first of `rows` rows) runs
-// its panels in pairs: kMatmulGemvPairsFor, B packed before the call (its
-// slices are where they lie), one strip of at most kMatmulGemvPairRows rows.
+// its panels in pairs: B packed before the call (its slices are where they
+// lie), one strip of at most kMatmulGemvPairRows rows.
+template <int kMode, class T>
 HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
-  return b.PackedBefore() && strips == 1 && rows <= kMatmulGemvPairRows;
+  return b.PackedBefore() && strips == 1 &&
+         rows <= kMatmulGemvPairRows<kMode, T>;
 }
 
 // One K block of a task of few rows over panels [p0, p1): panel p0 + u with
@@ -1637,7 +1634,7 @@ HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
 // from memory as two streams, half the task's block apart: a core reads one
 // stream at about 0.8x the rate of two or more (docs/BENCHMARKS.md). The odd
 // last panel alone. slice(p), scales(p): panel p's B slice and int8 scales.
-template <class T, class SliceFn, class ScalesFn>
+template <int kMode, class T, class SliceFn, class ScalesFn>
 HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
                                      const float* HWY_RESTRICT a, size_t p0,
                                      size_t p1, size_t n, const SliceFn& slice,
@@ -1651,7 +1648,7 @@ HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
   };
   MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
     constexpr size_t R = decltype(tag)::value;
-    if constexpr (R <= kMatmulGemvPairRows) {
+    if constexpr (R <= kMatmulGemvPairRows<kMode, T>) {
       for (size_t u = 0; u < half; ++u) {
         const size_t pa = p0 + u, pb = p0 + half + u;
         const MatmulSlices<2, T> pair{{slice(pa), slice(pb)},
@@ -1752,10 +1749,10 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats);
                 }
               }
-              if constexpr (kMatmulGemvPairsFor<kMode, T>) {
-                if (MatmulGemvPairs(b, strips, i1 - i0)) {
+              if constexpr ((kMatmulGemvPairRows<kMode, T>) > 0) {
+                if (MatmulGemvPairs<kMode, T>(b, strips, i1 - i0)) {
                   for (size_t kb = 0; kb < kblocks.count; ++kb) {
-                    MatmulGemvPanelPairs<T>(
+                    MatmulGemvPanelPairs<kMode, T>(
                         i1 - i0, kblocks.Size(kb, k),
                         a_buf + kb * kMatmulAStripFloats, p0, p1, n,
                         [&](size_t p) HWY_ATTR {
