@@ -719,10 +719,10 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
 // Few rows against B packed before the call run its panels two at a time on
 // AVX-512 (lib/matmul/matmul-inl.h, MatmulGemvPanelPairs): rows 1 to 5 (5 is
 // past the pairs), 1, 2, 3 and 7 panels (an odd one alone, the last one half
-// full), odd and even k, every dtype, against the float64 reference. An
-// element's arithmetic is the same as one panel at a time, so float32 equals
-// the unpacked call (one panel at a time) bit for bit, and 1, 2 and 7 threads
-// (other pairs of panels) agree for every dtype.
+// full), odd and even k, every dtype and compute mode, against the float64
+// reference. An element's arithmetic is the same as one panel at a time, so
+// float32 equals the unpacked call (one panel at a time) bit for bit, and 1, 2
+// and 7 threads (other pairs of panels) agree for every dtype and mode.
 TEST_P(MatmulTest, GemvPanelPairs) {
   const Tile t = ActiveTile();
   for (int64_t m = 1; m <= 5; ++m) {
@@ -747,25 +747,32 @@ TEST_P(MatmulTest, GemvPanelPairs) {
       }
     }
   }
-  for (const WeightDtype dtype :
-       {WeightDtype::kFloat32, WeightDtype::kBFloat16, WeightDtype::kInt8}) {
-    // 1 row: int8 pairs its panels only then; 3: float32 and bf16 still do.
+  const StoredMode float32_mode{WeightDtype::kFloat32};
+  std::vector<StoredMode> modes(std::begin(kStoredModes),
+                                std::end(kStoredModes));
+  modes.push_back(float32_mode);
+  for (const StoredMode& mode : modes) {
+    const NativeBFloat16Scope native(mode.native);
+    // 1 row: int8 pairs its panels only then; 3: the other types still do.
     for (int64_t m : {1, 3}) {
       const Operand a(m, 1031, Transpose::kNo, 0, 0, 43);
       const Operand b(1031, 7 * t.nr + 5, Transpose::kNo, 0, 0, 44);
       PackedB packed;
-      ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, dtype).ok());
+      ASSERT_TRUE(
+          PackedB::Pack(b.view(), Transpose::kNo, &packed, mode.dtype).ok());
       std::vector<float> results[3];
       const int threads[3] = {1, 2, 7};
       for (int i = 0; i < 3; ++i) {
         tbb::task_arena arena(threads[i]);
         arena.execute([&] {
           results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, m,
-                                 7 * t.nr + 5, &packed, 0.0f);
+                                 7 * t.nr + 5, &packed, 0.0f, mode.compute);
         });
         EXPECT_TRUE(BitIdentical(results[0], results[i]))
             << m << " rows, " << threads[i] << " threads, dtype "
-            << static_cast<int>(dtype);
+            << static_cast<int>(mode.dtype) << ", compute "
+            << static_cast<int>(mode.compute) << ", native "
+            << static_cast<int>(mode.native);
       }
     }
   }

@@ -798,6 +798,29 @@ struct MatmulSlices {
   const float* scales[kSlices];
 };
 
+// The C columns of a tile's slices: contiguous[q] is out.ContiguousColumn's
+// answer for slice q (pointing into columns[q], or null), whose `rows` rows
+// from i0 are prefetched for writing.
+template <size_t kSlices>
+struct MatmulSliceColumns {
+  template <class T>
+  MatmulSliceColumns(const MatmulOut& out,
+                     const MatmulSlices<kSlices, T>& slices, size_t i0,
+                     size_t rows) {
+    for (size_t q = 0; q < kSlices; ++q) {
+      contiguous[q] =
+          out.ContiguousColumn(slices.j0[q], slices.cols[q], &columns[q]);
+      if (contiguous[q] != nullptr) {
+        MatmulPrefetchC(columns[q], i0, rows, slices.cols[q]);
+      }
+    }
+  }
+  MatmulSliceColumns(const MatmulSliceColumns&) = delete;
+  MatmulSliceColumns& operator=(const MatmulSliceColumns&) = delete;
+  MatmulOut::Column columns[kSlices];
+  const MatmulOut::Column* contiguous[kSlices];
+};
+
 // C tiles [kRows, cols[q]] at (i0, j0[q]) of out op= alpha * A strip
 // [MR][kMatmulAStride] * B slice q [kc][NR] of T (float, bf16 or int8, loaded
 // through LoadStored; int8 accumulators times the slice's scales before the
@@ -818,15 +841,7 @@ HWY_NOINLINE void MatmulTileSlices(size_t kc, const float* HWY_RESTRICT a,
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
-  MatmulOut::Column columns[kSlices];
-  const MatmulOut::Column* contiguous[kSlices];
-  for (size_t q = 0; q < kSlices; ++q) {
-    contiguous[q] =
-        out.ContiguousColumn(slices.j0[q], slices.cols[q], &columns[q]);
-    if (contiguous[q] != nullptr) {
-      MatmulPrefetchC(columns[q], i0, kRows, slices.cols[q]);
-    }
-  }
+  const MatmulSliceColumns<kSlices> c_out(out, slices, i0, kRows);
   V acc[kSlices][kSets][kRows][kNV];
   for (size_t q = 0; q < kSlices; ++q) {
     for (size_t s = 0; s < kSets; ++s) {
@@ -878,7 +893,7 @@ HWY_NOINLINE void MatmulTileSlices(size_t kc, const float* HWY_RESTRICT a,
     }
   }
   for (size_t q = 0; q < kSlices; ++q) {
-    MatmulFinishTile<T>(acc[q], out, contiguous[q], i0, slices.j0[q],
+    MatmulFinishTile<T>(acc[q], out, c_out.contiguous[q], i0, slices.j0[q],
                         slices.cols[q], alpha, beta, first, slices.scales[q]);
   }
 }
@@ -1163,6 +1178,40 @@ HWY_INLINE void MatmulNativeSteps(V (&acc)[kSets][kRows][kMatmulNV],
   }
 }
 
+// The last pairs of a native tile, past the whole sets (fewer than kSets),
+// then for odd kc its last row as the pair (b, 0): set s takes pair
+// kc / 2 / kSets * kSets + s. B: the bf16 slice [kc][NR] in pairs.
+template <size_t kSets, size_t kRows, class V>
+HWY_INLINE void MatmulNativeTail(V (&acc)[kSets][kRows][kMatmulNV],
+                                 const uint32_t* HWY_RESTRICT a,
+                                 const hwy::bfloat16_t* HWY_RESTRICT b,
+                                 size_t kc) {
+  const hn::RebindToUnsigned<MatmulTag> du;
+  const hn::Rebind<uint16_t, decltype(du)> du16;
+  using VU = hn::Vec<decltype(du)>;
+  constexpr size_t NR = kMatmulNR;
+  constexpr size_t N = kMatmulLanes;
+  const uint32_t* HWY_RESTRICT bp = reinterpret_cast<const uint32_t*>(b);
+  const size_t full_pairs = kc / 2;
+  const size_t kp = full_pairs / kSets * kSets;
+  HWY_UNROLL(4)
+  for (size_t s = 0; s < kSets; ++s) {
+    const size_t q = kp + s;
+    if (q > full_pairs || (q == full_pairs && kc % 2 == 0)) break;
+    VU bv[kMatmulNV];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      bv[v] =
+          q < full_pairs
+              ? hn::Load(du, bp + q * NR + v * N)
+              : hn::PromoteTo(
+                    du, hn::Load(du16, reinterpret_cast<const uint16_t*>(b) +
+                                           q * 2 * NR + v * N));
+    }
+    MatmulNativePair<kRows>(acc[s], a, q, bv);
+  }
+}
+
 // MatmulTile for kMatmulBF16Native: C tile [kRows, cols] at (i0, j0) op=
 // alpha * A strip of bf16 pairs (PackAStripMode) * bf16 B slice (pairs,
 // MatmulBPairs; the odd last row read as pairs (b, 0)). Sets as MatmulTile's;
@@ -1183,12 +1232,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
                                    bool first, const MatmulASource& source,
                                    const MatmulAPrefetch& next) {
   const MatmulTag d;
-  const hn::RebindToUnsigned<MatmulTag> du;
-  const hn::Rebind<uint16_t, decltype(du)> du16;
   using V = hn::Vec<MatmulTag>;
-  using VU = hn::Vec<decltype(du)>;
   constexpr size_t AS = kMatmulAStride;
-  constexpr size_t NR = kMatmulNR;
   constexpr size_t N = kMatmulLanes;
   constexpr size_t kNV = kMatmulNV;
   constexpr size_t kSets = MatmulSets<kRows>();
@@ -1240,27 +1285,53 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
     chunk_start(c0);
     MatmulNativeSteps<kSets>(acc, a, bp, c0, HWY_MIN(c0 + N, set_pairs));
   }
-  const size_t kp = set_pairs;
-  // The last full_pairs - kp < kSets pairs, then for odd kc the last row.
-  if (kp % N == 0 && kp < pairs_all) chunk_start(kp);
-  HWY_UNROLL(4)
-  for (size_t s = 0; s < kSets; ++s) {
-    const size_t q = kp + s;
-    if (q > full_pairs || (q == full_pairs && kc % 2 == 0)) break;
-    VU bv[kNV];
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < kNV; ++v) {
-      bv[v] =
-          q < full_pairs
-              ? hn::Load(du, bp + q * NR + v * N)
-              : hn::PromoteTo(
-                    du, hn::Load(du16, reinterpret_cast<const uint16_t*>(b) +
-                                           q * 2 * NR + v * N));
-    }
-    MatmulNativePair<kRows>(acc[s], a, q, bv);
-  }
+  if (set_pairs % N == 0 && set_pairs < pairs_all) chunk_start(set_pairs);
+  MatmulNativeTail(acc, a, b, kc);
   MatmulFinishTile<hwy::bfloat16_t>(acc, out, contiguous, i0, j0, cols, alpha,
                                     beta, first, nullptr);
+}
+
+// MatmulTileNative on an A strip packed before the call, for kSlices B slices
+// at once (MatmulGemvPanelPairs: two streams from memory): each slice's pairs
+// go to its sets as in MatmulTileNative, so its results are the same bits.
+// C's tiles are prefetched at the start, as MatmulTileSlices does.
+template <size_t kRows, size_t kSlices>
+HWY_NOINLINE void MatmulTileNativeSlices(
+    size_t kc, const uint32_t* HWY_RESTRICT a,
+    const MatmulSlices<kSlices, hwy::bfloat16_t>& slices, const MatmulOut& out,
+    size_t i0, float alpha, float beta, bool first) {
+  const MatmulTag d;
+  using V = hn::Vec<MatmulTag>;
+  constexpr size_t kSets = MatmulSets<kRows>();
+  const MatmulSliceColumns<kSlices> c_out(out, slices, i0, kRows);
+  V acc[kSlices][kSets][kRows][kMatmulNV];
+  HWY_UNROLL(2)
+  for (size_t q = 0; q < kSlices; ++q) {
+    HWY_UNROLL(4)
+    for (size_t s = 0; s < kSets; ++s) {
+      HWY_UNROLL(16)
+      for (size_t r = 0; r < kRows; ++r) {
+        HWY_UNROLL(4)
+        for (size_t v = 0; v < kMatmulNV; ++v) acc[q][s][r][v] = hn::Zero(d);
+      }
+    }
+  }
+  const size_t set_pairs = kc / 2 / kSets * kSets;
+  for (size_t kp = 0; kp < set_pairs; kp += kSets) {
+    HWY_UNROLL(2)
+    for (size_t q = 0; q < kSlices; ++q) {
+      MatmulNativeSteps<kSets>(acc[q], a,
+                               reinterpret_cast<const uint32_t*>(slices.b[q]),
+                               kp, kp + kSets);
+    }
+  }
+  HWY_UNROLL(2)
+  for (size_t q = 0; q < kSlices; ++q) {
+    MatmulNativeTail(acc[q], a, slices.b[q], kc);
+    MatmulFinishTile<hwy::bfloat16_t>(acc[q], out, c_out.contiguous[q], i0,
+                                      slices.j0[q], slices.cols[q], alpha, beta,
+                                      first, nullptr);
+  }
 }
 #endif  // HEADWAY_NATIVE_BF16
 
@@ -1609,14 +1680,14 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
 }
 
 // Rows up to which a task of few rows over B of T in mode kMode runs its
-// panels two at a time (MatmulGemvPanelPairs); 0: never. Float32 A only, on
-// targets with 32 vector registers (two slices of 1 to 4 rows take at most 24
-// accumulators). GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16
-// 1.05-1.39x; int8 one row 1.07x at one and two threads, 2-4 rows (bound by
-// the conversions, not the bytes) 0.86-0.93x, so one (docs/BENCHMARKS.md).
+// panels two at a time (MatmulGemvPanelPairs); 0: never. On targets with 32
+// vector registers (two slices of 1 to 4 rows take at most 24 accumulators).
+// GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16 1.05-1.39x,
+// native bf16 compute 1.15x and 1.24x at 1 and 2 rows, 0.99-1.01x at 3 and 4;
+// int8 one row 1.07x at one and two threads, 2-4 rows (bound by the
+// conversions, not the bytes) 0.86-0.93x, so one (docs/BENCHMARKS.md).
 template <int kMode, class T>
-inline constexpr size_t kMatmulGemvPairRows = (kMode == kMatmulFloat32 &&
-                                               HWY_TARGET <= HWY_AVX3)
+inline constexpr size_t kMatmulGemvPairRows = HWY_TARGET <= HWY_AVX3
                                                   ? (sizeof(T) == 1 ? 1 : 4)
                                                   : 0;
 
@@ -1627,6 +1698,24 @@ template <int kMode, class T>
 HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
   return b.PackedBefore() && strips == 1 &&
          rows <= kMatmulGemvPairRows<kMode, T>;
+}
+
+// MatmulTileSlices in mode kMode: for kMatmulBF16Native the native kernel on
+// A's bf16 pairs (PackAStripMode), else MatmulTileSlices.
+template <int kMode, size_t kRows, size_t kSlices, class T>
+HWY_INLINE void MatmulTileSlicesMode(size_t kc, const float* HWY_RESTRICT a,
+                                     const MatmulSlices<kSlices, T>& slices,
+                                     const MatmulOut& out, size_t i0,
+                                     float alpha, float beta, bool first) {
+#if HEADWAY_NATIVE_BF16
+  if constexpr (kMode == kMatmulBF16Native) {
+    MatmulTileNativeSlices<kRows, kSlices>(kc,
+                                           reinterpret_cast<const uint32_t*>(a),
+                                           slices, out, i0, alpha, beta, first);
+    return;
+  }
+#endif
+  MatmulTileSlices<kRows, kSlices>(kc, a, slices, out, i0, alpha, beta, first);
 }
 
 // One K block of a task of few rows over panels [p0, p1): panel p0 + u with
@@ -1655,11 +1744,13 @@ HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
                                       {pa * NR, pb * NR},
                                       {cols(pa), cols(pb)},
                                       {scales(pa), scales(pb)}};
-        MatmulTileSlices<R, 2>(kc, a, pair, out, i0, alpha, beta, first);
+        MatmulTileSlicesMode<kMode, R>(kc, a, pair, out, i0, alpha, beta,
+                                       first);
       }
       for (size_t p = p0 + 2 * half; p < p1; ++p) {
-        MatmulTile<R>(kc, a, slice(p), out, i0, p * NR, cols(p), alpha, beta,
-                      first, scales(p));
+        const MatmulSlices<1, T> one{
+            {slice(p)}, {p * NR}, {cols(p)}, {scales(p)}};
+        MatmulTileSlicesMode<kMode, R>(kc, a, one, out, i0, alpha, beta, first);
       }
     }
   });
