@@ -1719,10 +1719,11 @@ HWY_INLINE void MatmulTileSlicesMode(size_t kc, const float* HWY_RESTRICT a,
 }
 
 // One K block of a task of few rows over panels [p0, p1): panel p0 + u with
-// panel p0 + half + u (half = (p1 - p0) / 2) in one kernel, so that B comes
-// from memory as two streams, half the task's block apart: a core reads one
-// stream at about 0.8x the rate of two or more (docs/BENCHMARKS.md). The odd
-// last panel alone. slice(p), scales(p): panel p's B slice and int8 scales.
+// panel p0 + half + u (half = (p1 - p0) / 2) in one kernel of mode kMode
+// (MatmulTileSlicesMode), so that B comes from memory as two streams, half the
+// task's block apart: a core reads one stream at about 0.8x the rate of two or
+// more (docs/BENCHMARKS.md). The odd last panel alone. slice(p), scales(p):
+// panel p's B slice and int8 scales.
 template <int kMode, class T, class SliceFn, class ScalesFn>
 HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
                                      const float* HWY_RESTRICT a, size_t p0,
