@@ -498,6 +498,23 @@ class KvRows {
       return Stored(k0);
     }
   }
+  // Hints the int8 scales of keys [k, k + n) into L2 (prefetcht1 on x86),
+  // a 64-byte line per prefetch; nothing for the other types. The keys may
+  // lie past the cache: the addresses are integers, and prefetches never
+  // fault.
+  void PrefetchScales(int64_t k, size_t n) const {
+    if constexpr (internal::kKvScaled<T>) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(scales_) +
+                              static_cast<size_t>(k - origin_) * sizeof(float);
+      for (size_t b = 0; b < n * sizeof(float); b += 64) {
+        __builtin_prefetch(reinterpret_cast<const void*>(begin + b), /*rw=*/0,
+                           /*locality=*/2);
+      }
+    } else {
+      (void)k;
+      (void)n;
+    }
+  }
   // Whether rows [k0, k0 + n) read back finite (int8: their scales are).
   bool Finite(int64_t k0, size_t n) const {
     if constexpr (internal::kKvScaled<T>) {
@@ -1050,6 +1067,13 @@ HWY_INLINE void NarrowTiles(const AttentionDims& dims,
        k0 += kAttentionKeyBlock) {
     const size_t n_keys =
         static_cast<size_t>(std::min(kAttentionKeyBlock, tile.key_end - k0));
+    // int8: the K and V scales two blocks ahead, a line per 16 keys, which
+    // the hardware prefetchers follow poorly (MHA decode at 16384 keys
+    // 1.02-1.06x at one and two threads, AVX3_DL, Zen 5).
+    for (size_t i = 0; i < n_tiles; ++i) {
+      keys[i].PrefetchScales(k0 + 2 * kAttentionKeyBlock, kAttentionKeyBlock);
+      values[i].PrefetchScales(k0 + 2 * kAttentionKeyBlock, kAttentionKeyBlock);
+    }
     // Scores key by key: a K row comes from memory once and serves every query
     // row while it is in L1. The block's V rows may be prefetched as the keys
     // go by, and the next block's K rows as V is summed (DecodePrefetchFor).
