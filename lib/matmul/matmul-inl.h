@@ -1679,14 +1679,14 @@ HWY_INLINE bool MatmulOwnBPays(const MatmulSplit& split, size_t threads) {
   return touched * threads <= 2 * groups;
 }
 
-// Rows up to which a task of few rows over B of T in mode kMode runs its
-// panels two at a time (MatmulGemvPanelPairs); 0: never. On targets with 32
+// Rows up to which a task of few rows over B of T runs its panels two at a
+// time (MatmulGemvPanelPairs), in every mode; 0: never. On targets with 32
 // vector registers (two slices of 1 to 4 rows take at most 24 accumulators).
 // GEMV 4096^2, one thread, 1-4 rows: float32 1.06-1.23x, bf16 1.05-1.39x,
 // native bf16 compute 1.15x and 1.24x at 1 and 2 rows, 0.99-1.01x at 3 and 4;
 // int8 one row 1.07x at one and two threads, 2-4 rows (bound by the
 // conversions, not the bytes) 0.86-0.93x, so one (docs/BENCHMARKS.md).
-template <int kMode, class T>
+template <class T>
 inline constexpr size_t kMatmulGemvPairRows = HWY_TARGET <= HWY_AVX3
                                                   ? (sizeof(T) == 1 ? 1 : 4)
                                                   : 0;
@@ -1694,10 +1694,9 @@ inline constexpr size_t kMatmulGemvPairRows = HWY_TARGET <= HWY_AVX3
 // Whether a task of few rows (`strips` strips, the first of `rows` rows) runs
 // its panels in pairs: B packed before the call (its slices are where they
 // lie), one strip of at most kMatmulGemvPairRows rows.
-template <int kMode, class T>
+template <class T>
 HWY_INLINE bool MatmulGemvPairs(const MatmulB& b, size_t strips, size_t rows) {
-  return b.PackedBefore() && strips == 1 &&
-         rows <= kMatmulGemvPairRows<kMode, T>;
+  return b.PackedBefore() && strips == 1 && rows <= kMatmulGemvPairRows<T>;
 }
 
 // MatmulTileSlices in mode kMode: for kMatmulBF16Native the native kernel on
@@ -1738,7 +1737,7 @@ HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
   };
   MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
     constexpr size_t R = decltype(tag)::value;
-    if constexpr (R <= kMatmulGemvPairRows<kMode, T>) {
+    if constexpr (R <= kMatmulGemvPairRows<T>) {
       for (size_t u = 0; u < half; ++u) {
         const size_t pa = p0 + u, pb = p0 + half + u;
         const MatmulSlices<2, T> pair{{slice(pa), slice(pb)},
@@ -1841,8 +1840,8 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                       a_buf + s * strip_floats + kb * kMatmulAStripFloats);
                 }
               }
-              if constexpr ((kMatmulGemvPairRows<kMode, T>) > 0) {
-                if (MatmulGemvPairs<kMode, T>(b, strips, i1 - i0)) {
+              if constexpr (kMatmulGemvPairRows<T> != 0) {
+                if (MatmulGemvPairs<T>(b, strips, i1 - i0)) {
                   for (size_t kb = 0; kb < kblocks.count; ++kb) {
                     MatmulGemvPanelPairs<kMode, T>(
                         i1 - i0, kblocks.Size(kb, k),
