@@ -685,6 +685,26 @@ TEST_P(MatmulTest, StoredShapes) {
   }
 }
 
+// Expects Matmul of op(A) [m, k] by `packed` (B) in `compute` to give the
+// same bits on 1, 2 and 7 threads; `what` names the case in a failure.
+void ExpectSameOnThreads(const Operand& a, const Operand& b, Transpose tb,
+                         int64_t m, int64_t n, const PackedB& packed,
+                         float beta, MatmulCompute compute,
+                         const std::string& what) {
+  std::vector<float> results[3];
+  const int threads[3] = {1, 2, 7};
+  for (int i = 0; i < 3; ++i) {
+    tbb::task_arena arena(threads[i]);
+    arena.execute([&] {
+      results[i] =
+          RunMatmul(a, Transpose::kNo, b, tb, m, n, &packed, beta, compute);
+    });
+    EXPECT_TRUE(BitIdentical(results[0], results[i]))
+        << what << ", " << threads[i] << " threads, compute "
+        << static_cast<int>(compute) << ", native " << NativeBFloat16Active();
+  }
+}
+
 // 1, 2 and 7 threads give bit-identical results for every dtype.
 TEST_P(MatmulTest, StoredThreadCountInvariant) {
   struct Shape {
@@ -699,19 +719,9 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
       PackedB packed;
       ASSERT_TRUE(
           PackedB::Pack(b.view(), Transpose::kYes, &packed, mode.dtype).ok());
-      std::vector<float> results[3];
-      const int threads[3] = {1, 2, 7};
-      for (int i = 0; i < 3; ++i) {
-        tbb::task_arena arena(threads[i]);
-        arena.execute([&] {
-          results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kYes, s.m,
-                                 s.n, &packed, 0.5f, mode.compute);
-        });
-        EXPECT_TRUE(BitIdentical(results[0], results[i]))
-            << threads[i] << " threads, dtype " << static_cast<int>(mode.dtype)
-            << " compute " << static_cast<int>(mode.compute) << " native "
-            << NativeBFloat16Active();
-      }
+      ExpectSameOnThreads(
+          a, b, Transpose::kYes, s.m, s.n, packed, 0.5f, mode.compute,
+          "dtype " + std::to_string(static_cast<int>(mode.dtype)));
     }
   }
 }
@@ -760,20 +770,10 @@ TEST_P(MatmulTest, GemvPanelPairs) {
       PackedB packed;
       ASSERT_TRUE(
           PackedB::Pack(b.view(), Transpose::kNo, &packed, mode.dtype).ok());
-      std::vector<float> results[3];
-      const int threads[3] = {1, 2, 7};
-      for (int i = 0; i < 3; ++i) {
-        tbb::task_arena arena(threads[i]);
-        arena.execute([&] {
-          results[i] = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, m,
-                                 7 * t.nr + 5, &packed, 0.0f, mode.compute);
-        });
-        EXPECT_TRUE(BitIdentical(results[0], results[i]))
-            << m << " rows, " << threads[i] << " threads, dtype "
-            << static_cast<int>(mode.dtype) << ", compute "
-            << static_cast<int>(mode.compute) << ", native "
-            << static_cast<int>(mode.native);
-      }
+      ExpectSameOnThreads(a, b, Transpose::kNo, m, 7 * t.nr + 5, packed, 0.0f,
+                          mode.compute,
+                          std::to_string(m) + " rows, dtype " +
+                              std::to_string(static_cast<int>(mode.dtype)));
     }
   }
 }
