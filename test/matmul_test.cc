@@ -401,13 +401,15 @@ TEST_P(MatmulTest, PackColumnsEqualsPack) {
   }
 }
 
-// 1, 2 and 7 threads give bit-identical results (work split over M and N only).
+// 1, 2 and 7 threads give bit-identical results (work split over M and N
+// only). 1100 rows are several row blocks on one thread too (up to 86 strips
+// each: kMatmulMCOneThread).
 TEST_P(MatmulTest, ThreadCountInvariant) {
   struct Shape {
     int64_t m, n, k;
   };
-  for (const Shape& s :
-       {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 700}}) {
+  for (const Shape& s : {Shape{1, 1000, 600}, Shape{13, 517, 300},
+                         Shape{301, 263, 700}, Shape{1100, 70, 90}}) {
     const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
     const Operand b(s.k, s.n, Transpose::kYes, 0, 0, 22);
     PackedB packed;
