@@ -153,12 +153,9 @@ inline constexpr size_t kMatmulMaxKC = 512;
 // Rows per task: the A block MC x KC (384 KiB on AVX3) stays in L2 while the
 // NC blocks of B pass under it. 16 strips are 5% faster than 8 at 2048^3.
 inline constexpr size_t kMatmulMC = kMatmulMR * 16;
-// Rows per task on one thread: up to 86 strips (1032 rows on AVX3), more than
-// MC so that B is read fewer times (on 2 threads, whose tasks would each pack
-// the A block, 8% slower). 86 strips against 171 (2048 rows in one block),
-// one thread: 2048^3 1.02x in bf16 compute (0.99-1.00x oneDNN's bf16 matmul),
-// 1.01-1.02x in float32; 4096 x 4096 x 1024 1.05x and 1.02x; 64 strips the
-// same, 22 slower.
+// Rows per task on one thread: up to 86 strips, more than MC so that B is read
+// fewer times (2 threads would each pack the A block: 8% slower): 2048^3 bf16
+// compute 0.99-1.00x oneDNN's bf16 matmul vs 0.98x at 171 strips.
 inline constexpr size_t kMatmulMCOneThread = kMatmulMR * 86;
 // Fraction of L2 for an NC block of B.
 inline constexpr size_t kMatmulNCDiv = 4;
