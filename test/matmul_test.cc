@@ -434,6 +434,22 @@ TEST_P(MatmulTest, ThreadCountInvariant) {
   }
 }
 
+// On one thread 1100 rows are 2 to 4 row blocks (kMatmulMCOneThread, 86
+// strips: 1032 rows on AVX3, 516 on AVX2, 344 on SCALAR), which
+// ThreadCountInvariant checks bit for bit against other thread counts: here
+// against the float64 reference, both transposes of A, strided and misaligned.
+TEST_P(MatmulTest, RowBlocksOnOneThread) {
+  tbb::task_arena one(1);
+  one.execute([&] {
+    for (Transpose ta : kOps) {
+      CheckCase(1100, 70, 90, ta, Transpose::kYes, 0.5f, 1.0f, /*pad=*/3,
+                /*offset=*/1);
+      CheckCase(1100, 37, 61, ta, Transpose::kNo, 1.0f, 0.0f, /*pad=*/0,
+                /*offset=*/0, /*packed=*/true);
+    }
+  });
+}
+
 // A B whose packed form is larger than 4 MiB is packed during the call slice
 // by slice: by each task into a window of its own where one task has all the
 // rows (small M, or one thread), else into one copy that the tasks share.
