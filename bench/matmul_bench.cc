@@ -20,7 +20,8 @@
 //              WeightDtype), %read over the bytes stored.
 //   bf16 compute: 512^3, 2048^3 and 1 x 4096 x 4096 with bf16 weights in
 //              MatmulCompute::kBFloat16, with the kernel a host gets by
-//              default (packed:4: the native one on the AVX3 targets where
+//              default (packed:4: AMX tiles where AmxBFloat16Active, else
+//              the native one on the AVX3 targets where
 //              CpuPrefersNativeBFloat16) and with the fallback kernel
 //              (packed:5); %peak of the float32 FMA peak (so 200% is the bf16
 //              dot product's peak).
@@ -80,11 +81,13 @@ struct Shape {
   bool packed;        // B pre-packed (Headway only)
   WeightDtype dtype;  // how pre-packed B stores its weights
   MatmulCompute compute = MatmulCompute::kFloat32;
-  // bf16 compute: where the native kernel runs.
+  // bf16 compute: where the native kernel runs, and whether AMX may.
   NativeBFloat16 native = NativeBFloat16::kWhereFaster;
+  bool amx = true;
   // packed: 0 plain B; 1 + WeightDtype: pre-packed, float32 compute; 4 and 5:
-  // bf16 weights in bf16 compute, the kernel a host gets by default (4: the
-  // native one where CpuPrefersNativeBFloat16) or the fallback (5).
+  // bf16 weights in bf16 compute, the kernel a host gets by default (4: AMX
+  // where AmxBFloat16Active, else the native one where
+  // CpuPrefersNativeBFloat16) or the fallback (5).
   static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5;
   static Shape From(const benchmark::State& state) {
     const int64_t packed = state.range(5);
@@ -99,7 +102,10 @@ struct Shape {
                 ? WeightDtype::kBFloat16
                 : static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
     if (bf16_compute) s.compute = MatmulCompute::kBFloat16;
-    if (packed == kBF16Fallback) s.native = NativeBFloat16::kNever;
+    if (packed == kBF16Fallback) {
+      s.native = NativeBFloat16::kNever;
+      s.amx = false;
+    }
     return s;
   }
   double Flops() const { return 2.0 * m * n * k * batch; }
@@ -283,6 +289,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // with a short --benchmark_min_time that call was often the only one timed.
   // The bf16 kernel the row asks for, the default again on every return.
   const NativeBFloat16Scope native(s.native);
+  const AmxBFloat16Scope amx(s.amx);
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;

@@ -539,18 +539,30 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
 
 // A B stored as dtype, multiplied in `compute`; bf16 compute with the native
 // kernel wherever the CPU has it (on the AVX3 targets) or nowhere (the
-// fallback kernel runs on every target).
+// fallback kernel runs on every target), and with AMX tiles for more than 16
+// rows wherever the CPU has them (`amx`) or nowhere.
 struct StoredMode {
   WeightDtype dtype;
   MatmulCompute compute = MatmulCompute::kFloat32;
   NativeBFloat16 native = NativeBFloat16::kWhereSupported;
+  bool amx = false;
 };
 constexpr StoredMode kStoredModes[] = {
     {WeightDtype::kBFloat16},
     {WeightDtype::kInt8},
     {WeightDtype::kBFloat16, MatmulCompute::kBFloat16,
      NativeBFloat16::kWhereSupported},
-    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, NativeBFloat16::kNever}};
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, NativeBFloat16::kNever},
+    {WeightDtype::kBFloat16, MatmulCompute::kBFloat16,
+     NativeBFloat16::kWhereSupported, /*amx=*/true}};
+
+// The kernels a StoredMode names, for the lifetime of the scope.
+struct StoredModeScope {
+  explicit StoredModeScope(const StoredMode& mode)
+      : native(mode.native), amx(mode.amx) {}
+  NativeBFloat16Scope native;
+  AmxBFloat16Scope amx;
+};
 
 // op(x) dense: [x.rows, x.cols] for kNo, [x.cols, x.rows] for kYes.
 std::vector<float> DenseOp(const Operand& x, Transpose t) {
@@ -577,14 +589,15 @@ void CheckStored(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb,
                  int64_t offset = 0, uint64_t seed = 1) {
   const WeightDtype dtype = mode.dtype;
   const bool bf16_compute = mode.compute == MatmulCompute::kBFloat16;
-  const NativeBFloat16Scope native(mode.native);
+  const StoredModeScope scope(mode);
   SCOPED_TRACE(testing::Message()
                << "m=" << m << " n=" << n << " k=" << k
                << " ta=" << static_cast<int>(ta)
                << " tb=" << static_cast<int>(tb) << " alpha=" << alpha
                << " beta=" << beta << " dtype=" << static_cast<int>(dtype)
                << " compute=" << static_cast<int>(mode.compute)
-               << " native=" << NativeBFloat16Active() << " pad=" << pad);
+               << " native=" << NativeBFloat16Active()
+               << " amx=" << AmxBFloat16Active() << " pad=" << pad);
   const Operand a(m, k, ta, pad, offset, seed * 3 + 1);
   const Operand b(k, n, tb, pad, offset, seed * 3 + 2);
   const std::vector<float> op_b = DenseOp(b, tb);
@@ -719,7 +732,8 @@ void ExpectSameOnThreads(const Operand& a, const Operand& b, Transpose tb,
     });
     EXPECT_TRUE(BitIdentical(results[0], results[i]))
         << what << ", " << threads[i] << " threads, compute "
-        << static_cast<int>(compute) << ", native " << NativeBFloat16Active();
+        << static_cast<int>(compute) << ", native " << NativeBFloat16Active()
+        << ", amx " << AmxBFloat16Active();
   }
 }
 
@@ -729,7 +743,7 @@ TEST_P(MatmulTest, StoredThreadCountInvariant) {
     int64_t m, n, k;
   };
   for (const StoredMode& mode : kStoredModes) {
-    const NativeBFloat16Scope native(mode.native);
+    const StoredModeScope scope(mode);
     for (const Shape& s :
          {Shape{1, 1000, 600}, Shape{13, 517, 300}, Shape{301, 263, 701}}) {
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 21);
@@ -780,7 +794,7 @@ TEST_P(MatmulTest, GemvPanelPairs) {
                                 std::end(kStoredModes));
   modes.push_back(float32_mode);
   for (const StoredMode& mode : modes) {
-    const NativeBFloat16Scope native(mode.native);
+    const StoredModeScope scope(mode);
     // 1 row: int8 pairs its panels only then; 3: the other types still do.
     for (int64_t m : {1, 3}) {
       const Operand a(m, 1031, Transpose::kNo, 0, 0, 43);
@@ -944,8 +958,9 @@ TEST_P(MatmulTest, StoredInt8Columns) {
 
 // The bf16 compute mode runs the native kernel, on AVX3 and AVX3_DL, where
 // the CPU prefers it (the default), where it has it, or nowhere, as
-// SetNativeBFloat16 says; and the native and fallback kernels agree within the
-// bound both meet (twice it).
+// SetNativeBFloat16 says, and AMX tiles where the CPU has them unless
+// SetAmxBFloat16(false); and the AMX, native and fallback kernels agree within
+// the bound they meet (twice it).
 TEST_P(MatmulTest, BF16NativeAndFallback) {
   const Target active = ActiveTarget();
   const bool avx3 = std::string(active.name).rfind("AVX3", 0) == 0;
@@ -965,30 +980,50 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
     EXPECT_FALSE(NativeBFloat16Active());
   }
   EXPECT_EQ(NativeBFloat16Active(), CpuPrefersNativeBFloat16() && avx3);
+  const bool amx = CpuHasAmxBFloat16() && CpuHasNativeBFloat16() && avx3;
+  EXPECT_EQ(AmxBFloat16Active(), amx);
+  {
+    const AmxBFloat16Scope off(false);
+    EXPECT_FALSE(AmxBFloat16Active());
+    {
+      const AmxBFloat16Scope on(true);
+      EXPECT_EQ(AmxBFloat16Active(), amx);
+    }
+    EXPECT_FALSE(AmxBFloat16Active());
+  }
+  EXPECT_EQ(AmxBFloat16Active(), amx);
   const Tile t = ActiveTile();
   struct Shape {
     int64_t m, n, k;
   };
+  // The last two on AMX where the CPU has it: K = 777 in blocks of 392 and 385
+  // (8 and 1 k past a multiple of 32), K = 1031 in 344, 344 and 343 (24, 24
+  // and 23), 300 rows (two tasks of rows, the last block of 12).
   for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
-                         Shape{2 * t.mr + 5, 3 * t.nr - 1, 777}}) {
+                         Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
+                         Shape{300, 2 * t.nr + 7, 1031}}) {
     const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
     const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);
     PackedB packed;
     ASSERT_TRUE(
         PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kBFloat16)
             .ok());
-    std::vector<float> native, fallback;
+    std::vector<float> tiles, native, fallback;
     {
       const NativeBFloat16Scope where(NativeBFloat16::kWhereSupported);
+      tiles = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n, &packed,
+                        0.0f, MatmulCompute::kBFloat16);
+      const AmxBFloat16Scope off(false);
       native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                          &packed, 0.0f, MatmulCompute::kBFloat16);
     }
     {
       const NativeBFloat16Scope never(NativeBFloat16::kNever);
+      const AmxBFloat16Scope off(false);
       fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                            &packed, 0.0f, MatmulCompute::kBFloat16);
     }
-    double worst = 0.0;
+    double worst = 0.0, worst_tiles = 0.0;
     for (int64_t i = 0; i < s.m; ++i) {
       for (int64_t j = 0; j < s.n; ++j) {
         double abs_sum = 0.0;
@@ -1004,10 +1039,17 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
                                       fallback[i * s.n + j]);
         worst = std::max(worst, diff / tol);
         ASSERT_LE(diff, tol) << "c[" << i << ", " << j << "] m=" << s.m;
+        const double diff_tiles = std::fabs(
+            static_cast<double>(tiles[i * s.n + j]) - fallback[i * s.n + j]);
+        worst_tiles = std::max(worst_tiles, diff_tiles / tol);
+        ASSERT_LE(diff_tiles, tol)
+            << "AMX c[" << i << ", " << j << "] m=" << s.m;
       }
     }
     RecordProperty("worst_native_vs_fallback_" + std::to_string(s.k),
                    std::to_string(worst));
+    RecordProperty("worst_amx_vs_fallback_" + std::to_string(s.m),
+                   std::to_string(worst_tiles));
   }
 }
 

@@ -46,11 +46,15 @@ enum class WeightDtype : int {
 //              WeightDtype).
 //   kBFloat16  op(a) rounded to bf16 (nearest even) times the weights of a
 //              PackedB stored as kBFloat16, each pair of products (k, k + 1)
-//              added to a float32 accumulator: AVX512_BF16's vdpbf16ps where
-//              NativeBFloat16Active() (targets.h: AMD's cores by default),
-//              else a kernel with the same contract. Native: 1.8x float32's
-//              GEMM speed at 2048^3 on Zen 5 (AVX3_DL, one thread, measured:
-//              docs/BENCHMARKS.md); the fallback runs at float32's speed.
+//              added to a float32 accumulator: for more than 16 rows of a,
+//              AMX's tile multiply tdpbf16ps where AmxBFloat16Active()
+//              (targets.h: Intel's cores from Sapphire Rapids on), else
+//              AVX512_BF16's vdpbf16ps where NativeBFloat16Active() (AMD's
+//              cores by default), else a kernel with the same contract. AMX:
+//              6x float32's GEMM speed at 2048^3 on one core of a Xeon with
+//              AMX; native: 1.8x at 2048^3 on Zen 5 (AVX3_DL, one thread,
+//              measured: docs/BENCHMARKS.md); the fallback runs at float32's
+//              speed.
 enum class MatmulCompute : int {
   kFloat32 = 0,
   kBFloat16 = 1,
@@ -183,10 +187,12 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // compute kBFloat16: op(a) is rounded to bf16 (nearest even, as
 // WeightDtype::kBFloat16 stores); the products of bf16 values are exact in
 // float32 and are accumulated in float32, so the bound above holds with op(a)
-// replaced by its bf16 rounding. The native kernel (vdpbf16ps) reads denormal
-// inputs as 0 and flushes denormal results to 0, whatever MXCSR says: values
-// of op(a) and b, and partial sums, below 2^-126 in magnitude may read as 0
-// there, outside the bound; the fallback keeps them, as float32 compute does.
+// replaced by its bf16 rounding. The native kernels (vdpbf16ps, AMX's
+// tdpbf16ps) read denormal inputs as 0 and flush denormal results to 0,
+// whatever MXCSR says: values of op(a) and b, and partial sums, below 2^-126
+// in magnitude may read as 0 there, outside the bound; the fallback keeps
+// them, as float32 compute does. AMX sums each element over all of K before
+// it adds alpha times the sum to C (one rounding fewer per K block).
 // Errors: as above, plus kInvalidArgument for an empty b, a compute value
 // outside MatmulCompute, or compute kBFloat16 with b not stored as
 // WeightDtype::kBFloat16; kFailedPrecondition when b was packed for an

@@ -99,6 +99,38 @@ class NativeBFloat16Scope {
   NativeBFloat16 previous_;
 };
 
+// Whether this CPU has AMX's bf16 tile multiply (AMX-TILE and AMX-BF16: Intel
+// from Sapphire Rapids on) and the operating system lets this process use its
+// tiles (XCR0; on Linux the XTILEDATA permission, requested here), detected
+// once.
+HEADWAY_API bool CpuHasAmxBFloat16();
+
+// Whether the bf16 compute GEMM (MatmulCompute::kBFloat16, more than 16 rows
+// of A) runs on AMX tiles now: the active target is AVX3 or AVX3_DL, the CPU
+// has them and SetAmxBFloat16 has not turned them off (on by default). AMX
+// does 16x the flops of an AVX-512 float32 FMA per instruction; otherwise the
+// mode runs the kernel NativeBFloat16Active picks, with the same contract.
+HEADWAY_API bool AmxBFloat16Active();
+
+// Turns the AMX kernel on (the default) or off and returns the setting before
+// the call. Process-wide, like SetMaxTarget: change it while no Headway call
+// runs.
+HEADWAY_API bool SetAmxBFloat16(bool enabled);
+
+// SetAmxBFloat16(enabled) for the lifetime of the scope, then the setting it
+// found.
+class AmxBFloat16Scope {
+ public:
+  explicit AmxBFloat16Scope(bool enabled)
+      : previous_(SetAmxBFloat16(enabled)) {}
+  ~AmxBFloat16Scope() { SetAmxBFloat16(previous_); }
+  AmxBFloat16Scope(const AmxBFloat16Scope&) = delete;
+  AmxBFloat16Scope& operator=(const AmxBFloat16Scope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace headway
 
 #endif  // HEADWAY_TARGETS_H_

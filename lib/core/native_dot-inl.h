@@ -7,6 +7,9 @@
 //   NativeBFloat16Active() (targets.h) said so once per call.
 //   HEADWAY_NATIVE_BF16 is 1 on the targets that can (x86 AVX3 and AVX3_DL),
 //   else 0.
+// - AMX-BF16 (tdpbf16ps on tiles), for Matmul's bf16 compute mode where
+//   AmxBFloat16Active() (targets.h). HEADWAY_NATIVE_AMX is 1 on the targets
+//   that can (x86-64 AVX3 and AVX3_DL), else 0.
 // - AVX512_VNNI (vpdpbusd, vpdpwssd), for attention decode's
 //   AttentionCompute::kInt8.
 //   Highway selects AVX3_DL only on CPUs that have it, so
@@ -25,11 +28,17 @@
 #include "hwy/highway.h"
 
 #undef HEADWAY_NATIVE_BF16
+#undef HEADWAY_NATIVE_AMX
 #undef HEADWAY_NATIVE_INT8
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define HEADWAY_NATIVE_BF16 1
 #else
 #define HEADWAY_NATIVE_BF16 0
+#endif
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+#define HEADWAY_NATIVE_AMX 1
+#else
+#define HEADWAY_NATIVE_AMX 0
 #endif
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
 #define HEADWAY_NATIVE_INT8 1
@@ -68,6 +77,61 @@ HWY_INLINE hn::Vec<NativePairs> BF16PairsFromFloats(hn::Vec<NativeF32> lo,
   return pairs;
 }
 #endif  // HEADWAY_NATIVE_BF16
+
+#if HEADWAY_NATIVE_AMX
+// AMX's tile configuration (palette 1): tile t has rows[t] rows of colsb[t]
+// bytes.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Loads the calling thread's tile configuration (all tiles then read 0).
+HWY_INLINE void AmxLoadConfig(const AmxTileConfig& config) {
+  asm volatile("ldtilecfg %0" : : "m"(config));
+}
+
+// Gives the tiles back (the thread's tile state returns to its initial one).
+HWY_INLINE void AmxRelease() { asm volatile("tilerelease" ::: "memory"); }
+
+// Tile kTile = 0.
+template <int kTile>
+HWY_INLINE void AmxZero() {
+  asm volatile("tilezero %%tmm%c0" : : "i"(kTile));
+}
+
+// Tile kTile = its rows from p, stride bytes apart.
+template <int kTile>
+HWY_INLINE void AmxLoad(const void* p, size_t stride) {
+  asm volatile("tileloadd (%0,%1,1), %%tmm%c2"
+               :
+               : "r"(p), "r"(stride), "i"(kTile)
+               : "memory");
+}
+
+// Tile kTile's rows to p, stride bytes apart.
+template <int kTile>
+HWY_INLINE void AmxStore(void* p, size_t stride) {
+  asm volatile("tilestored %%tmm%c0, (%1,%2,1)"
+               :
+               : "i"(kTile), "r"(p), "r"(stride)
+               : "memory");
+}
+
+// C += A B, C [M][N] floats, A [M][K] bf16 (K = 2 x its pairs), B [K / 2][N]
+// pairs of bf16 (pair t of row r: B's rows 2r and 2r + 1 of column t):
+// tdpbf16ps. As DotBF16Pairs, each addition rounds to nearest even, and
+// denormal inputs and results are read and written as 0.
+template <int kC, int kA, int kB>
+HWY_INLINE void AmxDotBF16() {
+  asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0"
+               :
+               : "i"(kC), "i"(kA), "i"(kB));
+}
+#endif  // HEADWAY_NATIVE_AMX
 
 #if HEADWAY_NATIVE_INT8
 // 16 int32 lanes, and 64 bytes (4 per lane).

@@ -12,6 +12,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cctype>
@@ -219,6 +223,57 @@ bool NativeBFloat16Active() {
 NativeBFloat16 SetNativeBFloat16(NativeBFloat16 where) {
   return static_cast<NativeBFloat16>(g_native_bf16.exchange(
       static_cast<int>(where), std::memory_order_relaxed));
+}
+
+bool CpuHasAmxBFloat16() {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    // CPUID leaf 1: ECX bit 27 is OSXSAVE (XGETBV may run).
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0)
+      return false;
+    // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 ||
+        ((edx >> 22) & 1u) == 0 || ((edx >> 24) & 1u) == 0) {
+      return false;
+    }
+    // XCR0 bits 17 and 18: the OS saves TILECFG and TILEDATA.
+    uint32_t xcr0 = 0, xcr0_high = 0;
+    asm volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if (((xcr0 >> 17) & 3u) != 3u) return false;
+#if defined(__linux__)
+    // Linux 5.16+: a process asks once for the tile data state
+    // (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18), for all of its
+    // threads.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return false;
+#endif
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> g_amx_bf16{true};
+}  // namespace
+
+bool AmxBFloat16Active() {
+#if HWY_ARCH_X86
+  if (!g_amx_bf16.load(std::memory_order_relaxed)) return false;
+  const int64_t active = ActiveTarget().bits;
+  // vcvtne2ps2bf16 (AVX512_BF16, which every AMX CPU has) rounds A.
+  return (active == HWY_AVX3 || active == HWY_AVX3_DL) && CpuHasAmxBFloat16() &&
+         CpuHasNativeBFloat16();
+#else
+  return false;
+#endif
+}
+
+bool SetAmxBFloat16(bool enabled) {
+  return g_amx_bf16.exchange(enabled, std::memory_order_relaxed);
 }
 
 }  // namespace headway

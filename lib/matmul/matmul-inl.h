@@ -745,6 +745,24 @@ HWY_INLINE void MatmulScaleRow(V (&acc)[kMatmulNV],
   }
 }
 
+// Row i of a C tile, columns [j0, j0 + cols), stored (alpha, beta, first as
+// MatmulStoreRow): through `column` (out.ColumnAt(j0)), or lane by lane for a
+// null column (the tile's columns not next to each other).
+template <class V>
+HWY_INLINE void MatmulStoreTileRow(const V (&acc)[kMatmulNV],
+                                   const MatmulOut& out,
+                                   const MatmulOut::Column* column, size_t i,
+                                   size_t j0, size_t cols, float alpha,
+                                   float beta, bool first) {
+  if (column != nullptr) {
+    MatmulStoreRow(acc, column->At(i), cols, alpha, beta, first);
+  } else {
+    MatmulStoreLanes(
+        acc, [&out, i, j0](size_t j) HWY_ATTR { return out.At(i, j0 + j); },
+        cols, alpha, beta, first);
+  }
+}
+
 // The end of MatmulTile and MatmulTileNative: the kSets accumulator sets of a
 // C tile [kRows, cols] at (i0, j0) summed pairwise in a fixed order, int8
 // columns scaled (scales [NR]), and the tile stored (alpha, beta, first as
@@ -776,15 +794,8 @@ HWY_INLINE void MatmulFinishTile(V (&acc)[kSets][kRows][kMatmulNV],
   HWY_UNROLL(16)
   for (size_t r = 0; r < kRows; ++r) {
     MatmulScaleRow<T>(acc[0][r], scales);
-    if (column != nullptr) {
-      MatmulStoreRow(acc[0][r], column->At(i0 + r), cols, alpha, beta, first);
-    } else {
-      MatmulStoreLanes(
-          acc[0][r],
-          [&out, i0, j0, r](size_t j)
-              HWY_ATTR { return out.At(i0 + r, j0 + j); },
-          cols, alpha, beta, first);
-    }
+    MatmulStoreTileRow(acc[0][r], out, column, i0 + r, j0, cols, alpha, beta,
+                       first);
   }
 }
 
@@ -1951,6 +1962,332 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
         tbb::simple_partitioner());
   });
 }
+
+#if HEADWAY_NATIVE_AMX
+// ---------------------------------------------------------------------------------------------
+// AMX: kMatmulBF16Native on tiles, where AmxBFloat16Active() and M > 16.
+//
+// A C block of 32 rows x one panel (NR = 32 columns) is four 16 x 16 float
+// tiles (tmm0-3), summed over all of K in the tiles and stored to C once. Per
+// 32 k: two A tiles of 16 rows x 32 bf16 (tmm4, 5), the panel's two B tiles of
+// 16 pairs of k x 16 columns (tmm6, 7: the slice's pair layout, MatmulBPairs,
+// read in place 128 bytes a pair of rows) and four tile products. A task
+// converts its rows of A to bf16 once, for all of K (MatmulAmxPackA); a K
+// block whose length is not a multiple of 32 takes its last B tiles from a
+// copy padded with zeros (MatmulAmxTailB). An element's sum runs over k in
+// order, 32 at a time, whichever task computes it: results are identical for
+// any thread count.
+
+// Rows of a C block (two tiles) and k per tile product.
+inline constexpr size_t kMatmulAmxRows = 32;
+inline constexpr size_t kMatmulAmxK = 32;
+static_assert(kMatmulNR == 32, "AMX blocks are two 16-column tiles wide");
+// Rows of A per task: 256 rows x K = 2048 of bf16 (1 MiB) stay in L2 while the
+// task's panels pass.
+inline constexpr size_t kMatmulAmxTaskRows = 256;
+// k per pass over a task's C blocks: a panel's B for them is 16 KiB.
+inline constexpr size_t kMatmulAmxSubK = 256;
+
+// K as the AMX kernel stores A: each K block padded to a multiple of 32.
+HWY_INLINE size_t MatmulAmxPaddedK(const MatmulKBlocks& kblocks, size_t k) {
+  size_t padded = 0;
+  for (size_t kb = 0; kb < kblocks.count; ++kb) {
+    padded += RoundUp(kblocks.Size(kb, k), kMatmulAmxK);
+  }
+  return padded;
+}
+
+// Rows [r0, r0 + rows) of op(A) (a [m, k], or a^T with a [k, m]) into dst
+// [RoundUp(rows, 32)][stride] bf16, each K block zero-padded to a multiple of
+// 32 k, the rows past `rows` zeros. Rounded by vcvtne2ps2bf16 32 at a time
+// (BF16PairsFromFloats: storage.h's rounding but denormals to 0, which the
+// tiles read as 0 anyway), the rest by storage.h's rule.
+HWY_INLINE void MatmulAmxPackA(const float* HWY_RESTRICT a, size_t lda,
+                               bool trans_a, size_t r0, size_t rows,
+                               const MatmulKBlocks& kblocks, size_t k,
+                               hwy::bfloat16_t* HWY_RESTRICT dst,
+                               size_t stride) {
+  const NativeF32 d;
+  const NativePairs du;
+  constexpr size_t N = hn::MaxLanes(d);
+  const size_t padded = MatmulAmxPaddedK(kblocks, k);
+  hwy::bfloat16_t zero;
+  zero.bits = 0;
+  for (size_t r = 0; r < RoundUp(rows, kMatmulAmxRows); ++r) {
+    hwy::bfloat16_t* row = dst + r * stride;
+    if (r >= rows) {
+      std::fill(row, row + padded, zero);
+      continue;
+    }
+    size_t at = 0;
+    for (size_t kb = 0; kb < kblocks.count; ++kb) {
+      const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
+      size_t kk = 0;
+      if (!trans_a) {
+        const float* src = a + (r0 + r) * lda + k0;
+        for (; kk + 2 * N <= kc; kk += 2 * N) {
+          hn::StoreU(BF16PairsFromFloats(hn::LoadU(d, src + kk),
+                                         hn::LoadU(d, src + kk + N)),
+                     du, reinterpret_cast<uint32_t*>(row + at + kk));
+        }
+      }
+      for (; kk < kc; ++kk) {
+        row[at + kk] =
+            internal::BF16FromFloat(trans_a ? a[(k0 + kk) * lda + r0 + r]
+                                            : a[(r0 + r) * lda + k0 + kk]);
+      }
+      const size_t kc_padded = RoundUp(kc, kMatmulAmxK);
+      std::fill(row + at + kc, row + at + kc_padded, zero);
+      at += kc_padded;
+    }
+  }
+}
+
+// The last B tiles of a K block of kc (not a multiple of 32) k: the slice's
+// pairs of rows past its last 32 k, then the odd last row as pairs (b, 0),
+// then zeros, into tail [16][NR][2].
+HWY_INLINE void MatmulAmxTailB(const hwy::bfloat16_t* HWY_RESTRICT slice,
+                               size_t kc, hwy::bfloat16_t* HWY_RESTRICT tail) {
+  constexpr size_t NR = kMatmulNR;
+  const size_t first_pair = kc / kMatmulAmxK * kMatmulAmxK / 2;
+  const size_t pairs = kc / 2;
+  hwy::bfloat16_t zero;
+  zero.bits = 0;
+  std::fill(tail, tail + kMatmulAmxK * NR, zero);
+  std::copy(slice + first_pair * 2 * NR, slice + pairs * 2 * NR, tail);
+  if (kc % 2 != 0) {
+    for (size_t j = 0; j < NR; ++j) {
+      tail[((pairs - first_pair) * NR + j) * 2] = slice[pairs * 2 * NR + j];
+    }
+  }
+}
+
+// Tiles tmm0-3 (a C block [32][NR]) += A's 32 rows times `steps` B tiles of
+// 32 k: A's k at a_k (rows `stride` bytes apart, k on), B's pairs of rows of
+// step s at b(s) ([16][NR][2] bf16).
+template <class BFn>
+HWY_INLINE void MatmulAmxSteps(const char* HWY_RESTRICT a_k, size_t stride,
+                               size_t steps, const BFn& b) {
+  // Bytes between pairs of rows of B, and from A's first tile to its second.
+  constexpr size_t kBStride = kMatmulNR * 2 * sizeof(hwy::bfloat16_t);
+  const size_t a_second = 16 * stride;
+  for (size_t s = 0; s < steps; ++s) {
+    const char* a_s = a_k + s * kMatmulAmxK * sizeof(hwy::bfloat16_t);
+    const hwy::bfloat16_t* b_s = b(s);
+    AmxLoad<4>(a_s, stride);
+    AmxLoad<6>(b_s, kBStride);
+    AmxLoad<7>(b_s + 32, kBStride);
+    AmxDotBF16<0, 4, 6>();
+    AmxDotBF16<1, 4, 7>();
+    AmxLoad<5>(a_s + a_second, stride);
+    AmxDotBF16<2, 5, 6>();
+    AmxDotBF16<3, 5, 7>();
+  }
+}
+
+// Tiles tmm0-3 to or from a C block [32][NR] of floats at c.
+HWY_INLINE void MatmulAmxStoreC(float* c, size_t ldc) {
+  AmxStore<0>(c, ldc * sizeof(float));
+  AmxStore<1>(c + 16, ldc * sizeof(float));
+  AmxStore<2>(c + 16 * ldc, ldc * sizeof(float));
+  AmxStore<3>(c + 16 * ldc + 16, ldc * sizeof(float));
+}
+HWY_INLINE void MatmulAmxLoadC(const float* c) {
+  constexpr size_t kStride = kMatmulNR * sizeof(float);
+  AmxLoad<0>(c, kStride);
+  AmxLoad<1>(c + 16, kStride);
+  AmxLoad<2>(c + 16 * kMatmulNR, kStride);
+  AmxLoad<3>(c + 16 * kMatmulNR + 16, kStride);
+}
+
+// C rows [i0, i0 + rows), rows <= 32, columns [j0, j0 + cols) = alpha * tiles
+// tmm0-3 + beta * C: stored straight from the tiles where C is one plain
+// block of 32 x NR and alpha = 1, beta = 0, else through c_tiles [32][NR].
+HWY_INLINE void MatmulAmxFinish(float* HWY_RESTRICT c_tiles,
+                                const MatmulOut& out, size_t i0, size_t rows,
+                                size_t j0, size_t cols, float alpha,
+                                float beta) {
+  if (out.rows == nullptr && rows == kMatmulAmxRows && cols == kMatmulNR &&
+      alpha == 1.0f && beta == 0.0f) {
+    MatmulAmxStoreC(out.c + i0 * out.ldc + j0, out.ldc);
+    return;
+  }
+  MatmulAmxStoreC(c_tiles, kMatmulNR);
+  const MatmulTag d;
+  MatmulOut::Column column{};
+  const MatmulOut::Column* contiguous = out.ContiguousColumn(j0, cols, &column);
+  for (size_t r = 0; r < rows; ++r) {
+    hn::Vec<MatmulTag> acc[kMatmulNV];
+    for (size_t v = 0; v < kMatmulNV; ++v) {
+      acc[v] = hn::Load(d, c_tiles + r * kMatmulNR + v * kMatmulLanes);
+    }
+    MatmulStoreTileRow(acc, out, contiguous, i0 + r, j0, cols, alpha, beta,
+                       /*first=*/true);
+  }
+}
+
+// Tile shapes: all eight 16 rows of 64 bytes.
+HWY_INLINE const AmxTileConfig& MatmulAmxConfig() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
+    for (size_t t = 0; t < 8; ++t) {
+      c.rows[t] = 16;
+      c.colsb[t] = 64;
+    }
+    return c;
+  }();
+  return config;
+}
+
+// MatmulPackedAmx's per-thread buffers (as MatmulASlots).
+HWY_INLINE ThreadScratchSlots& MatmulAmxSlots() {
+  thread_local ThreadScratchSlots slots;
+  return slots;
+}
+
+// C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
+// B of bf16 packed before the call, on AMX tiles. Tasks: blocks of up to
+// kMatmulAmxTaskRows rows x groups of panels (more than one thread: >= 4
+// tasks per thread). A task, per panel, per K block, per kMatmulAmxSubK k of
+// it: every C block of its rows, whose tiles wait in c_acc between the passes
+// (stored and loaded exactly: the sums are those of one pass), so that the
+// panel's B for those k (16 KiB) stays in L1 while A's rows pass.
+HWY_INLINE void MatmulPackedAmx(const float* a, size_t lda, bool trans_a,
+                                const MatmulB& b, size_t m, size_t n, size_t k,
+                                const MatmulOut& out, float alpha, float beta) {
+  constexpr size_t NR = kMatmulNR;
+  constexpr size_t KT = kMatmulAmxK;
+  constexpr size_t MB = kMatmulAmxRows;
+  const MatmulPackedLayout layout(k, n);
+  const MatmulKBlocks& kblocks = layout.kblocks;
+  const size_t panels = layout.panels;
+  const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
+  // A's rows: padded K plus one cache line (rows fall into different L1 sets).
+  const size_t a_stride = MatmulAmxPaddedK(kblocks, k) + KT;
+  const size_t blocks_total = (m + MB - 1) / MB;
+  // Tasks: row_tasks blocks of rows x groups of panels, >= 4 per thread on
+  // more than one, the split of least cost: each row task reads all of B (2 k
+  // n bytes), each group converts all of A (m k elements, each weighed as 16
+  // bytes read). 2 threads: 512^3 8 x 1, 1983-2064 GFLOP/s against 1188-1684
+  // as 4 x 2; the MHA layer's prefill 512 4 x 2, 67-70 ms against 72-79 as
+  // 2 x 4 and 80 as 8 x 1.
+  const size_t min_row_tasks =
+      (m + kMatmulAmxTaskRows - 1) / kMatmulAmxTaskRows;
+  size_t row_tasks = min_row_tasks, groups = 1;
+  if (threads > 1) {
+    const size_t want = 4 * threads;
+    const size_t max_row_tasks =
+        std::max(min_row_tasks, std::min(blocks_total, want));
+    double best = -1.0;
+    for (size_t r = min_row_tasks; r <= max_row_tasks; ++r) {
+      const size_t g = std::min(panels, (want + r - 1) / r);
+      const double bytes = 2.0 * static_cast<double>(r * k * n) +
+                           16.0 * static_cast<double>(g * m * k);
+      if (best < 0.0 || bytes < best) {
+        best = bytes;
+        row_tasks = r;
+        groups = g;
+      }
+    }
+  }
+  const size_t tasks = row_tasks * groups;
+  const size_t blocks_max = (blocks_total + row_tasks - 1) / row_tasks;
+  // Per thread: a C block [32][NR] floats, the task's C blocks between passes
+  // [blocks_max][32][NR] floats, A [blocks_max * 32][a_stride] bf16, the tails
+  // [K blocks][32 NR] bf16, the slices' pointers.
+  const size_t c_floats = MB * NR;
+  const size_t acc_floats = blocks_max * MB * NR;
+  const size_t a_floats = blocks_max * MB * a_stride / 2;
+  const size_t tail_floats = kblocks.count * KT * NR / 2;
+  const size_t floats =
+      c_floats + acc_floats + a_floats + tail_floats + 2 * kblocks.count;
+  ThreadSlots& slots = MatmulAmxSlots();
+  slots.Reserve(floats);
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, tasks, 1),
+        [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+          float* c_tiles = slots.Mine().Get(floats);  // 64-byte aligned
+          float* c_acc = c_tiles + c_floats;
+          hwy::bfloat16_t* a_buf =
+              reinterpret_cast<hwy::bfloat16_t*>(c_acc + acc_floats);
+          hwy::bfloat16_t* tails =
+              reinterpret_cast<hwy::bfloat16_t*>(c_acc + acc_floats + a_floats);
+          const hwy::bfloat16_t** slices =
+              reinterpret_cast<const hwy::bfloat16_t**>(c_acc + acc_floats +
+                                                        a_floats + tail_floats);
+          const void* b_base = b.Begin();
+          const size_t a_row_bytes = a_stride * sizeof(hwy::bfloat16_t);
+          AmxLoadConfig(MatmulAmxConfig());
+          for (size_t task = range.begin(); task < range.end(); ++task) {
+            const size_t row_task = task % row_tasks;
+            const size_t group = task / row_tasks;
+            const size_t i0 = row_task * blocks_total / row_tasks * MB;
+            const size_t i1 =
+                std::min(m, (row_task + 1) * blocks_total / row_tasks * MB);
+            const size_t blocks = (i1 - i0 + MB - 1) / MB;
+            const size_t p0 = group * panels / groups;
+            const size_t p1 = (group + 1) * panels / groups;
+            MatmulAmxPackA(a, lda, trans_a, i0, i1 - i0, kblocks, k, a_buf,
+                           a_stride);
+            for (size_t p = p0; p < p1; ++p) {
+              for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                slices[kb] = b.template Slice<hwy::bfloat16_t>(
+                    layout, b_base, nullptr, kb, p, 0, false);
+                const size_t kc = kblocks.Size(kb, k);
+                if (kc % KT != 0) {
+                  MatmulAmxTailB(slices[kb], kc, tails + kb * KT * NR);
+                }
+              }
+              const size_t j0 = p * NR;
+              const size_t cols = std::min(NR, n - j0);
+              size_t a_at = 0;  // bytes of A's row before K block kb
+              for (size_t kb = 0; kb < kblocks.count; ++kb) {
+                const size_t kc = kblocks.Size(kb, k);
+                const size_t full = kc / KT, steps = (kc + KT - 1) / KT;
+                const hwy::bfloat16_t* slice = slices[kb];
+                const hwy::bfloat16_t* tail = tails + kb * KT * NR;
+                const auto b_step = [&](size_t s) {
+                  return s < full ? slice + s * KT * NR : tail;
+                };
+                for (size_t s0 = 0; s0 < steps; s0 += kMatmulAmxSubK / KT) {
+                  const size_t s1 = std::min(steps, s0 + kMatmulAmxSubK / KT);
+                  const bool first = kb == 0 && s0 == 0;
+                  const bool last = kb + 1 == kblocks.count && s1 == steps;
+                  for (size_t blk = 0; blk < blocks; ++blk) {
+                    float* acc = c_acc + blk * MB * NR;
+                    if (first) {
+                      AmxZero<0>();
+                      AmxZero<1>();
+                      AmxZero<2>();
+                      AmxZero<3>();
+                    } else {
+                      MatmulAmxLoadC(acc);
+                    }
+                    MatmulAmxSteps(reinterpret_cast<const char*>(a_buf) +
+                                       blk * MB * a_row_bytes + a_at +
+                                       s0 * KT * sizeof(hwy::bfloat16_t),
+                                   a_row_bytes, s1 - s0,
+                                   [&](size_t s) { return b_step(s0 + s); });
+                    const size_t r0 = i0 + blk * MB;
+                    if (last) {
+                      MatmulAmxFinish(c_tiles, out, r0, std::min(MB, i1 - r0),
+                                      j0, cols, alpha, beta);
+                    } else {
+                      MatmulAmxStoreC(acc, NR);
+                    }
+                  }
+                }
+                a_at += steps * KT * sizeof(hwy::bfloat16_t);
+              }
+            }
+          }
+          AmxRelease();
+        },
+        tbb::simple_partitioner());
+  });
+}
+#endif  // HEADWAY_NATIVE_AMX
 
 // C = alpha * op(A) * op(B) + beta * C with B packed here, into a buffer of the
 // calling thread: an unpacked call, for the public entry point and for other

@@ -86,6 +86,10 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
       if (!w.bf16_compute) {
         MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
                                          alpha, beta);
+#if HEADWAY_NATIVE_AMX
+      } else if (w.amx && m > kMatmulSmallM && b.PackedBefore()) {
+        MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+#endif
 #if HEADWAY_NATIVE_BF16
       } else if (w.native) {
         MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(

@@ -95,9 +95,11 @@ struct MatmulPackedWeights {
   int dtype = 0;                  // WeightDtype
   // MatmulCompute::kBFloat16 (dtype kBFloat16 only): op(A) rounded to bf16,
   // pairs of products summed; `native`: with vdpbf16ps (NativeBFloat16Active
-  // at the call, AVX3 targets only).
+  // at the call, AVX3 targets only); `amx`: more than 16 rows of A on AMX
+  // tiles (AmxBFloat16Active at the call, x86-64 AVX3 targets only).
   bool bf16_compute = false;
   bool native = false;
+  bool amx = false;
 };
 
 // How the kernels read b, multiplied in `compute` (checked by the caller: bf16
@@ -110,6 +112,7 @@ inline MatmulPackedWeights PackedWeights(
   w.dtype = static_cast<int>(b.dtype());
   w.bf16_compute = compute == MatmulCompute::kBFloat16;
   w.native = w.bf16_compute && NativeBFloat16Active();
+  w.amx = w.bf16_compute && AmxBFloat16Active();
   return w;
 }
 
