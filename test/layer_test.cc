@@ -1843,9 +1843,10 @@ TEST_P(AttentionLayerTest, StoredWeightsMatchReference) {
       WeightDtype::kInt8, MatmulCompute::kFloat32, /*seed=*/11000));
 }
 
-// bf16 weights in the bf16 compute mode (the native kernel on AVX3 targets
-// of CPUs with AVX512_BF16, the fallback elsewhere): the reference rounds x
-// to bf16 too, and y's bound has o's rounding (the top of this file).
+// bf16 weights in the bf16 compute mode (AMX tiles for 33 tokens where
+// AmxBFloat16Active, else the kernel NativeBFloat16Active picks): the
+// reference rounds x to bf16 too, and y's bound has o's rounding (the top of
+// this file).
 TEST_P(AttentionLayerTest, Bf16ComputeMatchesReference) {
   ASSERT_NO_FATAL_FAILURE(StoredWeightsSweep(
       WeightDtype::kBFloat16, MatmulCompute::kBFloat16, /*seed=*/12000));
