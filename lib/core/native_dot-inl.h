@@ -112,6 +112,15 @@ HWY_INLINE void AmxLoad(const void* p, size_t stride) {
                : "memory");
 }
 
+// AmxLoad with the hint that the rows need not stay in L1 (tileloaddt1).
+template <int kTile>
+HWY_INLINE void AmxLoadStreamed(const void* p, size_t stride) {
+  asm volatile("tileloaddt1 (%0,%1,1), %%tmm%c2"
+               :
+               : "r"(p), "r"(stride), "i"(kTile)
+               : "memory");
+}
+
 // Tile kTile's rows to p, stride bytes apart.
 template <int kTile>
 HWY_INLINE void AmxStore(void* p, size_t stride) {
