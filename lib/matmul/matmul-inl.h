@@ -2009,13 +2009,12 @@ HWY_INLINE void MatmulAmxPackA(const float* HWY_RESTRICT a, size_t lda,
   const NativeF32 d;
   const NativePairs du;
   constexpr size_t N = hn::MaxLanes(d);
-  const size_t padded = MatmulAmxPaddedK(kblocks, k);
   hwy::bfloat16_t zero;
   zero.bits = 0;
   for (size_t r = 0; r < RoundUp(rows, kMatmulAmxRows); ++r) {
     hwy::bfloat16_t* row = dst + r * stride;
     if (r >= rows) {
-      std::fill(row, row + padded, zero);
+      std::fill(row, row + stride, zero);
       continue;
     }
     size_t at = 0;
@@ -2183,8 +2182,9 @@ HWY_INLINE void MatmulPackedAmx(const float* a, size_t lda, bool trans_a,
     double best = -1.0;
     for (size_t r = min_row_tasks; r <= max_row_tasks; ++r) {
       const size_t g = std::min(panels, (want + r - 1) / r);
-      const double bytes = 2.0 * static_cast<double>(r * k * n) +
-                           16.0 * static_cast<double>(g * m * k);
+      const double bytes =
+          2.0 * static_cast<double>(r) * static_cast<double>(k * n) +
+          16.0 * static_cast<double>(g) * static_cast<double>(m * k);
       if (best < 0.0 || bytes < best) {
         best = bytes;
         row_tasks = r;
