@@ -832,6 +832,16 @@ struct MatmulSliceColumns {
   const MatmulOut::Column* contiguous[kSlices];
 };
 
+// Bytes ahead of its loads at which a tile of at most kMatmulGemvBAheadRows
+// rows prefetches each bf16 or int8 slice (GEMVs stream B from memory, and the
+// hardware prefetchers alone keep too few lines in flight for a kernel that
+// converts what it loads): 2 KiB, 1 x 4096 x 4096 from DRAM on one Intel
+// core, int8 16.2 against 13.4 GB/s, bf16 16.8 against 15.5 (4 KiB: 15.3,
+// 16.7). Float32 B, which the prefetchers keep up with: 14.6 against 16.0, so
+// none (docs/BENCHMARKS.md).
+inline constexpr size_t kMatmulGemvBAhead = 2048;
+inline constexpr size_t kMatmulGemvBAheadRows = 4;
+
 // C tiles [kRows, cols[q]] at (i0, j0[q]) of out op= alpha * A strip
 // [MR][kMatmulAStride] * B slice q [kc][NR] of T (float, bf16 or int8, loaded
 // through LoadStored; int8 accumulators times the slice's scales before the
@@ -867,6 +877,18 @@ HWY_NOINLINE void MatmulTileSlices(size_t kc, const float* HWY_RESTRICT a,
   const size_t kc_main = kMatmulBPairs<T> ? kc / 2 * 2 : kc;
   size_t k = 0;
   for (; k + kStep <= kc_main; k += kStep) {
+    if constexpr (sizeof(T) < sizeof(float) && kRows <= kMatmulGemvBAheadRows) {
+      // A line per 64 bytes of each slice's kStep rows (integer addresses,
+      // so no pointer past B is formed).
+      for (size_t q = 0; q < kSlices; ++q) {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(slices.b[q] + k * NR);
+        for (size_t l = 0; l < kStep * NR * sizeof(T); l += 64) {
+          __builtin_prefetch(
+              reinterpret_cast<const void*>(at + l + kMatmulGemvBAhead),
+              /*rw=*/0, /*locality=*/3);
+        }
+      }
+    }
     if constexpr (kMatmulBPairs<T>) {
       for (size_t s = 0; s < kStep; s += 2) {
         for (size_t q = 0; q < kSlices; ++q) {
