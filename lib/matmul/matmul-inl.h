@@ -1993,20 +1993,19 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
 // tiles (tmm0-3), summed over a K block in the tiles. Per 32 k: two A tiles of
 // 16 rows x 32 bf16 (tmm4, 5), the panel's two B tiles of 16 pairs of k x 16
 // columns (tmm6, 7: the slice's pair layout, MatmulBPairs, read in place 128
-// bytes a pair of rows) and four tile products. A task
-// converts its rows of A to bf16 once, for all of K (MatmulAmxPackA); a K
-// block whose length is not a multiple of 32 takes its last B tiles from a
-// copy padded with zeros (MatmulAmxTailB). An element's sum runs over k in
-// order, 32 at a time, whichever task computes it: results are identical for
-// any thread count.
+// bytes a pair of rows) and four tile products. A task converts its rows of A
+// to bf16 once, for all of K (MatmulAmxPackA); a K block whose length is not a
+// multiple of 32 takes its last B tiles from a copy padded with zeros
+// (MatmulAmxTailB). An element's sum runs over k in order, 32 at a time,
+// whichever task computes it: results are identical for any thread count.
 
 // Rows of a C block (two tiles) and k per tile product.
 inline constexpr size_t kMatmulAmxRows = 32;
 inline constexpr size_t kMatmulAmxK = 32;
 static_assert(kMatmulNR == 32, "AMX blocks are two 16-column tiles wide");
 // Rows of A per task, their bf16 in L2 while the task's panels pass (1 MiB at
-// K = 2048): 256 rows, 1041-1049 / 899-940 GFLOP/s at 512^3 / 2048^3 against
-// 914-1108 / 838-856 at 128 (one thread).
+// K = 2048): 256 rows, 512^3 one thread 1328-1360 GFLOP/s against 1298-1339
+// at 128 and 1271-1318 at 512.
 inline constexpr size_t kMatmulAmxTaskRows = 256;
 
 // K as the AMX kernel stores A: each K block padded to a multiple of 32.
