@@ -837,8 +837,9 @@ struct MatmulSliceColumns {
 // hardware prefetchers alone keep too few lines in flight for a kernel that
 // converts what it loads): 2 KiB, 1 x 4096 x 4096 from DRAM on one Intel
 // core, int8 16.2 against 13.4 GB/s, bf16 16.8 against 15.5 (4 KiB: 15.3,
-// 16.7). Float32 B, which the prefetchers keep up with: 14.6 against 16.0, so
-// none (docs/BENCHMARKS.md).
+// 16.7); narrower targets gain more (the bench's copies, one thread: AVX2 int8
+// 11.0 against 5.6, SSE4 6.4 against 2.7). Float32 B, which the prefetchers
+// keep up with: 14.6 against 16.0, so none (docs/BENCHMARKS.md).
 inline constexpr size_t kMatmulGemvBAhead = 2048;
 inline constexpr size_t kMatmulGemvBAheadRows = 4;
 
