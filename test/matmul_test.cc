@@ -1075,6 +1075,124 @@ TEST_P(MatmulTest, BF16ComputeErrors) {
   for (float x : c) EXPECT_EQ(x, 9.0f);
 }
 
+// A given as bf16 (Matmul's BFloat16 overload) gives bit for bit what a float
+// A holding the same values gives, in every StoredMode (float32 compute, bf16
+// compute native, fallback and on AMX tiles), over GEMV, tile-edge and AMX
+// shapes (300 rows: two tasks, the second's last block of 12 rows; K = 1024
+// in two blocks of whole steps and K = 1031 with tails), both ops of A,
+// strided and misaligned A, alpha and beta; C's padding is not written.
+TEST_P(MatmulTest, BF16ActivationsEqualFloat) {
+  const Tile t = ActiveTile();
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const StoredMode& mode : kStoredModes) {
+    const StoredModeScope scope(mode);
+    for (const Shape& s :
+         {Shape{1, 2 * t.nr + 1, 300}, Shape{t.mr + 1, t.nr - 1, 19},
+          Shape{300, t.nr + 3, 1024}, Shape{300, 2 * t.nr + 7, 1031}}) {
+      for (Transpose ta : kOps) {
+        SCOPED_TRACE(testing::Message()
+                     << "m=" << s.m << " n=" << s.n << " k=" << s.k
+                     << " ta=" << static_cast<int>(ta)
+                     << " dtype=" << static_cast<int>(mode.dtype)
+                     << " compute=" << static_cast<int>(mode.compute)
+                     << " native=" << NativeBFloat16Active()
+                     << " amx=" << AmxBFloat16Active());
+        // op(A) with a row pad of 3 and one element before it (misaligned),
+        // its values rounded to bf16, and the same bits as BFloat16.
+        Operand a(s.m, s.k, ta, 3, 1, 51);
+        std::vector<BFloat16> a16_storage(a.storage.size());
+        for (size_t i = 0; i < a.storage.size(); ++i) {
+          a.storage[i] = test::ref::RoundToBFloat16(a.storage[i]);
+          uint32_t bits;
+          std::memcpy(&bits, &a.storage[i], sizeof(bits));
+          a16_storage[i].bits = static_cast<uint16_t>(bits >> 16);
+        }
+        const MatrixView<const BFloat16> a16(a16_storage.data() + 1, a.rows,
+                                             a.cols, a.stride);
+        const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 52);
+        PackedB packed;
+        ASSERT_TRUE(
+            PackedB::Pack(b.view(), Transpose::kNo, &packed, mode.dtype).ok());
+        const int64_t ldc = s.n + 2;
+        for (float beta : {0.0f, 0.5f}) {
+          std::vector<float> c_float(static_cast<size_t>(s.m * ldc));
+          test::FillRandom(c_float.data(), c_float.size(), 53);
+          std::vector<float> c_bf16 = c_float;
+          ASSERT_TRUE(Matmul(a.view(), ta, packed,
+                             MatrixView<float>(c_float.data(), s.m, s.n, ldc),
+                             0.75f, beta, mode.compute)
+                          .ok());
+          const std::vector<float> c_old = c_bf16;
+          ASSERT_TRUE(Matmul(a16, ta, packed,
+                             MatrixView<float>(c_bf16.data(), s.m, s.n, ldc),
+                             0.75f, beta, mode.compute)
+                          .ok());
+          ASSERT_TRUE(BitIdentical(c_float, c_bf16)) << "beta=" << beta;
+          for (int64_t i = 0; i < s.m; ++i) {
+            for (int64_t j = s.n; j < ldc; ++j) {
+              ASSERT_EQ(c_bf16[i * ldc + j], c_old[i * ldc + j])
+                  << "padding c[" << i << ", " << j << "] was written";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The BFloat16 overload checks its arguments as the float one does, a's bytes
+// counted as bf16 for the overlap with c, and writes nothing on error.
+TEST_P(MatmulTest, BF16ActivationsErrors) {
+  const Operand b(5, 4, Transpose::kNo, 0, 0, 61);
+  PackedB packed, packed_f32;
+  ASSERT_TRUE(
+      PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kBFloat16)
+          .ok());
+  ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed_f32).ok());
+  std::vector<BFloat16> a16(15, BFloat16{0x3F80});  // 1.0
+  const MatrixView<const BFloat16> a(a16.data(), 3, 5);
+  std::vector<float> c(12, 9.0f);
+  const MatrixView<float> cv(c.data(), 3, 4);
+  EXPECT_TRUE(test::IsError(Matmul(MatrixView<const BFloat16>(nullptr, 3, 5),
+                                   Transpose::kNo, packed, cv),
+                            StatusCode::kInvalidArgument, {"a"}));
+  EXPECT_TRUE(test::IsError(Matmul(MatrixView<const BFloat16>(a16.data(), 3, 4),
+                                   Transpose::kNo, packed, cv),
+                            StatusCode::kInvalidArgument,
+                            {"inner dimensions"}));
+  EXPECT_TRUE(test::IsError(Matmul(a, static_cast<Transpose>(3), packed, cv),
+                            StatusCode::kInvalidArgument, {"ta"}));
+  EXPECT_TRUE(test::IsError(Matmul(a, Transpose::kNo, PackedB(), cv),
+                            StatusCode::kInvalidArgument, {"b is empty"}));
+  EXPECT_TRUE(test::IsError(Matmul(a, Transpose::kNo, packed_f32, cv, 1.0f,
+                                   0.0f, MatmulCompute::kBFloat16),
+                            StatusCode::kInvalidArgument,
+                            {"MatmulCompute::kBFloat16", "b.dtype()"}));
+  EXPECT_TRUE(
+      test::IsError(Matmul(a, Transpose::kNo, packed, cv, std::nanf(""), 0.0f),
+                    StatusCode::kInvalidArgument, {"alpha"}));
+  for (float x : c) EXPECT_EQ(x, 9.0f);
+  // a [3, 5] (30 bytes) and c [3, 4] in one buffer: c from byte 28 overlaps
+  // a's last element, from byte 32 it does not.
+  alignas(64) unsigned char bytes[128] = {};
+  for (int i = 0; i < 15; ++i) {
+    const uint16_t one = 0x3F80;
+    std::memcpy(bytes + 2 * i, &one, sizeof(one));
+  }
+  const MatrixView<const BFloat16> a_in(reinterpret_cast<BFloat16*>(bytes), 3,
+                                        5);
+  EXPECT_TRUE(test::IsError(
+      Matmul(a_in, Transpose::kNo, packed,
+             MatrixView<float>(reinterpret_cast<float*>(bytes + 28), 3, 4)),
+      StatusCode::kInvalidArgument, {"c overlaps a"}));
+  EXPECT_TRUE(
+      Matmul(a_in, Transpose::kNo, packed,
+             MatrixView<float>(reinterpret_cast<float*>(bytes + 32), 3, 4))
+          .ok());
+}
+
 HEADWAY_INSTANTIATE_TARGET_TEST(MatmulTest);
 
 // The calling thread of an unpacked call with a B of over 4 MiB packed and

@@ -202,6 +202,21 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
                           float alpha = 1.0f, float beta = 0.0f,
                           MatmulCompute compute = MatmulCompute::kFloat32);
 
+// The same with bf16 activations (a model's own, or a checkpoint's): a holds
+// bfloat16 values. Exactly Matmul with a float a holding the same values
+// (every bfloat16 is a float): the same bound, errors and results, bit for
+// bit on the same target and compute. Where the call runs on AMX tiles
+// (compute kBFloat16, more than 16 rows), the tiles take a's bf16 as they
+// are, with no conversion: 512^3 and 2048^3 on one core of a Xeon with AMX
+// 1.14x the float a's speed, 1.03x and 1.34x oneDNN's bf16 matmul on the same
+// bf16 inputs (docs/BENCHMARKS.md). Elsewhere op(a) is widened to a float
+// copy first, in a buffer of the calling thread (M K floats, kept for its
+// next call: ReleaseThreadScratch, threads.h, frees it).
+HEADWAY_API Status Matmul(MatrixView<const BFloat16> a, Transpose ta,
+                          const PackedB& b, MatrixView<float> c,
+                          float alpha = 1.0f, float beta = 0.0f,
+                          MatmulCompute compute = MatmulCompute::kFloat32);
+
 }  // namespace headway
 
 #endif  // HEADWAY_MATMUL_H_

@@ -2018,12 +2018,21 @@ HWY_INLINE size_t MatmulAmxPaddedK(const MatmulKBlocks& kblocks, size_t k) {
   return padded;
 }
 
-// Rows [r0, r0 + rows) of op(A) (a [m, k], or a^T with a [k, m]) into dst
-// [RoundUp(rows, 32)][stride] bf16, each K block zero-padded to a multiple of
-// 32 k, the rows past `rows` zeros. Rounded by vcvtne2ps2bf16 32 at a time
-// (BF16PairsFromFloats: storage.h's rounding but denormals to 0, which the
-// tiles read as 0 anyway), the rest by storage.h's rule.
-HWY_INLINE void MatmulAmxPackA(const float* HWY_RESTRICT a, size_t lda,
+// An element of A as the tiles read it: a float rounded (storage.h's rule), a
+// bf16 as it is.
+HWY_INLINE hwy::bfloat16_t MatmulAmxElement(float x) {
+  return internal::BF16FromFloat(x);
+}
+HWY_INLINE hwy::bfloat16_t MatmulAmxElement(hwy::bfloat16_t x) { return x; }
+
+// Rows [r0, r0 + rows) of op(A) (a [m, k], or a^T with a [k, m]; float or
+// bf16) into dst [RoundUp(rows, 32)][stride] bf16, each K block zero-padded to
+// a multiple of 32 k, the rows past `rows` zeros. Floats are rounded by
+// vcvtne2ps2bf16 32 at a time (BF16PairsFromFloats: storage.h's rounding but
+// denormals to 0, which the tiles read as 0 anyway), the rest by storage.h's
+// rule; bf16 is copied.
+template <class TA>
+HWY_INLINE void MatmulAmxPackA(const TA* HWY_RESTRICT a, size_t lda,
                                bool trans_a, size_t r0, size_t rows,
                                const MatmulKBlocks& kblocks, size_t k,
                                hwy::bfloat16_t* HWY_RESTRICT dst,
@@ -2031,6 +2040,7 @@ HWY_INLINE void MatmulAmxPackA(const float* HWY_RESTRICT a, size_t lda,
   const NativeF32 d;
   const NativePairs du;
   constexpr size_t N = hn::MaxLanes(d);
+  constexpr bool kFloat = hwy::IsSame<TA, float>();
   hwy::bfloat16_t zero;
   zero.bits = 0;
   for (size_t r = 0; r < RoundUp(rows, kMatmulAmxRows); ++r) {
@@ -2044,17 +2054,21 @@ HWY_INLINE void MatmulAmxPackA(const float* HWY_RESTRICT a, size_t lda,
       const size_t k0 = kblocks.Begin(kb), kc = kblocks.Size(kb, k);
       size_t kk = 0;
       if (!trans_a) {
-        const float* src = a + (r0 + r) * lda + k0;
-        for (; kk + 2 * N <= kc; kk += 2 * N) {
-          hn::StoreU(BF16PairsFromFloats(hn::LoadU(d, src + kk),
-                                         hn::LoadU(d, src + kk + N)),
-                     du, reinterpret_cast<uint32_t*>(row + at + kk));
+        const TA* src = a + (r0 + r) * lda + k0;
+        if constexpr (kFloat) {
+          for (; kk + 2 * N <= kc; kk += 2 * N) {
+            hn::StoreU(BF16PairsFromFloats(hn::LoadU(d, src + kk),
+                                           hn::LoadU(d, src + kk + N)),
+                       du, reinterpret_cast<uint32_t*>(row + at + kk));
+          }
+        } else {
+          std::copy(src, src + kc, row + at);
+          kk = kc;
         }
       }
       for (; kk < kc; ++kk) {
-        row[at + kk] =
-            internal::BF16FromFloat(trans_a ? a[(k0 + kk) * lda + r0 + r]
-                                            : a[(r0 + r) * lda + k0 + kk]);
+        row[at + kk] = MatmulAmxElement(trans_a ? a[(k0 + kk) * lda + r0 + r]
+                                                : a[(r0 + r) * lda + k0 + kk]);
       }
       const size_t kc_padded = RoundUp(kc, kMatmulAmxK);
       std::fill(row + at + kc, row + at + kc_padded, zero);
@@ -2169,13 +2183,14 @@ HWY_INLINE ThreadScratchSlots& MatmulAmxSlots() {
 }
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
-// B of bf16 packed before the call, on AMX tiles. Tasks: blocks of up to
-// kMatmulAmxTaskRows rows x groups of panels (more than one thread: >= 4
-// tasks per thread). A task, per panel, per K block: every C block of its
-// rows, whose tiles wait in c_acc between the K blocks (stored and loaded
-// exactly: the sums are those of one pass over K), while the panel's B for the
-// K block stays in L1.
-HWY_INLINE void MatmulPackedAmx(const float* a, size_t lda, bool trans_a,
+// A of float or bf16 (TA), B of bf16 packed before the call, on AMX tiles.
+// Tasks: blocks of up to kMatmulAmxTaskRows rows x groups of panels (more than
+// one thread: >= 4 tasks per thread). A task, per panel, per K block: every C
+// block of its rows, whose tiles wait in c_acc between the K blocks (stored and
+// loaded exactly: the sums are those of one pass over K), while the panel's B
+// for the K block stays in L1.
+template <class TA>
+HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
   constexpr size_t NR = kMatmulNR;

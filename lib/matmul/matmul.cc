@@ -75,6 +75,15 @@ void* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
 
 size_t MatmulPanelWidthT() { return kMatmulNR; }
 
+// Whether a call runs on AMX tiles: bf16 compute on bf16 weights packed before
+// the call, more than kMatmulSmallM rows of A, AmxBFloat16Active() (w.amx).
+HWY_INLINE bool MatmulOnAmx(const MatmulPackedWeights& w, const MatmulB& b,
+                            size_t m) {
+  return HEADWAY_NATIVE_AMX && w.amx &&
+         static_cast<WeightDtype>(w.dtype) == WeightDtype::kBFloat16 &&
+         m > kMatmulSmallM && b.PackedBefore();
+}
+
 // out = alpha * op(A) * B + beta * out with the kernels for w's stored type
 // and compute mode, B's panels as `b` gives them (w's data).
 HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
@@ -87,7 +96,7 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
         MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
                                          alpha, beta);
 #if HEADWAY_NATIVE_AMX
-      } else if (w.amx && m > kMatmulSmallM && b.PackedBefore()) {
+      } else if (MatmulOnAmx(w, b, m)) {
         MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
 #endif
 #if HEADWAY_NATIVE_BF16
@@ -106,6 +115,38 @@ HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
     default:
       MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
   }
+}
+
+// The same with A of bf16 (a [m, k], or a^T with a [k, m]): on AMX tiles as
+// it is, else widened to floats (exact) into a buffer of the calling thread
+// for the float A kernels, which give what they give for those floats.
+HWY_INLINE void MatmulStoredOut(const hwy::bfloat16_t* a, size_t lda,
+                                bool trans_a, const MatmulPackedWeights& w,
+                                const MatmulB& b, size_t m, size_t n, size_t k,
+                                const MatmulOut& out, float alpha, float beta) {
+#if HEADWAY_NATIVE_AMX
+  if (MatmulOnAmx(w, b, m)) {
+    MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    return;
+  }
+#endif
+  const size_t rows = trans_a ? k : m, cols = trans_a ? m : k;
+  // Reused across calls; isolate(): as MatmulUnpacked's b_scratch.
+  thread_local ThreadScratchBuffer widened;
+  tbb::this_task_arena::isolate([&]() HWY_ATTR {
+    float* a32 = widened.Get(rows * cols);
+    const hn::ScalableTag<float> d;
+    const size_t N = hn::Lanes(d);
+    for (size_t r = 0; r < rows; ++r) {
+      const hwy::bfloat16_t* src = a + r * lda;
+      float* dst = a32 + r * cols;
+      size_t i = 0;
+      for (; i + N <= cols; i += N)
+        hn::StoreU(LoadStored(d, src + i), d, dst + i);
+      for (; i < cols; ++i) dst[i] = internal::FloatFrom(src[i]);
+    }
+    MatmulStoredOut(a32, cols, trans_a, w, b, m, n, k, out, alpha, beta);
+  });
 }
 
 void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
@@ -137,12 +178,15 @@ void MatmulUnpackedT(const float* a, size_t lda, bool trans_a, const float* b,
                  beta);
 }
 
-// The same with B packed by PackBT (w). Returns 0, or this target's panel
-// width when it differs from panel_width (nothing written).
-size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
-                     const MatmulPackedWeights& w, size_t panel_width, size_t m,
-                     size_t n, size_t k, float* c, size_t ldc, float alpha,
-                     float beta) {
+// The same with B packed by PackBT (w), A of float or bf16 (TA). Returns 0,
+// or this target's panel width when it differs from panel_width (nothing
+// written).
+template <class TA>
+HWY_INLINE size_t MatmulPackedCall(const TA* a, size_t lda, bool trans_a,
+                                   const MatmulPackedWeights& w,
+                                   size_t panel_width, size_t m, size_t n,
+                                   size_t k, float* c, size_t ldc, float alpha,
+                                   float beta) {
   if (panel_width != kMatmulNR) return kMatmulNR;
   if (alpha == 0.0f) {
     MatmulScaleC(c, ldc, m, n, beta);
@@ -156,6 +200,24 @@ size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
   return 0;
 }
 
+size_t MatmulPackedT(const float* a, size_t lda, bool trans_a,
+                     const MatmulPackedWeights& w, size_t panel_width, size_t m,
+                     size_t n, size_t k, float* c, size_t ldc, float alpha,
+                     float beta) {
+  return MatmulPackedCall(a, lda, trans_a, w, panel_width, m, n, k, c, ldc,
+                          alpha, beta);
+}
+
+// A's bf16 as their bits (BFloat16::bits).
+size_t MatmulPackedBF16T(const uint16_t* a, size_t lda, bool trans_a,
+                         const MatmulPackedWeights& w, size_t panel_width,
+                         size_t m, size_t n, size_t k, float* c, size_t ldc,
+                         float alpha, float beta) {
+  return MatmulPackedCall(reinterpret_cast<const hwy::bfloat16_t*>(a), lda,
+                          trans_a, w, panel_width, m, n, k, c, ldc, alpha,
+                          beta);
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace headway
@@ -164,6 +226,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -180,6 +243,7 @@ namespace headway {
 HWY_EXPORT(PackBT);
 HWY_EXPORT(MatmulUnpackedT);
 HWY_EXPORT(MatmulPackedT);
+HWY_EXPORT(MatmulPackedBF16T);
 
 namespace {
 
@@ -196,15 +260,17 @@ Status CheckTranspose(const char* fn, const char* name, Transpose t) {
               " is not Transpose::kNo or kYes (got ", static_cast<int>(t), ")");
 }
 
-int64_t ViewBytes(int64_t rows, int64_t cols, int64_t stride) {
+int64_t ViewBytes(int64_t rows, int64_t cols, int64_t stride,
+                  size_t elem_size = sizeof(float)) {
   int64_t bytes = 0;
-  internal::SpanBytes(rows, cols, stride, sizeof(float), &bytes);
+  internal::SpanBytes(rows, cols, stride, elem_size, &bytes);
   return bytes;
 }
 
-// Checks everything but B's own view: a, ta, c, alpha, beta against op(B) [k_b,
-// n].
-Status CheckMatmul(const char* fn, MatrixView<const float> a, Transpose ta,
+// Checks everything but B's own view: a (float or BFloat16), ta, c, alpha,
+// beta against op(B) [k_b, n].
+template <class E>
+Status CheckMatmul(const char* fn, MatrixView<const E> a, Transpose ta,
                    int64_t k_b, int64_t n, MatrixView<float> c, float alpha,
                    float beta) {
   Status status = internal::CheckMatrix(fn, "a", a);
@@ -222,8 +288,8 @@ Status CheckMatmul(const char* fn, MatrixView<const float> a, Transpose ta,
     return Fail(StatusCode::kInvalidArgument, fn, "c is ",
                 Shape(c.rows, c.cols), " but op(a) * op(b) is ", Shape(m, n));
   }
-  if (internal::Overlaps(a.data, ViewBytes(a.rows, a.cols, a.stride), c.data,
-                         ViewBytes(c.rows, c.cols, c.stride))) {
+  if (internal::Overlaps(a.data, ViewBytes(a.rows, a.cols, a.stride, sizeof(E)),
+                         c.data, ViewBytes(c.rows, c.cols, c.stride))) {
     return Fail(StatusCode::kInvalidArgument, fn, "c overlaps a");
   }
   status = internal::CheckFinite(fn, "alpha", alpha);
@@ -504,9 +570,13 @@ Status Matmul(MatrixView<const float> a, Transpose ta,
   });
 }
 
-Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
-              MatrixView<float> c, float alpha, float beta,
-              MatmulCompute compute) {
+namespace {
+
+// Matmul with a PackedB, A of float or BFloat16 (E).
+template <class E>
+Status MatmulPacked(MatrixView<const E> a, Transpose ta, const PackedB& b,
+                    MatrixView<float> c, float alpha, float beta,
+                    MatmulCompute compute) {
   constexpr const char* kFn = "Matmul";
   if (b.data() == nullptr) {
     return Fail(StatusCode::kInvalidArgument, kFn,
@@ -536,11 +606,19 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
   const bool trans_a = ta == Transpose::kYes;
   return Guarded(kFn, [&]() -> Status {
     const MatmulPackedWeights w = PackedWeights(b, compute);
-    const size_t want = HWY_DYNAMIC_DISPATCH(MatmulPackedT)(
-        a.data, static_cast<size_t>(a.stride), trans_a, w,
-        static_cast<size_t>(b.panel_width()), static_cast<size_t>(c.rows),
-        static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
-        static_cast<size_t>(c.stride), alpha, beta);
+    const auto call = [&](auto dispatched, const auto* a_data) {
+      return dispatched(
+          a_data, static_cast<size_t>(a.stride), trans_a, w,
+          static_cast<size_t>(b.panel_width()), static_cast<size_t>(c.rows),
+          static_cast<size_t>(c.cols), static_cast<size_t>(b.rows()), c.data,
+          static_cast<size_t>(c.stride), alpha, beta);
+    };
+    size_t want = 0;
+    if constexpr (std::is_same_v<E, float>) {
+      want = call(HWY_DYNAMIC_DISPATCH(MatmulPackedT), a.data);
+    } else {
+      want = call(HWY_DYNAMIC_DISPATCH(MatmulPackedBF16T), &a.data->bits);
+    }
     if (want != 0) {
       return Fail(StatusCode::kFailedPrecondition, kFn, "b was packed for ",
                   b.target_name(), " (panels of ", b.panel_width(),
@@ -550,6 +628,20 @@ Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
     }
     return Status::Ok();
   });
+}
+
+}  // namespace
+
+Status Matmul(MatrixView<const float> a, Transpose ta, const PackedB& b,
+              MatrixView<float> c, float alpha, float beta,
+              MatmulCompute compute) {
+  return MatmulPacked(a, ta, b, c, alpha, beta, compute);
+}
+
+Status Matmul(MatrixView<const BFloat16> a, Transpose ta, const PackedB& b,
+              MatrixView<float> c, float alpha, float beta,
+              MatmulCompute compute) {
+  return MatmulPacked(a, ta, b, c, alpha, beta, compute);
 }
 
 }  // namespace headway
