@@ -23,10 +23,12 @@
 //              default (packed:4: AMX tiles where AmxBFloat16Active, else
 //              the native one on the AVX3 targets where
 //              CpuPrefersNativeBFloat16) and with the fallback kernel
-//              (packed:5); %peak of the float32 FMA peak (so 200% is the bf16
-//              dot product's peak).
+//              (packed:5), and with A given as bf16 (packed:6: the default
+//              kernel; AMX tiles take A as it is); %peak of the float32 FMA
+//              peak (so 200% is the bf16 dot product's peak).
 // Every row counts 2 * m * n * k * batch flops and the bytes it must move, 4 *
-// batch * (m * k + m * n) plus B's stored bytes (A and B read, C written),
+// batch * (m * k + m * n) (2 per element of A for packed:6) plus B's stored
+// bytes (A and B read, C written),
 // and reports the
 // percentage of the ceiling that bounds it at that arithmetic intensity: the
 // DRAM read bandwidth for the decode shapes (about 0.5 and 4 flops per byte),
@@ -54,6 +56,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <memory>
@@ -84,11 +87,13 @@ struct Shape {
   // bf16 compute: where the native kernel runs, and whether AMX may.
   NativeBFloat16 native = NativeBFloat16::kWhereFaster;
   bool amx = true;
-  // packed: 0 plain B; 1 + WeightDtype: pre-packed, float32 compute; 4 and 5:
+  bool bf16_a = false;  // A given as bf16 (Matmul's BFloat16 overload)
+  // packed: 0 plain B; 1 + WeightDtype: pre-packed, float32 compute; 4 to 6:
   // bf16 weights in bf16 compute, the kernel a host gets by default (4: AMX
   // where AmxBFloat16Active, else the native one where
-  // CpuPrefersNativeBFloat16) or the fallback (5).
-  static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5;
+  // CpuPrefersNativeBFloat16), the fallback (5), or the default with A given
+  // as bf16 (6).
+  static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5, kBF16A = 6;
   static Shape From(const benchmark::State& state) {
     const int64_t packed = state.range(5);
     const bool bf16_compute = packed >= kBF16Default;
@@ -102,6 +107,7 @@ struct Shape {
                 ? WeightDtype::kBFloat16
                 : static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
     if (bf16_compute) s.compute = MatmulCompute::kBFloat16;
+    s.bf16_a = packed == kBF16A;
     if (packed == kBF16Fallback) {
       s.native = NativeBFloat16::kNever;
       s.amx = false;
@@ -116,7 +122,7 @@ struct Shape {
         packed ? static_cast<double>(WeightDtypeSize(dtype)) * k * n +
                      (dtype == WeightDtype::kInt8 ? 4.0 * n : 0.0)
                : 4.0 * k * n;
-    return batch * (4.0 * (m * k + m * n) + b_bytes);
+    return batch * ((bf16_a ? 2.0 : 4.0) * m * k + 4.0 * m * n + b_bytes);
   }
   // Decode shapes: bound by reading B, which rotates through copies.
   bool MemoryBound() const { return m <= 16; }
@@ -125,8 +131,9 @@ struct Shape {
 const std::vector<std::string> kArgNames = {"m",     "n",  "k",
                                             "batch", "tb", "packed"};
 
-// The shapes of the bf16 compute mode, with `packed` 4 (the default kernel) or
-// 5 (the fallback kernel); oneDNN's bf16 matmul runs them as packed:4.
+// The shapes of the bf16 compute mode, with `packed` 4 (the default kernel), 5
+// (the fallback kernel) or 6 (A given as bf16); oneDNN's bf16 matmul runs them
+// as packed:4.
 std::vector<std::vector<int64_t>> BF16ComputeShapes(int64_t packed) {
   return {{512, 512, 512, 1, 0, packed},
           {2048, 2048, 2048, 1, 0, packed},
@@ -157,7 +164,8 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
         shapes.push_back({1, 4096, k, 1, 0, 1 + static_cast<int64_t>(dtype)});
       }
     }
-    for (const int64_t packed : {Shape::kBF16Default, Shape::kBF16Fallback}) {
+    for (const int64_t packed :
+         {Shape::kBF16Default, Shape::kBF16Fallback, Shape::kBF16A}) {
       for (const std::vector<int64_t>& shape : BF16ComputeShapes(packed)) {
         shapes.push_back(shape);
       }
@@ -172,6 +180,7 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
 // in all), so that every iteration reads B from memory, not from the 32 MiB L3.
 struct Operands {
   BufferPtr<float> a, b, c;
+  BufferPtr<BFloat16> a16;  // A rounded to bf16 (nearest even), on first use
   size_t copies = 1;
   size_t b_size = 0;  // floats of one copy
   size_t next = 0;
@@ -263,6 +272,16 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   const std::vector<PackedB>* shared = SharedPacked(state, s, ops, run.target);
   if (shared == nullptr) return;
   const std::vector<PackedB>& packed = *shared;
+  const size_t a_size = static_cast<size_t>(s.m * s.k * s.batch);
+  if (s.bf16_a && ops.a16 == nullptr) {
+    ops.a16 = AllocateBuffer<BFloat16>(a_size);
+    for (size_t i = 0; i < a_size; ++i) {
+      uint32_t bits;
+      memcpy(&bits, &ops.a[i], sizeof(bits));  // finite: A is in [-1, 1]
+      ops.a16[i].bits =
+          static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    }
+  }
   float alpha = 1.0f;
   // One iteration's products; false after an error.
   const auto run_once = [&]() {
@@ -270,14 +289,22 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
     for (int64_t h = 0; h < s.batch; ++h) {
       const MatrixView<const float> a(ops.a.get() + h * s.m * s.k, s.m, s.k);
       const MatrixView<float> c(ops.c.get() + h * s.m * s.n, s.m, s.n);
-      const Status status =
-          s.packed ? Matmul(a, Transpose::kNo, packed[copy * s.batch + h], c,
-                            alpha, 0.0f, s.compute)
-                   : Matmul(a, Transpose::kNo,
-                            MatrixView<const float>(
-                                ops.b.get() + copy * ops.b_size + h * s.k * s.n,
-                                b_rows, b_cols),
-                            tb, c, alpha, 0.0f);
+      Status status;
+      if (s.bf16_a) {
+        const MatrixView<const BFloat16> a16(ops.a16.get() + h * s.m * s.k, s.m,
+                                             s.k);
+        status = Matmul(a16, Transpose::kNo, packed[copy * s.batch + h], c,
+                        alpha, 0.0f, s.compute);
+      } else if (s.packed) {
+        status = Matmul(a, Transpose::kNo, packed[copy * s.batch + h], c, alpha,
+                        0.0f, s.compute);
+      } else {
+        status = Matmul(a, Transpose::kNo,
+                        MatrixView<const float>(
+                            ops.b.get() + copy * ops.b_size + h * s.k * s.n,
+                            b_rows, b_cols),
+                        tb, c, alpha, 0.0f);
+      }
       if (!Check(state, status)) return false;
     }
     benchmark::ClobberMemory();
