@@ -205,7 +205,8 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // The same with bf16 activations (a model's own, or a checkpoint's): a holds
 // bfloat16 values. Exactly Matmul with a float a holding the same values
 // (every bfloat16 is a float): the same bound, errors and results, bit for
-// bit on the same target and compute. Where the call runs on AMX tiles
+// bit on the same target and compute (a NaN in a gives NaNs where a float NaN
+// does, their payloads aside). Where the call runs on AMX tiles
 // (compute kBFloat16, more than 16 rows), the tiles take a's bf16 as they
 // are, with no conversion: 512^3 and 2048^3 on one core of a Xeon with AMX
 // 1.14x the float a's speed, 1.03x and 1.34x oneDNN's bf16 matmul on the same
