@@ -5,7 +5,8 @@
 //   LoadStored; the int8 row scale is the caller's (kernels fold it into a
 //   score or a weight). p must be aligned to the stored vector (N elements of
 //   T): cache rows are, as row_stride is a multiple of 16 elements and
-//   N <= 16.
+//   N <= 16. LoadStoredU: the same from any address (bf16: a caller's
+//   matrix, Matmul's bf16 A).
 // - LoadStoredPair, StoreInPairOrder, StoreRowInPairOrder: two vectors at a
 //   time, in an order that may permute the elements (bf16: even and odd
 //   elements), for the kernels that put the floats they meet in the same
@@ -43,13 +44,25 @@ HWY_INLINE hn::Vec<D> LoadStored(D d, const float* HWY_RESTRICT p) {
   return hn::Load(d, p);
 }
 
+// bf16 bits (uint16 lanes, as many as d has) as floats: each at the top of its
+// float.
+template <class D, class V16>
+HWY_INLINE hn::Vec<D> FloatsFromBF16Bits(D d, V16 bits) {
+  const hn::RebindToUnsigned<D> du32;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, bits)));
+}
+
 template <class D>
 HWY_INLINE hn::Vec<D> LoadStored(D d, const hwy::bfloat16_t* HWY_RESTRICT p) {
   const hn::Rebind<uint16_t, D> du16;
-  const hn::RebindToUnsigned<D> du32;
-  const auto bits =
-      hn::PromoteTo(du32, hn::Load(du16, reinterpret_cast<const uint16_t*>(p)));
-  return hn::BitCast(d, hn::ShiftLeft<16>(bits));
+  return FloatsFromBF16Bits(
+      d, hn::Load(du16, reinterpret_cast<const uint16_t*>(p)));
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadStoredU(D d, const hwy::bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint16_t, D> du16;
+  return FloatsFromBF16Bits(
+      d, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
 }
 
 template <class D>

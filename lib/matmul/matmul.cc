@@ -142,7 +142,7 @@ HWY_INLINE void MatmulStoredOut(const hwy::bfloat16_t* a, size_t lda,
       float* dst = a32 + r * cols;
       size_t i = 0;
       for (; i + N <= cols; i += N)
-        hn::StoreU(LoadStored(d, src + i), d, dst + i);
+        hn::StoreU(LoadStoredU(d, src + i), d, dst + i);
       for (; i < cols; ++i) dst[i] = internal::FloatFrom(src[i]);
     }
     MatmulStoredOut(a32, cols, trans_a, w, b, m, n, k, out, alpha, beta);
