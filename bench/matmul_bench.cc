@@ -56,7 +56,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <algorithm>
 #include <memory>
@@ -71,6 +70,7 @@
 #include "headway/matmul.h"
 #include "headway/targets.h"
 #include "headway/view.h"
+#include "lib/core/storage.h"
 
 namespace headway {
 namespace bench {
@@ -276,10 +276,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   if (s.bf16_a && ops.a16 == nullptr) {
     ops.a16 = AllocateBuffer<BFloat16>(a_size);
     for (size_t i = 0; i < a_size; ++i) {
-      uint32_t bits;
-      memcpy(&bits, &ops.a[i], sizeof(bits));  // finite: A is in [-1, 1]
-      ops.a16[i].bits =
-          static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      ops.a16[i].bits = internal::BF16FromFloat(ops.a[i]).bits;
     }
   }
   float alpha = 1.0f;
