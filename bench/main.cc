@@ -15,6 +15,9 @@
 // --headway_full: every shape on every target. By default the shapes after a
 //   benchmark's first ones run on KeyTargets() only (the best target and
 //   AVX2), which keeps the default run to about 5 minutes on 2 cores.
+// --headway_no_amx: the bf16 compute rows on the vdpbf16ps kernel instead of
+//   AMX tiles (SetAmxBFloat16(false)), on CPUs with AMX; how a CPU without AMX
+//   runs them. With ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, oneDNN's rows too.
 // --benchmark_min_time defaults to 0.1 s here, not Google Benchmark's 0.5 s.
 // docs/BENCHMARKS.md has the details.
 #include <stdio.h>
@@ -34,6 +37,7 @@ constexpr char kCeilingFlag[] = "--headway_ceiling_ms";
 constexpr char kTargetsFlag[] = "--headway_targets";
 constexpr char kThreadsFlag[] = "--headway_threads";
 constexpr char kFullFlag[] = "--headway_full";
+constexpr char kNoAmxFlag[] = "--headway_no_amx";
 constexpr double kDefaultCeilingMs = 100.0;
 // Put before the user's flags, which override it.
 char kDefaultMinTime[] = "--benchmark_min_time=0.1";
@@ -52,9 +56,11 @@ void PrintHelp() {
       "benchmark's later\n"
       "                          shapes on the best target and AVX2 "
       "only)\n"
+      "          [%s]  (bf16 compute on vdpbf16ps, not AMX tiles)\n"
       "          (--benchmark_min_time defaults to 0.1 here)\n",
       kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag,
-      headway::bench::AllThreads(), headway::bench::AllThreads(), kFullFlag);
+      headway::bench::AllThreads(), headway::bench::AllThreads(), kFullFlag,
+      kNoAmxFlag);
 }
 
 [[noreturn]] void Fail(const char* flag, const std::string& message) {
@@ -146,6 +152,8 @@ int main(int argc, char** argv) {
       options.threads = ParseThreads(threads);
     } else if (strcmp(arg, kFullFlag) == 0) {
       options.full = true;
+    } else if (strcmp(arg, kNoAmxFlag) == 0) {
+      options.amx = false;
     } else {
       args[kept++] = args[i];
     }

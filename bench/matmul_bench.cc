@@ -313,7 +313,7 @@ void BM_Matmul(benchmark::State& state, const RunConfig& run) {
   // with a short --benchmark_min_time that call was often the only one timed.
   // The bf16 kernel the row asks for, the default again on every return.
   const NativeBFloat16Scope native(s.native);
-  const AmxBFloat16Scope amx(s.amx);
+  const AmxBFloat16Scope amx(s.amx && GetOptions().amx);
   if (!run_once()) return;
   for (auto _ : state) {
     if (!run_once()) return;

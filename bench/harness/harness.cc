@@ -199,6 +199,8 @@ std::string SetOptions(const Options& given) {
     }
   }
   MutableOptions() = options;
+  SetAmxBFloat16(options.amx);
+  if (!options.amx) benchmark::AddCustomContext("headway_amx", "off");
   return "";
 }
 

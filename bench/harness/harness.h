@@ -229,6 +229,9 @@ struct Options {
   std::vector<int> threads;  // --headway_threads, 1 to AllThreads() each;
                              // empty: 1 and AllThreads()
   bool full = false;         // --headway_full: every shape on every target
+  bool amx = true;           // false: --headway_no_amx, SetAmxBFloat16(false)
+                             // for the whole run (AMX hosts: the bf16 compute
+                             // rows on the kernel a CPU without AMX runs)
 };
 // Checks `options` against this CPU and keeps them; returns an error message,
 // or "".
