@@ -210,7 +210,9 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // (compute kBFloat16, more than 16 rows), the tiles take a's bf16 as they
 // are, with no conversion: 512^3 and 2048^3 on one core of a Xeon with AMX
 // 1.14x the float a's speed, 1.03x and 1.34x oneDNN's bf16 matmul on the same
-// bf16 inputs (docs/BENCHMARKS.md). Elsewhere op(a) is widened to a float
+// bf16 inputs (docs/BENCHMARKS.md). The other kernels of compute kBFloat16
+// take them as they are too, into their strips of A: copied (the native
+// kernel) or widened (the fallback). Compute kFloat32 widens op(a) to a float
 // copy first, in a buffer of the calling thread (M K floats, kept for its
 // next call: ReleaseThreadScratch, threads.h, frees it).
 HEADWAY_API Status Matmul(MatrixView<const BFloat16> a, Transpose ta,

@@ -42,9 +42,9 @@ HEADWAY_API int MaxThreads();
 // every instruction set, and returns its bytes; the next call allocates again
 // and gives the same results. It frees the buffers of this thread in Matmul
 // (the unpacked B's packed copy, a private copy of a B of up to 4 MiB, a bf16
-// A widened to floats, the strips of A and window of B of the tasks it ran;
-// also inside
-// AttentionWithWeights and AttentionLayer::Forward) and in Attention (the tiles
+// A widened to floats for float32 compute, the strips of A and window of B of
+// the tasks it ran; also inside AttentionWithWeights and
+// AttentionLayer::Forward) and in Attention (the tiles
 // of the tasks it ran, its plan and partial results). It frees nothing of
 // another thread: oneTBB's worker threads keep theirs (the same per-task
 // buffers, about 1 MiB plus a B copy of up to 4 MiB per instruction set, more

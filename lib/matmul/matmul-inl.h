@@ -483,15 +483,52 @@ enum MatmulMode : int {
   kMatmulBF16Native = 2,
 };
 
+// An element of A as the bf16 kernels (native, AMX) read it: a float rounded
+// (storage.h's rule), a bf16 as it is.
+HWY_INLINE hwy::bfloat16_t MatmulBF16Element(float x) {
+  return internal::BF16FromFloat(x);
+}
+HWY_INLINE hwy::bfloat16_t MatmulBF16Element(hwy::bfloat16_t x) { return x; }
+
 // PackAStrip for `mode`: kMatmulBF16Fallback rounds the floats to bf16 (and
 // back); kMatmulBF16Native stores each row as bf16, [kMatmulAStride / 2]
 // pairs of k as uint32 (k even in the low half), with a zero after the last k
-// of an odd kc.
-template <int kMode>
-HWY_INLINE void PackAStripMode(const float* HWY_RESTRICT a, size_t lda,
-                               bool trans, size_t i0, size_t rows, size_t k0,
-                               size_t kc, float* HWY_RESTRICT dst) {
-  if constexpr (kMode == kMatmulFloat32) {
+// of an odd kc. A bf16 A (TA; the bf16 modes only) is taken as it is: widened
+// (exact) for the fallback, copied for the native kernel.
+template <int kMode, class TA>
+HWY_INLINE void PackAStripMode(const TA* HWY_RESTRICT a, size_t lda, bool trans,
+                               size_t i0, size_t rows, size_t k0, size_t kc,
+                               float* HWY_RESTRICT dst) {
+  if constexpr (!hwy::IsSame<TA, float>()) {
+    static_assert(kMode != kMatmulFloat32, "a bf16 A: bf16 compute only");
+    const MatmulTag d;
+    const size_t lanes = hn::Lanes(d);
+    for (size_t r = 0; r < rows; ++r) {
+      const TA* row = trans ? nullptr : a + (i0 + r) * lda + k0;
+      // Element kk of the strip's row r.
+      const auto at = [&](size_t kk) {
+        return trans ? a[(k0 + kk) * lda + i0 + r] : row[kk];
+      };
+      float* out = dst + r * kMatmulAStride;
+      if constexpr (kMode == kMatmulBF16Native) {
+        hwy::bfloat16_t* pairs = reinterpret_cast<hwy::bfloat16_t*>(out);
+        if (trans) {
+          for (size_t kk = 0; kk < kc; ++kk) pairs[kk] = at(kk);
+        } else {
+          std::copy(row, row + kc, pairs);
+        }
+        if (kc % 2 != 0) pairs[kc].bits = 0;
+      } else {
+        size_t kk = 0;
+        if (!trans) {
+          for (; kk + lanes <= kc; kk += lanes) {
+            hn::Store(LoadStoredU(d, row + kk), d, out + kk);
+          }
+        }
+        for (; kk < kc; ++kk) out[kk] = internal::FloatFrom(at(kk));
+      }
+    }
+  } else if constexpr (kMode == kMatmulFloat32) {
     PackAStrip(a, lda, trans, i0, rows, k0, kc, dst);
   } else {
     constexpr size_t S = kMatmulAStride;
@@ -527,31 +564,39 @@ HWY_INLINE void PackAStripMode(const float* HWY_RESTRICT a, size_t lda,
 }
 
 // Part of what PackAStrip reads for the next strip of A, which one kernel
-// prefetches as it runs: `rows` rows in memory of `cols` floats, the first at
-// row0, lda apart (rows == 0: none); MR rows of kc floats for op(A) = A, kc
-// rows of MR floats for A^T. The full kernel spreads it over its chunks, a
-// line of each row per N k, so that it leaves L1 miss buffers to the loads of
-// B: 17% faster than all at once (per-head 1024 x 128 x 1024, one thread).
+// prefetches as it runs: `rows` rows in memory of `bytes` bytes, the first at
+// row0, `pitch` bytes apart (rows == 0: none); MR rows of kc elements of A for
+// op(A) = A, kc rows of MR for A^T. The full kernel spreads it over its chunks,
+// a line of each row per N k, so that it leaves L1 miss buffers to the loads
+// of B: 17% faster than all at once (per-head 1024 x 128 x 1024, one thread).
 struct MatmulAPrefetch {
-  const float* row0 = nullptr;
-  size_t lda = 0;
+  const char* row0 = nullptr;
+  size_t pitch = 0;
   size_t rows = 0;
-  size_t cols = 0;
+  size_t bytes = 0;
 
-  // Line `line` of every row (16 floats from the row's start: lines of the
-  // source need not start there), and with `last` also each row's last float.
+  // `rows` rows of `cols` elements of A (float or bf16) from row0, lda apart.
+  template <class TA>
+  static MatmulAPrefetch Rows(const TA* row0, size_t lda, size_t rows,
+                              size_t cols) {
+    return {reinterpret_cast<const char*>(row0), lda * sizeof(TA), rows,
+            cols * sizeof(TA)};
+  }
+
+  // Line `line` of every row (64 bytes from the row's start: lines of the
+  // source need not start there), and with `last` also each row's last byte.
   HWY_INLINE void Line(size_t line, bool last) const {
-    const size_t offset = line * 16;
+    const size_t offset = line * 64;
     for (size_t r = 0; r < rows; ++r) {
-      const float* row = row0 + r * lda;
-      if (offset < cols) hwy::Prefetch(row + offset);
-      if (last) hwy::Prefetch(row + cols - 1);
+      const char* row = row0 + r * pitch;
+      if (offset < bytes) hwy::Prefetch(row + offset);
+      if (last) hwy::Prefetch(row + bytes - 1);
     }
   }
   // All of it at once (for the edge kernels).
   HWY_INLINE void All() const {
-    for (size_t line = 0; line * 16 < cols; ++line) {
-      Line(line, (line + 1) * 16 >= cols);
+    for (size_t line = 0; line * 64 < bytes; ++line) {
+      Line(line, (line + 1) * 64 >= bytes);
     }
   }
 };
@@ -954,11 +999,12 @@ struct MatmulTileStore {
   const float* scales;  // int8 B: [NR] scales of the tile's columns
 };
 
-// Where MatmulTileFull<kRows, true> copies its A strip from: kRows rows of
-// op(A) = a [m, k] (not transposed), the first at src (row i0, column k0),
-// row stride lda.
+// Where MatmulTileFull<kRows, true> (float) or MatmulTileNative<kRows, true>
+// (float or bf16) packs its A strip from: kRows rows of op(A) = a [m, k] (not
+// transposed), the first at src (row i0, column k0), row stride lda.
+template <class TA = float>
 struct MatmulASource {
-  const float* src;
+  const TA* src;
   size_t lda;
 };
 
@@ -1026,7 +1072,7 @@ template <size_t kRows, bool kPackA, class T>
 HWY_NOINLINE void MatmulTileFull(size_t kc, float* HWY_RESTRICT a,
                                  const T* HWY_RESTRICT b,
                                  const MatmulTileStore& store,
-                                 const MatmulASource& source,
+                                 const MatmulASource<>& source,
                                  const MatmulAPrefetch& next) {
   static_assert(MatmulSets<kRows>() == 1, "one accumulator set");
   const MatmulOut::Column& column = store.column;
@@ -1113,7 +1159,7 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
                             const MatmulOut& out, size_t i0, size_t j0,
                             size_t cols, float alpha, float beta, bool first,
                             const float* scales,
-                            const MatmulASource* source = nullptr,
+                            const MatmulASource<>* source = nullptr,
                             const MatmulAPrefetch& next = MatmulAPrefetch()) {
   MatmulOut::Column column{};
   if (rows == kMatmulMR && cols == kMatmulNR &&
@@ -1122,7 +1168,8 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
     if (source != nullptr) {
       MatmulTileFull<kMatmulMR, true>(kc, a, b, store, *source, next);
     } else {
-      MatmulTileFull<kMatmulMR, false>(kc, a, b, store, MatmulASource{}, next);
+      MatmulTileFull<kMatmulMR, false>(kc, a, b, store, MatmulASource<>{},
+                                       next);
     }
     return;
   }
@@ -1139,8 +1186,9 @@ HWY_INLINE void MatmulStrip(size_t rows, size_t kc, float* a, const T* b,
 // The native kernel, on the targets with vdpbf16ps (native_dot-inl.h).
 #if HEADWAY_NATIVE_BF16
 
-// Converts floats [k0, k0 + 2N) of each of the kRows rows at src (row stride
-// lda) into pairs [k0 / 2, k0 / 2 + N) of the native strip a.
+// Converts elements [k0, k0 + 2N) of each of the kRows rows at src (row
+// stride lda) into pairs [k0 / 2, k0 / 2 + N) of the native strip a: floats
+// rounded 2N at a time, bf16 copied.
 template <size_t kRows>
 HWY_INLINE void MatmulConvertAChunk(const float* HWY_RESTRICT src, size_t lda,
                                     size_t k0, uint32_t* HWY_RESTRICT a) {
@@ -1151,6 +1199,19 @@ HWY_INLINE void MatmulConvertAChunk(const float* HWY_RESTRICT src, size_t lda,
   for (size_t r = 0; r < kRows; ++r) {
     const float* row = src + r * lda + k0;
     hn::Store(BF16PairsFromFloats(hn::LoadU(d, row), hn::LoadU(d, row + N)), du,
+              a + r * kMatmulAStride + k0 / 2);
+  }
+}
+template <size_t kRows>
+HWY_INLINE void MatmulConvertAChunk(const hwy::bfloat16_t* HWY_RESTRICT src,
+                                    size_t lda, size_t k0,
+                                    uint32_t* HWY_RESTRICT a) {
+  const hn::RebindToUnsigned<MatmulTag> du;
+  const hn::Repartition<uint16_t, decltype(du)> du16;
+  HWY_UNROLL(16)
+  for (size_t r = 0; r < kRows; ++r) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(src + r * lda + k0);
+    hn::Store(hn::BitCast(du, hn::LoadU(du16, row)), du,
               a + r * kMatmulAStride + k0 / 2);
   }
 }
@@ -1254,16 +1315,17 @@ HWY_INLINE void MatmulNativeTail(V (&acc)[kSets][kRows][kMatmulNV],
 // in quarters, the next strip's A line by line) instead of all of them before
 // the first product: 1.01x at 512^3 and at 2048^3 (one thread, call by call
 // against oneDNN's bf16 matmul).
-// kPackA: the kernel also converts its A strip from `source` (op(A) = A) into
-// `a`, as MatmulTileFull<kRows, true> copies it: each chunk of N pairs one
-// chunk ahead of the products that read it, the last kc mod 2N floats first
-// (storage.h's rule), for the 4-7% of a 512^3 call that PackAStripMode costs.
-template <size_t kRows, bool kPackA>
+// kPackA: the kernel also converts its A strip from `source` (op(A) = A; TA
+// float or bf16) into `a`, as MatmulTileFull<kRows, true> copies it: each
+// chunk of N pairs one chunk ahead of the products that read it, the last kc
+// mod 2N elements first (MatmulBF16Element), for the 4-7% of a 512^3 call that
+// PackAStripMode costs.
+template <size_t kRows, bool kPackA, class TA = float>
 HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
                                    const hwy::bfloat16_t* HWY_RESTRICT b,
                                    const MatmulOut& out, size_t i0, size_t j0,
                                    size_t cols, float alpha, float beta,
-                                   bool first, const MatmulASource& source,
+                                   bool first, const MatmulASource<TA>& source,
                                    const MatmulAPrefetch& next) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
@@ -1290,8 +1352,7 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
     hwy::bfloat16_t* a16 = reinterpret_cast<hwy::bfloat16_t*>(a);
     for (size_t r = 0; r < kRows; ++r) {
       for (size_t k = 2 * pairs_vec; k < kc; ++k) {
-        a16[r * 2 * AS + k] =
-            internal::BF16FromFloat(source.src[r * source.lda + k]);
+        a16[r * 2 * AS + k] = MatmulBF16Element(source.src[r * source.lda + k]);
       }
       if (kc % 2 != 0) a16[r * 2 * AS + kc].bits = 0;
     }
@@ -1371,13 +1432,13 @@ HWY_NOINLINE void MatmulTileNativeSlices(
 
 // MatmulStrip for `mode` (A packed by PackAStripMode, or, for kMatmulFloat32
 // and kMatmulBF16Native with a source, by the kernel): the native kernel, or
-// MatmulStrip.
-template <int kMode, class T>
+// MatmulStrip. A source of bf16 (TA) in the native mode only.
+template <int kMode, class T, class TA>
 HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
                                 const MatmulOut& out, size_t i0, size_t j0,
                                 size_t cols, float alpha, float beta,
                                 bool first, const float* scales,
-                                const MatmulASource* source,
+                                const MatmulASource<TA>* source,
                                 const MatmulAPrefetch& next) {
 #if HEADWAY_NATIVE_BF16
   if constexpr (kMode == kMatmulBF16Native) {
@@ -1391,16 +1452,20 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
                                   first, *source, next);
       } else {
         MatmulTileNative<R, false>(kc, pairs, b, out, i0, j0, cols, alpha, beta,
-                                   first, MatmulASource{nullptr, 0}, next);
+                                   first, MatmulASource<>{nullptr, 0}, next);
       }
     });
-    return;
   }
 #endif
   static_assert(kMode != kMatmulBF16Native || HEADWAY_NATIVE_BF16,
                 "native bf16 on an AVX3 target only");
-  MatmulStrip(rows, kc, a, b, out, i0, j0, cols, alpha, beta, first, scales,
-              kMode == kMatmulFloat32 ? source : nullptr, next);
+  if constexpr (kMode != kMatmulBF16Native) {
+    // Only the float32 mode's full kernel packs A from a source (of floats).
+    const MatmulASource<>* float_source = nullptr;
+    if constexpr (kMode == kMatmulFloat32) float_source = source;
+    MatmulStrip(rows, kc, a, b, out, i0, j0, cols, alpha, beta, first, scales,
+                float_source, next);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1791,9 +1856,9 @@ HWY_INLINE void MatmulGemvPanelPairs(size_t rows, size_t kc,
 }
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
-// B's elements of T (MatmulB).
-template <class T = float, int kMode = kMatmulFloat32>
-HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
+// B's elements of T (MatmulB). A of TA: float, or bf16 in the bf16 modes.
+template <class T = float, int kMode = kMatmulFloat32, class TA>
+HWY_INLINE void MatmulPackedOut(const TA* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
   constexpr size_t MR = kMatmulMR;
@@ -1903,7 +1968,9 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                         std::min(MR, i1 - r0), kc,
                         a_buf + s * strip_floats + kb * kMatmulAStripFloats,
                         slice, out, r0, j0, cols, alpha, beta, kb == 0,
-                        b.Scales(j0), nullptr, MatmulAPrefetch());
+                        b.Scales(j0),
+                        static_cast<const MatmulASource<TA>*>(nullptr),
+                        MatmulAPrefetch());
                   }
                 }
               }
@@ -1934,7 +2001,7 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                   const bool pack_in_kernel =
                       pack_a && !trans_a &&
                       (kMode == kMatmulFloat32 || kMode == kMatmulBF16Native);
-                  const MatmulASource source{
+                  const MatmulASource<TA> source{
                       pack_in_kernel ? a + r0 * lda + k0 : nullptr, lda};
                   if (pack_a) {
                     if (!pack_in_kernel) {
@@ -1961,12 +2028,11 @@ HWY_INLINE void MatmulPackedOut(const float* a, size_t lda, bool trans_a,
                       const size_t rows_in_memory =
                           trans_a ? next_kc : next_rows;
                       const size_t first = piece * rows_in_memory / pieces;
-                      next.row0 = trans_a
-                                      ? a + (next_k0 + first) * lda + next_r0
-                                      : a + (next_r0 + first) * lda + next_k0;
-                      next.lda = lda;
-                      next.rows = (piece + 1) * rows_in_memory / pieces - first;
-                      next.cols = trans_a ? next_rows : next_kc;
+                      next = MatmulAPrefetch::Rows(
+                          trans_a ? a + (next_k0 + first) * lda + next_r0
+                                  : a + (next_r0 + first) * lda + next_k0,
+                          lda, (piece + 1) * rows_in_memory / pieces - first,
+                          trans_a ? next_rows : next_kc);
                     }
                     const size_t j0 = p * NR;
                     const T* slice = b.template Slice<T>(layout, b_base, window,
@@ -2018,13 +2084,6 @@ HWY_INLINE size_t MatmulAmxPaddedK(const MatmulKBlocks& kblocks, size_t k) {
   return padded;
 }
 
-// An element of A as the tiles read it: a float rounded (storage.h's rule), a
-// bf16 as it is.
-HWY_INLINE hwy::bfloat16_t MatmulAmxElement(float x) {
-  return internal::BF16FromFloat(x);
-}
-HWY_INLINE hwy::bfloat16_t MatmulAmxElement(hwy::bfloat16_t x) { return x; }
-
 // Rows [r0, r0 + rows) of op(A) (a [m, k], or a^T with a [k, m]; float or
 // bf16) into dst [RoundUp(rows, 32)][stride] bf16, each K block zero-padded to
 // a multiple of 32 k, the rows past `rows` zeros. Floats are rounded by
@@ -2067,8 +2126,8 @@ HWY_INLINE void MatmulAmxPackA(const TA* HWY_RESTRICT a, size_t lda,
         }
       }
       for (; kk < kc; ++kk) {
-        row[at + kk] = MatmulAmxElement(trans_a ? a[(k0 + kk) * lda + r0 + r]
-                                                : a[(r0 + r) * lda + k0 + kk]);
+        row[at + kk] = MatmulBF16Element(trans_a ? a[(k0 + kk) * lda + r0 + r]
+                                                 : a[(r0 + r) * lda + k0 + kk]);
       }
       const size_t kc_padded = RoundUp(kc, kMatmulAmxK);
       std::fill(row + at + kc, row + at + kc_padded, zero);

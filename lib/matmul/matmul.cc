@@ -79,57 +79,15 @@ size_t MatmulPanelWidthT() { return kMatmulNR; }
 // the call, more than kMatmulSmallM rows of A, AmxBFloat16Active() (w.amx).
 HWY_INLINE bool MatmulOnAmx(const MatmulPackedWeights& w, const MatmulB& b,
                             size_t m) {
-  return HEADWAY_NATIVE_AMX && w.amx &&
-         static_cast<WeightDtype>(w.dtype) == WeightDtype::kBFloat16 &&
+  return w.amx && static_cast<WeightDtype>(w.dtype) == WeightDtype::kBFloat16 &&
          m > kMatmulSmallM && b.PackedBefore();
 }
 
-// out = alpha * op(A) * B + beta * out with the kernels for w's stored type
-// and compute mode, B's panels as `b` gives them (w's data).
-HWY_INLINE void MatmulStoredOut(const float* a, size_t lda, bool trans_a,
-                                const MatmulPackedWeights& w, const MatmulB& b,
-                                size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta) {
-  switch (static_cast<WeightDtype>(w.dtype)) {
-    case WeightDtype::kBFloat16:
-      if (!w.bf16_compute) {
-        MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
-                                         alpha, beta);
-#if HEADWAY_NATIVE_AMX
-      } else if (MatmulOnAmx(w, b, m)) {
-        MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
-#endif
-#if HEADWAY_NATIVE_BF16
-      } else if (w.native) {
-        MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
-            a, lda, trans_a, b, m, n, k, out, alpha, beta);
-#endif
-      } else {
-        MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
-            a, lda, trans_a, b, m, n, k, out, alpha, beta);
-      }
-      break;
-    case WeightDtype::kInt8:
-      MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
-      break;
-    default:
-      MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
-  }
-}
-
-// The same with A of bf16 (a [m, k], or a^T with a [k, m]): on AMX tiles as
-// it is, else widened to floats (exact) into a buffer of the calling thread
-// for the float A kernels, which give what they give for those floats.
-HWY_INLINE void MatmulStoredOut(const hwy::bfloat16_t* a, size_t lda,
-                                bool trans_a, const MatmulPackedWeights& w,
-                                const MatmulB& b, size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta) {
-#if HEADWAY_NATIVE_AMX
-  if (MatmulOnAmx(w, b, m)) {
-    MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
-    return;
-  }
-#endif
+// f(a32, cols): a bf16 op(A) (a [m, k], or a^T with a [k, m]) widened to
+// floats (exact) into a buffer of the calling thread, a32 [rows, cols] dense.
+template <class F>
+HWY_INLINE void WithWidenedA(const hwy::bfloat16_t* a, size_t lda, bool trans_a,
+                             size_t m, size_t k, const F& f) {
   const size_t rows = trans_a ? k : m, cols = trans_a ? m : k;
   // Reused across calls; isolate(): as MatmulUnpacked's b_scratch.
   thread_local ThreadScratchBuffer widened;
@@ -145,8 +103,58 @@ HWY_INLINE void MatmulStoredOut(const hwy::bfloat16_t* a, size_t lda,
         hn::StoreU(LoadStoredU(d, src + i), d, dst + i);
       for (; i < cols; ++i) dst[i] = internal::FloatFrom(src[i]);
     }
-    MatmulStoredOut(a32, cols, trans_a, w, b, m, n, k, out, alpha, beta);
+    f(a32, cols);
   });
+}
+
+// out = alpha * op(A) * B + beta * out with the kernels for w's stored type
+// and compute mode, B's panels as `b` gives them (w's data); A of float or
+// bf16 (TA). bf16 compute runs on AMX tiles (MatmulOnAmx), the native kernel
+// (w.native) or the fallback, each taking a bf16 A as it is; float32 compute
+// takes it widened (WithWidenedA). Either way a bf16 A gives what a float A
+// holding the same values gives.
+template <class TA>
+HWY_INLINE void MatmulStoredOut(const TA* a, size_t lda, bool trans_a,
+                                const MatmulPackedWeights& w, const MatmulB& b,
+                                size_t m, size_t n, size_t k,
+                                const MatmulOut& out, float alpha, float beta) {
+  const WeightDtype dtype = static_cast<WeightDtype>(w.dtype);
+  if (dtype == WeightDtype::kBFloat16 && w.bf16_compute) {
+#if HEADWAY_NATIVE_AMX
+    if (MatmulOnAmx(w, b, m)) {
+      MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+      return;
+    }
+#endif
+#if HEADWAY_NATIVE_BF16
+    if (w.native) {
+      MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
+          a, lda, trans_a, b, m, n, k, out, alpha, beta);
+      return;
+    }
+#endif
+    MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
+        a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    return;
+  }
+  if constexpr (!hwy::IsSame<TA, float>()) {
+    WithWidenedA(a, lda, trans_a, m, k, [&](const float* a32, size_t cols) {
+      MatmulStoredOut(a32, cols, trans_a, w, b, m, n, k, out, alpha, beta);
+    });
+    return;
+  } else {
+    switch (dtype) {
+      case WeightDtype::kBFloat16:
+        MatmulPackedOut<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
+                                         alpha, beta);
+        break;
+      case WeightDtype::kInt8:
+        MatmulPackedOut<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+        break;
+      default:
+        MatmulPackedOut<float>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    }
+  }
 }
 
 void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
