@@ -6,7 +6,7 @@
 //   score or a weight). p must be aligned to the stored vector (N elements of
 //   T): cache rows are, as row_stride is a multiple of 16 elements and
 //   N <= 16. LoadStoredU: the same from any address (bf16: a caller's
-//   matrix, Matmul's bf16 A).
+//   matrix, Matmul's bf16 A), and WidenRowU a whole row of them.
 // - LoadStoredPair, StoreInPairOrder, StoreRowInPairOrder: two vectors at a
 //   time, in an order that may permute the elements (bf16: even and odd
 //   elements), for the kernels that put the floats they meet in the same
@@ -63,6 +63,17 @@ HWY_INLINE hn::Vec<D> LoadStoredU(D d, const hwy::bfloat16_t* HWY_RESTRICT p) {
   const hn::Rebind<uint16_t, D> du16;
   return FloatsFromBF16Bits(
       d, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+}
+
+// The floats of src[0, n) into dst[0, n) (exact), both at any address: what a
+// caller's bf16 matrix is widened by, row by row.
+template <class D>
+HWY_INLINE void WidenRowU(D d, const hwy::bfloat16_t* HWY_RESTRICT src,
+                          size_t n, float* HWY_RESTRICT dst) {
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(LoadStoredU(d, src + i), d, dst + i);
+  for (; i < n; ++i) dst[i] = internal::FloatFrom(src[i]);
 }
 
 template <class D>

@@ -501,31 +501,25 @@ HWY_INLINE void PackAStripMode(const TA* HWY_RESTRICT a, size_t lda, bool trans,
                                float* HWY_RESTRICT dst) {
   if constexpr (!hwy::IsSame<TA, float>()) {
     static_assert(kMode != kMatmulFloat32, "a bf16 A: bf16 compute only");
-    const MatmulTag d;
-    const size_t lanes = hn::Lanes(d);
     for (size_t r = 0; r < rows; ++r) {
-      const TA* row = trans ? nullptr : a + (i0 + r) * lda + k0;
-      // Element kk of the strip's row r.
-      const auto at = [&](size_t kk) {
-        return trans ? a[(k0 + kk) * lda + i0 + r] : row[kk];
-      };
+      // Row i0 + r of op(A) from k0 on: a row of a, or a column of a^T
+      // (elements lda apart).
+      const TA* row = trans ? a + k0 * lda + i0 + r : a + (i0 + r) * lda + k0;
       float* out = dst + r * kMatmulAStride;
       if constexpr (kMode == kMatmulBF16Native) {
         hwy::bfloat16_t* pairs = reinterpret_cast<hwy::bfloat16_t*>(out);
         if (trans) {
-          for (size_t kk = 0; kk < kc; ++kk) pairs[kk] = at(kk);
+          for (size_t kk = 0; kk < kc; ++kk) pairs[kk] = row[kk * lda];
         } else {
           std::copy(row, row + kc, pairs);
         }
         if (kc % 2 != 0) pairs[kc].bits = 0;
-      } else {
-        size_t kk = 0;
-        if (!trans) {
-          for (; kk + lanes <= kc; kk += lanes) {
-            hn::Store(LoadStoredU(d, row + kk), d, out + kk);
-          }
+      } else if (trans) {
+        for (size_t kk = 0; kk < kc; ++kk) {
+          out[kk] = internal::FloatFrom(row[kk * lda]);
         }
-        for (; kk < kc; ++kk) out[kk] = internal::FloatFrom(at(kk));
+      } else {
+        WidenRowU(MatmulTag(), row, kc, out);
       }
     }
   } else if constexpr (kMode == kMatmulFloat32) {

@@ -94,14 +94,8 @@ HWY_INLINE void WithWidenedA(const hwy::bfloat16_t* a, size_t lda, bool trans_a,
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
     float* a32 = widened.Get(rows * cols);
     const hn::ScalableTag<float> d;
-    const size_t N = hn::Lanes(d);
     for (size_t r = 0; r < rows; ++r) {
-      const hwy::bfloat16_t* src = a + r * lda;
-      float* dst = a32 + r * cols;
-      size_t i = 0;
-      for (; i + N <= cols; i += N)
-        hn::StoreU(LoadStoredU(d, src + i), d, dst + i);
-      for (; i < cols; ++i) dst[i] = internal::FloatFrom(src[i]);
+      WidenRowU(d, a + r * lda, cols, a32 + r * cols);
     }
     f(a32, cols);
   });
