@@ -15,9 +15,10 @@
 // --headway_full: every shape on every target. By default the shapes after a
 //   benchmark's first ones run on KeyTargets() only (the best target and
 //   AVX2), which keeps the default run to about 5 minutes on 2 cores.
-// --headway_no_amx: the bf16 compute rows on the vdpbf16ps kernel instead of
-//   AMX tiles (SetAmxBFloat16(false)), on CPUs with AMX; how a CPU without AMX
-//   runs them. With ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, oneDNN's rows too.
+// --headway_no_amx: on a CPU with AMX, the bf16 compute rows on the kernel a
+//   CPU without AMX runs (SetAmxBFloat16(false): vdpbf16ps where
+//   CpuPrefersNativeBFloat16, else the fallback). With
+//   ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, oneDNN's rows leave AMX too.
 // --benchmark_min_time defaults to 0.1 s here, not Google Benchmark's 0.5 s.
 // docs/BENCHMARKS.md has the details.
 #include <stdio.h>
@@ -56,7 +57,7 @@ void PrintHelp() {
       "benchmark's later\n"
       "                          shapes on the best target and AVX2 "
       "only)\n"
-      "          [%s]  (bf16 compute on vdpbf16ps, not AMX tiles)\n"
+      "          [%s]  (bf16 compute without AMX tiles)\n"
       "          (--benchmark_min_time defaults to 0.1 here)\n",
       kCeilingFlag, kDefaultCeilingMs, kTargetsFlag, kThreadsFlag,
       headway::bench::AllThreads(), headway::bench::AllThreads(), kFullFlag,

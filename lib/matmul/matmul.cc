@@ -135,7 +135,6 @@ HWY_INLINE void MatmulStoredOut(const TA* a, size_t lda, bool trans_a,
     WithWidenedA(a, lda, trans_a, m, k, [&](const float* a32, size_t cols) {
       MatmulStoredOut(a32, cols, trans_a, w, b, m, n, k, out, alpha, beta);
     });
-    return;
   } else {
     switch (dtype) {
       case WeightDtype::kBFloat16:
