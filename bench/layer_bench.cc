@@ -148,10 +148,11 @@ const std::vector<float>& NormWeights() {
 // How a layer stores and multiplies its weights: the "weights" argument of the
 // layer_weights_* rows.
 enum LayerWeights : int64_t {
-  kWeightsF32 = 0,         // float32 weights (every other row)
-  kWeightsBF16 = 1,        // bf16 weights, float32 compute
-  kWeightsInt8 = 2,        // int8 weights, float32 compute
-  kWeightsBF16Compute = 3  // bf16 weights in MatmulCompute::kBFloat16
+  kWeightsF32 = 0,             // float32 weights (every other row)
+  kWeightsBF16 = 1,            // bf16 weights, float32 compute
+  kWeightsInt8 = 2,            // int8 weights, float32 compute
+  kWeightsBF16Compute = 3,     // bf16 weights in MatmulCompute::kBFloat16
+  kWeightsInt8BF16Compute = 4  // int8 weights in MatmulCompute::kBFloat16
 };
 
 // The layer with n_kv KV heads, packed for `target` (the harness has capped
@@ -176,12 +177,13 @@ AttentionLayer* SharedLayer(benchmark::State& state, int64_t n_kv,
   config.n_heads = kHeads;
   config.n_kv_heads = n_kv;
   config.head_dim = kHeadDim;
-  if (weights_kind == kWeightsInt8) {
+  if (weights_kind == kWeightsInt8 || weights_kind == kWeightsInt8BF16Compute) {
     config.weight_dtype = WeightDtype::kInt8;
   } else if (weights_kind != kWeightsF32) {
     config.weight_dtype = WeightDtype::kBFloat16;
   }
-  if (weights_kind == kWeightsBF16Compute) {
+  if (weights_kind == kWeightsBF16Compute ||
+      weights_kind == kWeightsInt8BF16Compute) {
     config.projection_compute = MatmulCompute::kBFloat16;
   }
   AttentionLayerWeights weights;
@@ -742,10 +744,11 @@ void RegisterLayer() {
                      {32, 3, 2},
                      {8, 3, 2}},
                     /*every_target_sets=*/0);
-  RegisterPerTarget(
-      "layer_weights_prefill", layer_fn(BM_LayerPrefill, false, 1),
-      {"kv_heads", "weights"}, {{32, 1}, {32, 2}, {32, 3}, {8, 1}, {8, 3}},
-      /*every_target_sets=*/0);
+  RegisterPerTarget("layer_weights_prefill",
+                    layer_fn(BM_LayerPrefill, false, 1),
+                    {"kv_heads", "weights"},
+                    {{32, 1}, {32, 2}, {32, 3}, {32, 4}, {8, 1}, {8, 3}},
+                    /*every_target_sets=*/0);
 #ifdef HEADWAY_BENCH_GGML
   RegisterGgml();
 #endif

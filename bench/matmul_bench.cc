@@ -24,7 +24,8 @@
 //              the native one on the AVX3 targets where
 //              CpuPrefersNativeBFloat16) and with the fallback kernel
 //              (packed:5), and with A given as bf16 (packed:6: the default
-//              kernel; AMX tiles take A as it is); %peak of the float32 FMA
+//              kernel; AMX tiles take A as it is), and over int8 weights
+//              (packed:7: the default kernel); %peak of the float32 FMA
 //              peak (so 200% is the bf16 dot product's peak).
 // Every row counts 2 * m * n * k * batch flops and the bytes it must move, 4 *
 // batch * (m * k + m * n) (2 per element of A for packed:6) plus B's stored
@@ -92,8 +93,9 @@ struct Shape {
   // bf16 weights in bf16 compute, the kernel a host gets by default (4: AMX
   // where AmxBFloat16Active, else the native one where
   // CpuPrefersNativeBFloat16), the fallback (5), or the default with A given
-  // as bf16 (6).
-  static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5, kBF16A = 6;
+  // as bf16 (6); 7: int8 weights in bf16 compute, the default kernel.
+  static constexpr int64_t kBF16Default = 4, kBF16Fallback = 5, kBF16A = 6,
+                           kBF16Int8 = 7;
   static Shape From(const benchmark::State& state) {
     const int64_t packed = state.range(5);
     const bool bf16_compute = packed >= kBF16Default;
@@ -103,7 +105,8 @@ struct Shape {
             state.range(3),
             state.range(4) != 0,
             packed != 0,
-            bf16_compute
+            packed == kBF16Int8 ? WeightDtype::kInt8
+            : bf16_compute
                 ? WeightDtype::kBFloat16
                 : static_cast<WeightDtype>(packed == 0 ? 0 : packed - 1)};
     if (bf16_compute) s.compute = MatmulCompute::kBFloat16;
@@ -132,8 +135,8 @@ const std::vector<std::string> kArgNames = {"m",     "n",  "k",
                                             "batch", "tb", "packed"};
 
 // The shapes of the bf16 compute mode, with `packed` 4 (the default kernel), 5
-// (the fallback kernel) or 6 (A given as bf16); oneDNN's bf16 matmul runs them
-// as packed:4.
+// (the fallback kernel), 6 (A given as bf16) or 7 (int8 weights); oneDNN's
+// bf16 matmul runs them as packed:4.
 std::vector<std::vector<int64_t>> BF16ComputeShapes(int64_t packed) {
   return {{512, 512, 512, 1, 0, packed},
           {2048, 2048, 2048, 1, 0, packed},
@@ -164,8 +167,8 @@ std::vector<std::vector<int64_t>> Shapes(bool with_packed) {
         shapes.push_back({1, 4096, k, 1, 0, 1 + static_cast<int64_t>(dtype)});
       }
     }
-    for (const int64_t packed :
-         {Shape::kBF16Default, Shape::kBF16Fallback, Shape::kBF16A}) {
+    for (const int64_t packed : {Shape::kBF16Default, Shape::kBF16Fallback,
+                                 Shape::kBF16A, Shape::kBF16Int8}) {
       for (const std::vector<int64_t>& shape : BF16ComputeShapes(packed)) {
         shapes.push_back(shape);
       }

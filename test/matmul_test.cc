@@ -537,10 +537,10 @@ TEST_P(MatmulTest, PackedForOtherTarget) {
 // ---------------------------------------------------------------------------
 // B stored as bf16 or int8 (WeightDtype).
 
-// A B stored as dtype, multiplied in `compute`; bf16 compute with the native
-// kernel wherever the CPU has it (on the AVX3 targets) or nowhere (the
-// fallback kernel runs on every target), and with AMX tiles for more than 16
-// rows wherever the CPU has them (`amx`) or nowhere.
+// A B stored as dtype, multiplied in `compute`; bf16 compute (over bf16 or
+// int8 weights) with the native kernel wherever the CPU has it (on the AVX3
+// targets) or nowhere (the fallback kernel runs on every target), and with AMX
+// tiles for more than 16 rows wherever the CPU has them (`amx`) or nowhere.
 struct StoredMode {
   WeightDtype dtype;
   MatmulCompute compute = MatmulCompute::kFloat32;
@@ -554,6 +554,11 @@ constexpr StoredMode kStoredModes[] = {
      NativeBFloat16::kWhereSupported},
     {WeightDtype::kBFloat16, MatmulCompute::kBFloat16, NativeBFloat16::kNever},
     {WeightDtype::kBFloat16, MatmulCompute::kBFloat16,
+     NativeBFloat16::kWhereSupported, /*amx=*/true},
+    {WeightDtype::kInt8, MatmulCompute::kBFloat16,
+     NativeBFloat16::kWhereSupported},
+    {WeightDtype::kInt8, MatmulCompute::kBFloat16, NativeBFloat16::kNever},
+    {WeightDtype::kInt8, MatmulCompute::kBFloat16,
      NativeBFloat16::kWhereSupported, /*amx=*/true}};
 
 // The kernels a StoredMode names, for the lifetime of the scope.
@@ -999,74 +1004,82 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
   // The last two on AMX where the CPU has it: K = 777 in blocks of 392 and 385
   // (8 and 1 k past a multiple of 32), K = 1031 in 344, 344 and 343 (24, 24
   // and 23), 300 rows (two tasks of rows, the last block of 12).
-  for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
-                         Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
-                         Shape{300, 2 * t.nr + 7, 1031}}) {
-    const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
-    const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);
-    PackedB packed;
-    ASSERT_TRUE(
-        PackedB::Pack(b.view(), Transpose::kNo, &packed, WeightDtype::kBFloat16)
-            .ok());
-    std::vector<float> tiles, native, fallback;
-    {
-      const NativeBFloat16Scope where(NativeBFloat16::kWhereSupported);
-      tiles = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n, &packed,
-                        0.0f, MatmulCompute::kBFloat16);
-      const AmxBFloat16Scope off(false);
-      native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
-                         &packed, 0.0f, MatmulCompute::kBFloat16);
-    }
-    {
-      const NativeBFloat16Scope never(NativeBFloat16::kNever);
-      const AmxBFloat16Scope off(false);
-      fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
+  for (WeightDtype dtype : {WeightDtype::kBFloat16, WeightDtype::kInt8}) {
+    for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
+                           Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
+                           Shape{300, 2 * t.nr + 7, 1031}}) {
+      SCOPED_TRACE(testing::Message() << "dtype=" << static_cast<int>(dtype));
+      const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
+      const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);
+      const std::vector<double> w =
+          test::ref::StoredWeights(b.data, s.k, s.n, b.stride, dtype);
+      PackedB packed;
+      ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, dtype).ok());
+      std::vector<float> tiles, native, fallback;
+      {
+        const NativeBFloat16Scope where(NativeBFloat16::kWhereSupported);
+        tiles = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
+                          &packed, 0.0f, MatmulCompute::kBFloat16);
+        const AmxBFloat16Scope off(false);
+        native = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
                            &packed, 0.0f, MatmulCompute::kBFloat16);
-    }
-    double worst = 0.0, worst_tiles = 0.0;
-    for (int64_t i = 0; i < s.m; ++i) {
-      for (int64_t j = 0; j < s.n; ++j) {
-        double abs_sum = 0.0;
-        for (int64_t kk = 0; kk < s.k; ++kk) {
-          const double a_ik =
-              test::ref::RoundToBFloat16(a.data[i * a.stride + kk]);
-          const double b_kj =
-              test::ref::RoundToBFloat16(b.data[kk * b.stride + j]);
-          abs_sum += std::fabs(a_ik * b_kj);
-        }
-        const double tol = 2.0 * 0.75 * Tolerance(s.k, abs_sum);
-        const double diff = std::fabs(static_cast<double>(native[i * s.n + j]) -
-                                      fallback[i * s.n + j]);
-        worst = std::max(worst, diff / tol);
-        ASSERT_LE(diff, tol) << "c[" << i << ", " << j << "] m=" << s.m;
-        const double diff_tiles = std::fabs(
-            static_cast<double>(tiles[i * s.n + j]) - fallback[i * s.n + j]);
-        worst_tiles = std::max(worst_tiles, diff_tiles / tol);
-        ASSERT_LE(diff_tiles, tol)
-            << "AMX c[" << i << ", " << j << "] m=" << s.m;
       }
+      {
+        const NativeBFloat16Scope never(NativeBFloat16::kNever);
+        const AmxBFloat16Scope off(false);
+        fallback = RunMatmul(a, Transpose::kNo, b, Transpose::kNo, s.m, s.n,
+                             &packed, 0.0f, MatmulCompute::kBFloat16);
+      }
+      double worst = 0.0, worst_tiles = 0.0;
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double abs_sum = 0.0;
+          for (int64_t kk = 0; kk < s.k; ++kk) {
+            const double a_ik =
+                test::ref::RoundToBFloat16(a.data[i * a.stride + kk]);
+            abs_sum += std::fabs(a_ik * w[kk * s.n + j]);
+          }
+          const double tol = 2.0 * 0.75 * Tolerance(s.k, abs_sum);
+          const double diff = std::fabs(
+              static_cast<double>(native[i * s.n + j]) - fallback[i * s.n + j]);
+          worst = std::max(worst, diff / tol);
+          ASSERT_LE(diff, tol) << "c[" << i << ", " << j << "] m=" << s.m;
+          const double diff_tiles = std::fabs(
+              static_cast<double>(tiles[i * s.n + j]) - fallback[i * s.n + j]);
+          worst_tiles = std::max(worst_tiles, diff_tiles / tol);
+          ASSERT_LE(diff_tiles, tol)
+              << "AMX c[" << i << ", " << j << "] m=" << s.m;
+        }
+      }
+      const std::string suffix =
+          std::string(dtype == WeightDtype::kInt8 ? "int8_" : "bf16_") +
+          std::to_string(s.m) + "x" + std::to_string(s.k);
+      RecordProperty("worst_native_vs_fallback_" + suffix,
+                     std::to_string(worst));
+      RecordProperty("worst_amx_vs_fallback_" + suffix,
+                     std::to_string(worst_tiles));
     }
-    RecordProperty("worst_native_vs_fallback_" + std::to_string(s.k),
-                   std::to_string(worst));
-    RecordProperty("worst_amx_vs_fallback_" + std::to_string(s.m),
-                   std::to_string(worst_tiles));
   }
 }
 
-// The compute mode is checked: a bad value, and bf16 compute over weights not
-// stored as bf16.
+// The compute mode is checked: a bad value for every dtype, and bf16 compute
+// over float32 weights.
 TEST_P(MatmulTest, BF16ComputeErrors) {
   const Operand a(3, 5, Transpose::kNo, 0, 0, 41);
   const Operand b(5, 4, Transpose::kNo, 0, 0, 42);
   std::vector<float> c(12, 9.0f);
   const MatrixView<float> cv(c.data(), 3, 4);
-  for (WeightDtype dtype : {WeightDtype::kFloat32, WeightDtype::kInt8}) {
+  for (WeightDtype dtype :
+       {WeightDtype::kFloat32, WeightDtype::kBFloat16, WeightDtype::kInt8}) {
     PackedB packed;
     ASSERT_TRUE(PackedB::Pack(b.view(), Transpose::kNo, &packed, dtype).ok());
-    EXPECT_TRUE(test::IsError(Matmul(a.view(), Transpose::kNo, packed, cv, 1.0f,
-                                     0.0f, MatmulCompute::kBFloat16),
-                              StatusCode::kInvalidArgument,
-                              {"MatmulCompute::kBFloat16", "b.dtype()"}));
+    if (dtype == WeightDtype::kFloat32) {
+      EXPECT_TRUE(test::IsError(Matmul(a.view(), Transpose::kNo, packed, cv,
+                                       1.0f, 0.0f, MatmulCompute::kBFloat16),
+                                StatusCode::kInvalidArgument,
+                                {"MatmulCompute::kBFloat16",
+                                 "kBFloat16 or kInt8", "b.dtype() is 0"}));
+    }
     EXPECT_TRUE(test::IsError(Matmul(a.view(), Transpose::kNo, packed, cv, 1.0f,
                                      0.0f, static_cast<MatmulCompute>(2)),
                               StatusCode::kInvalidArgument,

@@ -9,7 +9,7 @@ Reads Google Benchmark's JSON output of headway_bench and
   per target, flat; DRAM and L2 read bandwidth, slanted) and one point per
   benchmark row, a marker per kernel family and KV cache type (bytes as
   stored, so a bf16 cache's decode sits at about 3x the float32 row's
-  intensity), the rows in bf16 or int8 compute (matmul packed:4-6;
+  intensity), the rows in bf16 or int8 compute (matmul packed:4-7;
   attention compute:1, 2) marked apart;
 - writes DIR/speedup.svg and .png: the speed-up over SCALAR of each
   instruction set, per kernel.
@@ -37,11 +37,11 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 DTYPES = {"0": "f32", "1": "bf16", "2": "f16", "3": "int8"}
 # The rows in a compute mode other than float32, by the argument that says so:
 # matmul's bf16 (bench/matmul_bench.cc: packed:4 native kernel allowed,
-# packed:5 fallback, packed:6 A given as bf16; oneDNN's bf16 matmul is
-# packed:4) and attention's AttentionCompute (compute:1 kBFloat16, compute:2
-# kInt8).
+# packed:5 fallback, packed:6 A given as bf16, packed:7 int8 weights; oneDNN's
+# bf16 matmul is packed:4) and attention's AttentionCompute (compute:1
+# kBFloat16, compute:2 kInt8).
 COMPUTE = {"packed:4": "bf16", "packed:5": "bf16", "packed:6": "bf16",
-           "compute:1": "bf16", "compute:2": "int8"}
+           "packed:7": "bf16", "compute:1": "bf16", "compute:2": "int8"}
 
 
 class Row:

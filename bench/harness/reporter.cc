@@ -77,7 +77,8 @@ struct Row {
   std::string dtype;
   // "bf16" for a matmul row in the bf16 compute mode ("packed:4": native kernel
   // allowed, "packed:5": fallback kernel, "packed:6": A given as bf16,
-  // bench/matmul_bench.cc; oneDNN's bf16 matmul is packed:4 too) or an
+  // "packed:7": int8 weights, bench/matmul_bench.cc; oneDNN's bf16 matmul is
+  // packed:4 too) or an
   // attention row in AttentionCompute::kBFloat16
   // ("compute:1"), "int8" for one in kInt8 ("compute:2"), "" for float32
   // compute: a row is compared with the peers of its compute mode only.
@@ -124,7 +125,8 @@ Row ParseRow(const Run& run) {
       shape.push_back(arg);
       if (StartsWith(arg, "packed:")) {
         row.packed = arg;
-        if (arg == "packed:4" || arg == "packed:5" || arg == "packed:6") {
+        if (arg == "packed:4" || arg == "packed:5" || arg == "packed:6" ||
+            arg == "packed:7") {
           row.compute = "bf16";
         }
       } else if (StartsWith(arg, "compute:")) {
@@ -191,20 +193,21 @@ bool Float32Storage(const Row& row) {
 
 // True if the row's weights (a matmul's B) are float32: plain ("packed:0" or
 // none) or pre-packed as float32 ("packed:1"); not bf16 or int8 weights
-// ("packed:2", "packed:3") or the bf16 compute mode ("packed:4" to "packed:6").
+// ("packed:2", "packed:3") or the bf16 compute mode ("packed:4" to "packed:7").
 bool Float32Weights(const Row& row) {
   return row.packed.empty() || row.packed == "packed:0" ||
          row.packed == "packed:1";
 }
 
 // How `row`'s matmul B is stored: "bf16" (packed:2, and the bf16 compute mode's
-// packed:4 to 6), "int8" (packed:3) or "f32".
+// packed:4 to 6), "int8" (packed:3, and the bf16 compute mode's packed:7) or
+// "f32".
 std::string StoredWeights(const Row& row) {
   if (row.packed == "packed:2" || row.packed == "packed:4" ||
       row.packed == "packed:5" || row.packed == "packed:6") {
     return "bf16";
   }
-  return row.packed == "packed:3" ? "int8" : "f32";
+  return row.packed == "packed:3" || row.packed == "packed:7" ? "int8" : "f32";
 }
 
 // The weights a peer names as stored ahead of the call, packed:1-3 (ggml's
@@ -310,6 +313,7 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       if (row.peer.empty()) {
         variant += row.packed == "packed:5"   ? " bf16 fallback"
                    : row.packed == "packed:6" ? " bf16 (A bf16)"
+                   : row.packed == "packed:7" ? " bf16 (int8 B)"
                                               : " bf16";
       }
     } else if (row.packed == "packed:2") {

@@ -527,7 +527,7 @@ typedef enum hw_weight_dtype {
 typedef enum hw_matmul_compute {
   HW_COMPUTE_FLOAT32 = 0, /* the inputs as they are, float32 accumulation */
   /* The inputs (x, and the attention output before W_O) rounded to bfloat16,
-   * times bfloat16 weights, pairs of products summed in float32 (with AMX
+   * times bfloat16 or int8 weights, pairs of products summed in float32 (AMX
    * tiles on Intel's cores from Sapphire Rapids on, for more than 16 tokens:
    * 6x float32's GEMM speed at 2048^3 on one core, measured; with
    * AVX512_BF16 on AMD's cores: 1.8x on Zen 5; elsewhere float32's speed). */
@@ -607,8 +607,9 @@ typedef struct hw_attention_layer_variants {
   /* Version 3: how the packed W_QKV and W_O are stored, a hw_weight_dtype
    * (0: float32; bfloat16 halves the bytes a decode step reads, int8 quarters
    * them), and what the projections multiply in, a hw_matmul_compute (0:
-   * float32; HW_COMPUTE_BFLOAT16 needs HW_WEIGHT_BFLOAT16). The weights are
-   * given as float32 whatever the dtype; create stores them. */
+   * float32; HW_COMPUTE_BFLOAT16 needs HW_WEIGHT_BFLOAT16 or HW_WEIGHT_INT8).
+   * The weights are given as float32 whatever the dtype; create stores
+   * them. */
   int32_t weight_dtype;
   int32_t projection_compute;
   /* Version 4: what attention decode multiplies in, as

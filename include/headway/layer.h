@@ -92,7 +92,7 @@ struct AttentionLayerConfig {
   // int8 layer within int8's rounding, not bit for bit.
   WeightDtype weight_dtype = WeightDtype::kFloat32;
   // What both projections multiply in (Matmul's compute): kBFloat16 needs
-  // weight_dtype kBFloat16.
+  // weight_dtype kBFloat16 or kInt8.
   MatmulCompute projection_compute = MatmulCompute::kFloat32;
 };
 
@@ -135,7 +135,7 @@ class HEADWAY_API AttentionLayer {
   // config.rope (rope.h's ApplyRope says which), with qk_norm a
   // qk_norm_eps < 0 or not finite, a null or non-finite q_norm or k_norm, a
   // weight_dtype or projection_compute that is not one of its enum's values,
-  // projection_compute kBFloat16 with weight_dtype other than kBFloat16, with
+  // projection_compute kBFloat16 with weight_dtype kFloat32, with
   // weight_dtype kInt8 a NaN or inf in the weights this layer packs (the
   // message names the weight and element: int8 cannot store it);
   // kResourceExhausted: sizes whose byte count overflows, or no memory.

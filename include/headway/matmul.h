@@ -45,16 +45,23 @@ enum class WeightDtype : int {
 //   kFloat32   op(a) as is, times the weights read as floats (any
 //              WeightDtype).
 //   kBFloat16  op(a) rounded to bf16 (nearest even) times the weights of a
-//              PackedB stored as kBFloat16, each pair of products (k, k + 1)
-//              added to a float32 accumulator: for more than 16 rows of a,
-//              AMX's tile multiply tdpbf16ps where AmxBFloat16Active()
-//              (targets.h: Intel's cores from Sapphire Rapids on), else
-//              AVX512_BF16's vdpbf16ps where NativeBFloat16Active() (AMD's
-//              cores by default), else a kernel with the same contract. AMX:
+//              PackedB stored as kBFloat16, or as kInt8 (its levels q, exact
+//              in bf16, with the column scales applied to the sums), each
+//              pair of products (k, k + 1) added to a float32 accumulator:
+//              for more than 16 rows of a, AMX's tile multiply tdpbf16ps
+//              where AmxBFloat16Active() (targets.h: Intel's cores from
+//              Sapphire Rapids on), else AVX512_BF16's vdpbf16ps where
+//              NativeBFloat16Active() (AMD's cores by default), else a
+//              kernel with the same contract. AMX:
 //              6x float32's GEMM speed at 2048^3 on one core of a Xeon with
 //              AMX; native: 1.8x at 2048^3 on Zen 5 (AVX3_DL, one thread,
 //              measured: docs/BENCHMARKS.md); the fallback runs at float32's
-//              speed.
+//              speed. int8 weights reach AMX and the native kernel as bf16,
+//              converted slice by slice during the call (more than 16 rows
+//              pay for it: the MHA layer's prefill of 512 tokens on int8
+//              weights, AMX, 3.4x float32 compute's speed on one core and
+//              0.93x bf16 weights'); 16 rows or fewer read the int8 bytes
+//              in the fallback, at the GEMV's memory speed.
 enum class MatmulCompute : int {
   kFloat32 = 0,
   kBFloat16 = 1,
@@ -185,17 +192,18 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // 2^-24 * |alpha| sum_k |a| |b| for int8 (the multiply by scale_j, once per
 // K block). Bit-identical for any number of threads, for every dtype.
 // compute kBFloat16: op(a) is rounded to bf16 (nearest even, as
-// WeightDtype::kBFloat16 stores); the products of bf16 values are exact in
-// float32 and are accumulated in float32, so the bound above holds with op(a)
-// replaced by its bf16 rounding. The native kernels (vdpbf16ps, AMX's
+// WeightDtype::kBFloat16 stores); the products of bf16 values (and of bf16
+// and int8 levels) are exact in float32 and are accumulated in float32, so
+// the bound above holds with op(a) replaced by its bf16 rounding (int8: plus
+// the scale's rounding, as above). The native kernels (vdpbf16ps, AMX's
 // tdpbf16ps) read denormal inputs as 0 and flush denormal results to 0,
 // whatever MXCSR says: values of op(a) and b, and partial sums, below 2^-126
 // in magnitude may read as 0 there, outside the bound; the fallback keeps
 // them, as float32 compute does. AMX sums each element over all of K before
 // it adds alpha times the sum to C (one rounding fewer per K block).
 // Errors: as above, plus kInvalidArgument for an empty b, a compute value
-// outside MatmulCompute, or compute kBFloat16 with b not stored as
-// WeightDtype::kBFloat16; kFailedPrecondition when b was packed for an
+// outside MatmulCompute, or compute kBFloat16 with b stored as
+// WeightDtype::kFloat32; kFailedPrecondition when b was packed for an
 // instruction set whose panel width differs from the one dispatch picks now.
 HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
                           const PackedB& b, MatrixView<float> c,

@@ -273,7 +273,8 @@ using internal::SpanOf;
 // ------------------------------------------------------------ Create's steps
 
 // config.weight_dtype and projection_compute: values of their enums, and the
-// bf16 compute mode only over bf16 weights (matmul.h's MatmulCompute).
+// bf16 compute mode only over bf16 or int8 weights (matmul.h's
+// MatmulCompute).
 Status CheckWeightFormat(const char* fn, const AttentionLayerConfig& c) {
   if (WeightDtypeSize(c.weight_dtype) == 0) {
     return Fail(StatusCode::kInvalidArgument, fn, "config.weight_dtype (",
@@ -287,10 +288,10 @@ Status CheckWeightFormat(const char* fn, const AttentionLayerConfig& c) {
                 ") is not a MatmulCompute (0 float32, 1 bf16)");
   }
   if (c.projection_compute == MatmulCompute::kBFloat16 &&
-      c.weight_dtype != WeightDtype::kBFloat16) {
+      c.weight_dtype == WeightDtype::kFloat32) {
     return Fail(StatusCode::kInvalidArgument, fn,
-                "config.projection_compute (1, bf16) needs bf16 weights, "
-                "config.weight_dtype 1 (got ",
+                "config.projection_compute (1, bf16) needs bf16 or int8 "
+                "weights, config.weight_dtype 1 or 2 (got ",
                 static_cast<int>(c.weight_dtype), ")");
   }
   return Status::Ok();

@@ -635,6 +635,43 @@ HWY_INLINE hn::Vec<MatmulTag> MatmulLoadBRow(const T* HWY_RESTRICT slice,
   return LoadStored(d, slice + kk * kMatmulNR + v * kMatmulLanes);
 }
 
+// The bf16 slice (the MatmulBPairs layout) of an int8 slice [kc][NR], into
+// dst [kc][NR]: each level q as the bf16 of the same value, exact (|q| <= 127
+// has at most 7 significant bits), so that the bf16 compute kernels multiply
+// int8 weights; their column scales stay with the caller (MatmulScaleRow).
+HWY_INLINE void MatmulBF16SliceFromInt8(const int8_t* HWY_RESTRICT src,
+                                        size_t kc,
+                                        hwy::bfloat16_t* HWY_RESTRICT dst) {
+  const MatmulTag d;
+  const hn::RebindToSigned<MatmulTag> di;
+  const hn::RebindToUnsigned<MatmulTag> du;
+  const hn::Rebind<int8_t, MatmulTag> d8;
+  constexpr size_t N = kMatmulLanes;
+  constexpr size_t NR = kMatmulNR;
+  // A float's bits, whose low half is zero for these values.
+  const auto bits = [&](const int8_t* q) HWY_ATTR {
+    return hn::BitCast(du,
+                       hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, q))));
+  };
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(dst);
+  for (size_t kp = 0; kp < kc / 2; ++kp) {
+    for (size_t j = 0; j < NR; j += N) {
+      const auto even = bits(src + 2 * kp * NR + j);
+      const auto odd = bits(src + (2 * kp + 1) * NR + j);
+      hn::StoreU(hn::Or(hn::And(odd, high), hn::ShiftRight<16>(even)), du,
+                 pairs + kp * NR + j);
+    }
+  }
+  if (kc % 2 != 0) {
+    const size_t last = (kc - 1) * NR;
+    for (size_t j = 0; j < NR; ++j) {
+      dst[last + j] =
+          internal::BF16FromFloat(static_cast<float>(src[last + j]));
+    }
+  }
+}
+
 // Independent accumulator sets: FMA latency (4 cycles) x 2 pipes needs >= 8
 // independent chains, so tiles with fewer than 8 accumulators split k over
 // several sets (k mod sets), summed in a fixed order at the end.
@@ -769,14 +806,17 @@ HWY_INLINE void MatmulChunkPrefetch(size_t chunk, bool last,
 }
 
 // Multiplies the accumulators of one row of a tile by the scales of its
-// columns (scales [NR], aligned) for int8 B; nothing for float and bf16.
+// columns (scales [NR], aligned): int8 B's, and a bf16 B's where it holds int8
+// weights (MatmulBF16SliceFromInt8; scales null otherwise); float B has none.
 template <class T, class V>
 HWY_INLINE void MatmulScaleRow(V (&acc)[kMatmulNV],
                                const float* HWY_RESTRICT scales) {
-  if constexpr (internal::kKvScaled<T>) {
-    const MatmulTag d;
-    for (size_t v = 0; v < kMatmulNV; ++v) {
-      acc[v] = hn::Mul(acc[v], hn::Load(d, scales + v * kMatmulLanes));
+  if constexpr (!hwy::IsSame<T, float>()) {
+    if (internal::kKvScaled<T> || scales != nullptr) {
+      const MatmulTag d;
+      for (size_t v = 0; v < kMatmulNV; ++v) {
+        acc[v] = hn::Mul(acc[v], hn::Load(d, scales + v * kMatmulLanes));
+      }
     }
   } else {
     (void)acc;
@@ -1319,7 +1359,8 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
                                    const hwy::bfloat16_t* HWY_RESTRICT b,
                                    const MatmulOut& out, size_t i0, size_t j0,
                                    size_t cols, float alpha, float beta,
-                                   bool first, const MatmulASource<TA>& source,
+                                   bool first, const float* scales,
+                                   const MatmulASource<TA>& source,
                                    const MatmulAPrefetch& next) {
   const MatmulTag d;
   using V = hn::Vec<MatmulTag>;
@@ -1377,7 +1418,7 @@ HWY_NOINLINE void MatmulTileNative(size_t kc, uint32_t* HWY_RESTRICT a,
   if (set_pairs % N == 0 && set_pairs < pairs_all) chunk_start(set_pairs);
   MatmulNativeTail(acc, a, b, kc);
   MatmulFinishTile<hwy::bfloat16_t>(acc, out, contiguous, i0, j0, cols, alpha,
-                                    beta, first, nullptr);
+                                    beta, first, scales);
 }
 
 // MatmulTileNative on an A strip packed before the call, for kSlices B slices
@@ -1419,7 +1460,7 @@ HWY_NOINLINE void MatmulTileNativeSlices(
     MatmulNativeTail(acc[q], a, slices.b[q], kc);
     MatmulFinishTile<hwy::bfloat16_t>(acc[q], out, c_out.contiguous[q], i0,
                                       slices.j0[q], slices.cols[q], alpha, beta,
-                                      first, nullptr);
+                                      first, slices.scales[q]);
   }
 }
 #endif  // HEADWAY_NATIVE_BF16
@@ -1437,16 +1478,16 @@ HWY_INLINE void MatmulStripMode(size_t rows, size_t kc, float* a, const T* b,
 #if HEADWAY_NATIVE_BF16
   if constexpr (kMode == kMatmulBF16Native) {
     static_assert(kMatmulBPairs<T>, "native bf16 needs bf16 B");
-    (void)scales;
     uint32_t* pairs = reinterpret_cast<uint32_t*>(a);
     MatmulWithRows(rows, [&](auto tag) HWY_ATTR {
       constexpr size_t R = decltype(tag)::value;
       if (source != nullptr) {
         MatmulTileNative<R, true>(kc, pairs, b, out, i0, j0, cols, alpha, beta,
-                                  first, *source, next);
+                                  first, scales, *source, next);
       } else {
         MatmulTileNative<R, false>(kc, pairs, b, out, i0, j0, cols, alpha, beta,
-                                   first, MatmulASource<>{nullptr, 0}, next);
+                                   first, scales, MatmulASource<>{nullptr, 0},
+                                   next);
       }
     });
   }
@@ -1623,7 +1664,8 @@ class MatmulOwnB {
 //
 // A B packed before the call holds elements of T (float, bf16 or int8, the
 // driver's template argument) and, for int8, scales [panels * NR]; a B packed
-// during the call is float.
+// during the call is float; int8 weights converted during the call (for the
+// bf16 compute kernels) are bf16 with int8's scales.
 class MatmulB {
  public:
   static MatmulB Packed(const void* packed, const float* scales = nullptr) {
@@ -1651,12 +1693,20 @@ class MatmulB {
   static MatmulB Window(const MatmulBSource* source) {
     return MatmulB(nullptr, nullptr, nullptr, source);
   }
+  // int8 weights packed before the call (`int8`, Packed or PackedPanels) as
+  // the bf16 kernels read them: each task converts its slices into its window
+  // (MatmulBF16SliceFromInt8) on first use; the scales stay int8's.
+  static MatmulB Int8AsBF16(const MatmulB& int8) {
+    MatmulB b = int8;
+    b.int8_as_bf16_ = true;
+    return b;
+  }
 
-  // Whether tasks pack their slices into a window of their own.
-  bool Windowed() const { return window_ != nullptr; }
+  // Whether tasks pack (or convert) their slices into a window of their own.
+  bool Windowed() const { return window_ != nullptr || int8_as_bf16_; }
   // Whether B was packed before the call (nothing is packed during it).
   bool PackedBefore() const {
-    return lazy_ == nullptr && own_ == nullptr && window_ == nullptr;
+    return lazy_ == nullptr && own_ == nullptr && !Windowed();
   }
   // A task's B, for the rest of the task (not windowed).
   const void* Begin() const {
@@ -1683,6 +1733,17 @@ class MatmulB {
       }
       if (use && lazy_ != nullptr) return lazy_->Slice(kb, p);
       if (use && own_ != nullptr) return own_->Slice(kb, p);
+    } else if constexpr (kMatmulBPairs<T>) {
+      if (int8_as_bf16_) {
+        T* slice = reinterpret_cast<T*>(window + slot * layout.kblocks.length *
+                                                     kMatmulNR);
+        if (use) {
+          MatmulBF16SliceFromInt8(
+              Slice<int8_t>(layout, base, nullptr, kb, p, 0, false),
+              layout.kblocks.Size(kb, layout.k), slice);
+        }
+        return slice;
+      }
     } else {
       (void)window;
       (void)slot;
@@ -1708,6 +1769,7 @@ class MatmulB {
   const MatmulBSource* window_;
   size_t b_panels_ = 0;  // PackedPanels: B's panels (0: the call's)
   size_t first_panel_ = 0;
+  bool int8_as_bf16_ = false;  // Int8AsBF16
 };
 
 // A task's window of B (MatmulB::Window), a thread_local of the thread that
@@ -2068,6 +2130,10 @@ static_assert(kMatmulNR == 32, "AMX blocks are two 16-column tiles wide");
 // K = 2048): 256 rows, 512^3 one thread 1328-1360 GFLOP/s against 1298-1339
 // at 128 and 1271-1318 at 512.
 inline constexpr size_t kMatmulAmxTaskRows = 256;
+// What converting an int8 weight to bf16 costs a row task, in the split's
+// bytes (MatmulPackedAmx): 16, 512^3 on 2 threads as 2 x 4 tasks, 166-170 us
+// against 185 as 8 x 1 (weighed as bf16's 2).
+inline constexpr double kMatmulAmxInt8Weight = 16.0;
 
 // K as the AMX kernel stores A: each K block padded to a multiple of 32.
 HWY_INLINE size_t MatmulAmxPaddedK(const MatmulKBlocks& kblocks, size_t k) {
@@ -2190,15 +2256,16 @@ HWY_INLINE void MatmulAmxLoadC(const float* c) {
   AmxLoad<3>(c + 16 * kMatmulNR + 16, kStride);
 }
 
-// C rows [i0, i0 + rows), rows <= 32, columns [j0, j0 + cols) = alpha * tiles
-// tmm0-3 + beta * C: stored straight from the tiles where C is one plain
-// block of 32 x NR and alpha = 1, beta = 0, else through c_tiles [32][NR].
+// C rows [i0, i0 + rows), rows <= 32, columns [j0, j0 + cols) = alpha *
+// tiles tmm0-3 (times int8 weights' column scales [NR], or null) + beta * C:
+// stored straight from the tiles where C is one plain block of 32 x NR,
+// unscaled, and alpha = 1, beta = 0, else through c_tiles [32][NR].
 HWY_INLINE void MatmulAmxFinish(float* HWY_RESTRICT c_tiles,
                                 const MatmulOut& out, size_t i0, size_t rows,
-                                size_t j0, size_t cols, float alpha,
-                                float beta) {
-  if (out.rows == nullptr && rows == kMatmulAmxRows && cols == kMatmulNR &&
-      alpha == 1.0f && beta == 0.0f) {
+                                size_t j0, size_t cols, float alpha, float beta,
+                                const float* HWY_RESTRICT scales) {
+  if (scales == nullptr && out.rows == nullptr && rows == kMatmulAmxRows &&
+      cols == kMatmulNR && alpha == 1.0f && beta == 0.0f) {
     MatmulAmxStoreC(out.c + i0 * out.ldc + j0, out.ldc);
     return;
   }
@@ -2211,6 +2278,7 @@ HWY_INLINE void MatmulAmxFinish(float* HWY_RESTRICT c_tiles,
     for (size_t v = 0; v < kMatmulNV; ++v) {
       acc[v] = hn::Load(d, c_tiles + r * kMatmulNR + v * kMatmulLanes);
     }
+    MatmulScaleRow<hwy::bfloat16_t>(acc, scales);
     MatmulStoreTileRow(acc, out, contiguous, i0 + r, j0, cols, alpha, beta,
                        /*first=*/true);
   }
@@ -2236,13 +2304,16 @@ HWY_INLINE ThreadScratchSlots& MatmulAmxSlots() {
 }
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
-// A of float or bf16 (TA), B of bf16 packed before the call, on AMX tiles.
-// Tasks: blocks of up to kMatmulAmxTaskRows rows x groups of panels (more than
-// one thread: >= 4 tasks per thread). A task, per panel, per K block: every C
-// block of its rows, whose tiles wait in c_acc between the K blocks (stored and
-// loaded exactly: the sums are those of one pass over K), while the panel's B
-// for the K block stays in L1.
-template <class TA>
+// A of float or bf16 (TA), B of bf16 or int8 (TB) packed before the call, on
+// AMX tiles. Tasks: blocks of up to kMatmulAmxTaskRows rows x groups of panels
+// (more than one thread: >= 4 tasks per thread). A task, per panel, per K
+// block: every C block of its rows, whose tiles wait in c_acc between the K
+// blocks (stored and loaded exactly: the sums are those of one pass over K),
+// while the panel's B for the K block stays in L1. int8 B: a task converts
+// each panel's slices to bf16 (MatmulBF16SliceFromInt8) into a buffer of its
+// thread ([k][NR] bf16) before its blocks pass, and the column scales apply
+// as the C blocks are stored.
+template <class TB, class TA>
 HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
@@ -2258,10 +2329,12 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
   const size_t blocks_total = (m + MB - 1) / MB;
   // Tasks: row_tasks blocks of rows x groups of panels, >= 4 per thread on
   // more than one, the split of least cost: each row task reads all of B (2 k
-  // n bytes), each group converts all of A (m k elements, each weighed as 16
-  // bytes read). 2 threads: 512^3 8 x 1, 1983-2064 GFLOP/s against 1188-1684
-  // as 4 x 2; the MHA layer's prefill 512 4 x 2, 67-70 ms against 72-79 as
-  // 2 x 4 and 80 as 8 x 1.
+  // n bytes; int8: converts it, b_weight per element), each group converts all
+  // of A (m k elements, each weighed as 16 bytes read). 2 threads: 512^3 8 x
+  // 1, 1983-2064 GFLOP/s against 1188-1684 as 4 x 2; the MHA layer's prefill
+  // 512 4 x 2, 67-70 ms against 72-79 as 2 x 4 and 80 as 8 x 1.
+  constexpr bool kInt8 = hwy::IsSame<TB, int8_t>();
+  const double b_weight = kInt8 ? kMatmulAmxInt8Weight : 2.0;
   const size_t min_row_tasks =
       (m + kMatmulAmxTaskRows - 1) / kMatmulAmxTaskRows;
   size_t row_tasks = min_row_tasks, groups = 1;
@@ -2273,7 +2346,7 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
     for (size_t r = min_row_tasks; r <= max_row_tasks; ++r) {
       const size_t g = std::min(panels, (want + r - 1) / r);
       const double bytes =
-          2.0 * static_cast<double>(r) * static_cast<double>(k * n) +
+          b_weight * static_cast<double>(r) * static_cast<double>(k * n) +
           16.0 * static_cast<double>(g) * static_cast<double>(m * k);
       if (best < 0.0 || bytes < best) {
         best = bytes;
@@ -2286,13 +2359,15 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
   const size_t blocks_max = (blocks_total + row_tasks - 1) / row_tasks;
   // Per thread: a C block [32][NR] floats, the task's C blocks between K blocks
   // [blocks_max][32][NR] floats, A [blocks_max * 32][a_stride] bf16, the tails
-  // [K blocks][32 NR] bf16, the slices' pointers.
+  // [K blocks][32 NR] bf16, int8: the panel as bf16 [k][NR], the slices'
+  // pointers.
   const size_t c_floats = MB * NR;
   const size_t acc_floats = blocks_max * MB * NR;
   const size_t a_floats = blocks_max * MB * a_stride / 2;
   const size_t tail_floats = kblocks.count * KT * NR / 2;
-  const size_t floats =
-      c_floats + acc_floats + a_floats + tail_floats + 2 * kblocks.count;
+  const size_t panel_floats = kInt8 ? k * NR / 2 : 0;
+  const size_t floats = c_floats + acc_floats + a_floats + tail_floats +
+                        panel_floats + 2 * kblocks.count;
   ThreadSlots& slots = MatmulAmxSlots();
   slots.Reserve(floats);
   tbb::this_task_arena::isolate([&]() HWY_ATTR {
@@ -2305,9 +2380,10 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
               reinterpret_cast<hwy::bfloat16_t*>(c_acc + acc_floats);
           hwy::bfloat16_t* tails =
               reinterpret_cast<hwy::bfloat16_t*>(c_acc + acc_floats + a_floats);
+          hwy::bfloat16_t* panel = tails + 2 * tail_floats;  // int8's bf16
           const hwy::bfloat16_t** slices =
-              reinterpret_cast<const hwy::bfloat16_t**>(c_acc + acc_floats +
-                                                        a_floats + tail_floats);
+              reinterpret_cast<const hwy::bfloat16_t**>(
+                  c_acc + acc_floats + a_floats + tail_floats + panel_floats);
           const void* b_base = b.Begin();
           const size_t a_row_bytes = a_stride * sizeof(hwy::bfloat16_t);
           AmxLoadConfig(MatmulAmxConfig());
@@ -2324,9 +2400,18 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                            a_stride);
             for (size_t p = p0; p < p1; ++p) {
               for (size_t kb = 0; kb < kblocks.count; ++kb) {
-                slices[kb] = b.template Slice<hwy::bfloat16_t>(
-                    layout, b_base, nullptr, kb, p, 0, false);
                 const size_t kc = kblocks.Size(kb, k);
+                if constexpr (kInt8) {
+                  hwy::bfloat16_t* slice = panel + kblocks.Begin(kb) * NR;
+                  MatmulBF16SliceFromInt8(
+                      b.template Slice<int8_t>(layout, b_base, nullptr, kb, p,
+                                               0, false),
+                      kc, slice);
+                  slices[kb] = slice;
+                } else {
+                  slices[kb] = b.template Slice<hwy::bfloat16_t>(
+                      layout, b_base, nullptr, kb, p, 0, false);
+                }
                 if (kc % KT != 0) {
                   MatmulAmxTailB(slices[kb], kc, tails + kb * KT * NR);
                 }
@@ -2360,7 +2445,7 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                   const size_t r0 = i0 + blk * MB;
                   if (last) {
                     MatmulAmxFinish(c_tiles, out, r0, std::min(MB, i1 - r0), j0,
-                                    cols, alpha, beta);
+                                    cols, alpha, beta, b.Scales(j0));
                   } else {
                     MatmulAmxStoreC(acc, NR);
                   }

@@ -75,12 +75,10 @@ void* PackBT(const MatmulBPart* parts, size_t n_parts, size_t k, size_t n,
 
 size_t MatmulPanelWidthT() { return kMatmulNR; }
 
-// Whether a call runs on AMX tiles: bf16 compute on bf16 weights packed before
-// the call, more than kMatmulSmallM rows of A, AmxBFloat16Active() (w.amx).
-HWY_INLINE bool MatmulOnAmx(const MatmulPackedWeights& w, const MatmulB& b,
-                            size_t m) {
-  return w.amx && static_cast<WeightDtype>(w.dtype) == WeightDtype::kBFloat16 &&
-         m > kMatmulSmallM && b.PackedBefore();
+// Whether a call runs on AMX tiles: bf16 compute (w.amx: AmxBFloat16Active()
+// at the call), more than kMatmulSmallM rows of A.
+HWY_INLINE bool MatmulOnAmx(const MatmulPackedWeights& w, size_t m) {
+  return w.amx && m > kMatmulSmallM;
 }
 
 // f(a32, cols): a bf16 op(A) (a [m, k], or a^T with a [k, m]) widened to
@@ -103,32 +101,48 @@ HWY_INLINE void WithWidenedA(const hwy::bfloat16_t* a, size_t lda, bool trans_a,
 
 // out = alpha * op(A) * B + beta * out with the kernels for w's stored type
 // and compute mode, B's panels as `b` gives them (w's data); A of float or
-// bf16 (TA). bf16 compute runs on AMX tiles (MatmulOnAmx), the native kernel
-// (w.native) or the fallback, each taking a bf16 A as it is; float32 compute
-// takes it widened (WithWidenedA). Either way a bf16 A gives what a float A
-// holding the same values gives.
+// bf16 (TA). bf16 compute (bf16 or int8 weights) runs on AMX tiles
+// (MatmulOnAmx), the native kernel (w.native) or the fallback, each taking a
+// bf16 A as it is; float32 compute takes it widened (WithWidenedA). Either
+// way a bf16 A gives what a float A holding the same values gives. int8
+// weights reach the tiles and the native kernel as bf16, converted per task
+// (MatmulPackedAmx, MatmulB::Int8AsBF16), which more than kMatmulSmallM rows
+// amortize; fewer rows read them as int8 in the fallback, at the rate of
+// their bytes.
 template <class TA>
 HWY_INLINE void MatmulStoredOut(const TA* a, size_t lda, bool trans_a,
                                 const MatmulPackedWeights& w, const MatmulB& b,
                                 size_t m, size_t n, size_t k,
                                 const MatmulOut& out, float alpha, float beta) {
   const WeightDtype dtype = static_cast<WeightDtype>(w.dtype);
-  if (dtype == WeightDtype::kBFloat16 && w.bf16_compute) {
+  if (w.bf16_compute) {
+    const bool int8 = dtype == WeightDtype::kInt8;
 #if HEADWAY_NATIVE_AMX
-    if (MatmulOnAmx(w, b, m)) {
-      MatmulPackedAmx(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    if (MatmulOnAmx(w, m)) {
+      if (int8) {
+        MatmulPackedAmx<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+      } else {
+        MatmulPackedAmx<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
+                                         alpha, beta);
+      }
       return;
     }
 #endif
 #if HEADWAY_NATIVE_BF16
-    if (w.native) {
+    if (w.native && (!int8 || m > kMatmulSmallM)) {
       MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Native>(
-          a, lda, trans_a, b, m, n, k, out, alpha, beta);
+          a, lda, trans_a, int8 ? MatmulB::Int8AsBF16(b) : b, m, n, k, out,
+          alpha, beta);
       return;
     }
 #endif
-    MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
-        a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    if (int8) {
+      MatmulPackedOut<int8_t, kMatmulBF16Fallback>(a, lda, trans_a, b, m, n, k,
+                                                   out, alpha, beta);
+    } else {
+      MatmulPackedOut<hwy::bfloat16_t, kMatmulBF16Fallback>(
+          a, lda, trans_a, b, m, n, k, out, alpha, beta);
+    }
     return;
   }
   if constexpr (!hwy::IsSame<TA, float>()) {
@@ -590,10 +604,10 @@ Status MatmulPacked(MatrixView<const E> a, Transpose ta, const PackedB& b,
                 static_cast<int>(compute), ")");
   }
   if (compute == MatmulCompute::kBFloat16 &&
-      b.dtype() != WeightDtype::kBFloat16) {
+      b.dtype() == WeightDtype::kFloat32) {
     return Fail(StatusCode::kInvalidArgument, kFn,
                 "compute MatmulCompute::kBFloat16 needs b stored as "
-                "WeightDtype::kBFloat16 (b.dtype() is ",
+                "WeightDtype::kBFloat16 or kInt8 (b.dtype() is ",
                 static_cast<int>(b.dtype()), ")");
   }
   Status status = CheckMatmul(kFn, a, ta, b.rows(), b.cols(), c, alpha, beta);

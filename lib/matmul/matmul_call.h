@@ -93,17 +93,18 @@ struct MatmulPackedWeights {
   const void* data = nullptr;     // PackedB::data()
   const float* scales = nullptr;  // int8: PackedB::scales()
   int dtype = 0;                  // WeightDtype
-  // MatmulCompute::kBFloat16 (dtype kBFloat16 only): op(A) rounded to bf16,
-  // pairs of products summed; `native`: with vdpbf16ps (NativeBFloat16Active
-  // at the call, AVX3 targets only); `amx`: more than 16 rows of A on AMX
-  // tiles (AmxBFloat16Active at the call, x86-64 AVX3 targets only).
+  // MatmulCompute::kBFloat16 (dtype kBFloat16 or kInt8): op(A) rounded to
+  // bf16, pairs of products summed; `native`: with vdpbf16ps
+  // (NativeBFloat16Active at the call, AVX3 targets only); `amx`: more than 16
+  // rows of A on AMX tiles (AmxBFloat16Active at the call, x86-64 AVX3 targets
+  // only).
   bool bf16_compute = false;
   bool native = false;
   bool amx = false;
 };
 
 // How the kernels read b, multiplied in `compute` (checked by the caller: bf16
-// compute needs bf16 weights).
+// compute needs bf16 or int8 weights).
 inline MatmulPackedWeights PackedWeights(
     const PackedB& b, MatmulCompute compute = MatmulCompute::kFloat32) {
   MatmulPackedWeights w;
