@@ -2680,25 +2680,25 @@ static void TestLayerWeightDtypeErrors(void) {
   hw_attention_layer_weights weights = Weights(&m);
   hw_attention_layer* layer = NULL;
   hw_attention_layer_variants v = NoVariants();
-  v.weight_dtype = 3;
-  CHECK_ERR(
-      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
-      HW_INVALID_ARGUMENT,
-      "hw_attention_layer_create_with_variants: variants.weight_dtype (3) is "
-      "not a hw_weight_dtype");
-  v.weight_dtype = HW_WEIGHT_FLOAT32;
-  v.projection_compute = -1;
-  CHECK_ERR(
-      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
-      HW_INVALID_ARGUMENT,
-      "variants.projection_compute (-1) is not a hw_matmul_compute");
-  v.weight_dtype = HW_WEIGHT_FLOAT32;
-  v.projection_compute = HW_COMPUTE_BFLOAT16;
-  CHECK_ERR(
-      hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
-      HW_INVALID_ARGUMENT,
-      "variants.projection_compute (1, bf16) needs bf16 or int8 weights, "
-      "variants.weight_dtype 1 or 2 (got 0)");
+  const struct {
+    int32_t weight_dtype, projection_compute;
+    const char* needle;
+  } bad[] = {
+      {3, HW_COMPUTE_FLOAT32,
+       "hw_attention_layer_create_with_variants: variants.weight_dtype (3) is "
+       "not a hw_weight_dtype"},
+      {HW_WEIGHT_FLOAT32, -1,
+       "variants.projection_compute (-1) is not a hw_matmul_compute"},
+      {HW_WEIGHT_FLOAT32, HW_COMPUTE_BFLOAT16,
+       "variants.projection_compute (1, bf16) needs bf16 or int8 weights, "
+       "variants.weight_dtype 1 or 2 (got 0)"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+    v.weight_dtype = bad[i].weight_dtype;
+    v.projection_compute = bad[i].projection_compute;
+    CHECK_ERR(
+        hw_attention_layer_create_with_variants(&config, &weights, &v, &layer),
+        HW_INVALID_ARGUMENT, bad[i].needle);
+  }
   /* int8 cannot store NaN or inf: the element is named. */
   float* w_k = RandomArray(16 * 8, 1.0f);
   w_k[2 * 8 + 3] = NAN;
