@@ -40,7 +40,7 @@
 //
 // Weight storage: layers created with a version 3 hw_attention_layer_variants
 // store their weights in a random hw_weight_dtype (bad values, int8 weights
-// with a NaN, and the bf16 compute mode over other weights included); the
+// with a NaN, and the bf16 compute mode over float32 weights included); the
 // model multiplies by the weights as stored (test/support/reference.h's
 // StoredWeights), with int8's one more rounding per K block. Layers in the
 // bf16 compute mode round x to bfloat16 (each product moves by 2^-8 at most:
@@ -1056,9 +1056,9 @@ void OpLayerCreate(FuzzedDataProvider& in, Shadow& s) {
       weight_dtype =
           in.ConsumeIntegralInRange<int>(HW_WEIGHT_FLOAT32, HW_WEIGHT_INT8);
       switch (in.ConsumeIntegralInRange(0, 7)) {
-        case 5:  // valid over bf16 weights only
+        case 5:  // valid over bf16 and int8 weights
           compute = HW_COMPUTE_BFLOAT16;
-          invalid |= weight_dtype != HW_WEIGHT_BFLOAT16;
+          invalid |= weight_dtype == HW_WEIGHT_FLOAT32;
           break;
         case 6:
           weight_dtype = in.ConsumeBool() ? -1 : 3;
