@@ -7,8 +7,10 @@
 //   NativeBFloat16Active() (targets.h) said so once per call.
 //   HEADWAY_NATIVE_BF16 is 1 on the targets that can (x86 AVX3 and AVX3_DL),
 //   else 0.
-// - AMX-BF16 (tdpbf16ps on tiles), for Matmul's bf16 compute mode where
-//   AmxBFloat16Active() (targets.h). HEADWAY_NATIVE_AMX is 1 on the targets
+// - AMX-BF16 (tdpbf16ps on tiles), for Matmul's bf16 compute mode and
+//   attention prefill's AttentionCompute::kBFloat16 where
+//   AmxBFloat16Active() (targets.h), through one block kernel
+//   (AmxBlockSteps). HEADWAY_NATIVE_AMX is 1 on the targets
 //   that can (x86-64 AVX3 and AVX3_DL), else 0.
 // - AVX512_VNNI (vpdpbusd, vpdpwssd), for attention decode's
 //   AttentionCompute::kInt8.
@@ -23,6 +25,7 @@
 #define HEADWAY_LIB_CORE_NATIVE_DOT_INL_H_
 #endif
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hwy/highway.h"
@@ -139,6 +142,78 @@ HWY_INLINE void AmxDotBF16() {
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0"
                :
                : "i"(kC), "i"(kA), "i"(kB));
+}
+
+// The one AMX kernel, which Matmul's and attention's bf16 products on tiles
+// share: a C block of 32 x 32 floats in tmm0-3 (tmm0 rows 0-15 x columns
+// 0-15, tmm1 rows 0-15 x 16-31, tmm2 and tmm3 rows 16-31), summed over k 32
+// at a time from A's two tiles (tmm4, 5: 16 rows x 32 bf16 each) and B's two
+// (tmm6, 7: 16 pairs of k x 16 columns each).
+inline constexpr size_t kAmxBlock = 32;
+
+// Every tile 16 rows of 64 bytes (the block's shapes).
+HWY_INLINE const AmxTileConfig& AmxBlockConfig() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
+    for (size_t t = 0; t < 8; ++t) {
+      c.rows[t] = 16;
+      c.colsb[t] = 64;
+    }
+    return c;
+  }();
+  return config;
+}
+
+// The C block = 0, or from / to c [32][ldc] floats.
+HWY_INLINE void AmxZeroBlock() {
+  AmxZero<0>();
+  AmxZero<1>();
+  AmxZero<2>();
+  AmxZero<3>();
+}
+HWY_INLINE void AmxLoadBlock(const float* c, size_t ldc) {
+  const size_t stride = ldc * sizeof(float);
+  AmxLoad<0>(c, stride);
+  AmxLoad<1>(c + 16, stride);
+  AmxLoad<2>(c + 16 * ldc, stride);
+  AmxLoad<3>(c + 16 * ldc + 16, stride);
+}
+HWY_INLINE void AmxStoreBlock(float* c, size_t ldc) {
+  const size_t stride = ldc * sizeof(float);
+  AmxStore<0>(c, stride);
+  AmxStore<1>(c + 16, stride);
+  AmxStore<2>(c + 16 * ldc, stride);
+  AmxStore<3>(c + 16 * ldc + 16, stride);
+}
+
+// The C block += A's 32 rows times `steps` B tiles of 32 k: A's k at a_k
+// (rows `stride` bytes apart, k on; 32 bf16 per row and step), B's step s
+// at b(s) ([16][32][2] bf16: pair t of row r holds k 2r and 2r + 1 of
+// column t). kStreamA: A's tiles are loaded first and hinted not to stay in
+// L1 (tileloaddt1), for an A that streams past a B that stays.
+template <bool kStreamA, class BFn>
+HWY_INLINE void AmxBlockSteps(const char* HWY_RESTRICT a_k, size_t stride,
+                              size_t steps, const BFn& b) {
+  // Bytes between B's pairs of rows, and from A's first tile to its second.
+  constexpr size_t kBStride = kAmxBlock * 2 * sizeof(hwy::bfloat16_t);
+  const size_t a_second = 16 * stride;
+  for (size_t s = 0; s < steps; ++s) {
+    const char* a_s = a_k + s * kAmxBlock * sizeof(hwy::bfloat16_t);
+    const hwy::bfloat16_t* b_s = b(s);
+    if constexpr (kStreamA) {
+      AmxLoadStreamed<4>(a_s, stride);
+      AmxLoadStreamed<5>(a_s + a_second, stride);
+    } else {
+      AmxLoad<4>(a_s, stride);
+      AmxLoad<5>(a_s + a_second, stride);
+    }
+    AmxLoad<6>(b_s, kBStride);
+    AmxLoad<7>(b_s + 32, kBStride);
+    AmxDotBF16<0, 4, 6>();
+    AmxDotBF16<1, 4, 7>();
+    AmxDotBF16<2, 5, 6>();
+    AmxDotBF16<3, 5, 7>();
+  }
 }
 #endif  // HEADWAY_NATIVE_AMX
 

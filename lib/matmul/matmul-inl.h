@@ -2116,15 +2116,16 @@ HWY_INLINE void MatmulPackedOut(const TA* a, size_t lda, bool trans_a,
 // tiles (tmm0-3), summed over a K block in the tiles. Per 32 k: two A tiles of
 // 16 rows x 32 bf16 (tmm4, 5), the panel's two B tiles of 16 pairs of k x 16
 // columns (tmm6, 7: the slice's pair layout, MatmulBPairs, read in place 128
-// bytes a pair of rows) and four tile products. A task converts its rows of A
+// bytes a pair of rows) and four tile products (AmxBlockSteps,
+// native_dot-inl.h). A task converts its rows of A
 // to bf16 once, for all of K (MatmulAmxPackA); a K block whose length is not a
 // multiple of 32 takes its last B tiles from a copy padded with zeros
 // (MatmulAmxTailB). An element's sum runs over k in order, 32 at a time,
 // whichever task computes it: results are identical for any thread count.
 
 // Rows of a C block (two tiles) and k per tile product.
-inline constexpr size_t kMatmulAmxRows = 32;
-inline constexpr size_t kMatmulAmxK = 32;
+inline constexpr size_t kMatmulAmxRows = kAmxBlock;
+inline constexpr size_t kMatmulAmxK = kAmxBlock;
 static_assert(kMatmulNR == 32, "AMX blocks are two 16-column tiles wide");
 // Rows of A per task, their bf16 in L2 while the task's panels pass (1 MiB at
 // K = 2048): 256 rows, 512^3 one thread 1328-1360 GFLOP/s against 1298-1339
@@ -2215,47 +2216,6 @@ HWY_INLINE void MatmulAmxTailB(const hwy::bfloat16_t* HWY_RESTRICT slice,
   }
 }
 
-// Tiles tmm0-3 (a C block [32][NR]) += A's 32 rows times `steps` B tiles of
-// 32 k: A's k at a_k (rows `stride` bytes apart, k on), B's pairs of rows of
-// step s at b(s) ([16][NR][2] bf16). A's tiles are loaded first and streamed
-// from L2 (AmxLoadStreamed), so that the panel's B for a K block (32 KiB)
-// stays in L1 while the blocks of A pass: 512^3 one thread 1.28-1.36 TFLOP/s
-// against 1.13-1.17 with plain loads in passes of 256 k.
-template <class BFn>
-HWY_INLINE void MatmulAmxSteps(const char* HWY_RESTRICT a_k, size_t stride,
-                               size_t steps, const BFn& b) {
-  // Bytes between pairs of rows of B, and from A's first tile to its second.
-  constexpr size_t kBStride = kMatmulNR * 2 * sizeof(hwy::bfloat16_t);
-  const size_t a_second = 16 * stride;
-  for (size_t s = 0; s < steps; ++s) {
-    const char* a_s = a_k + s * kMatmulAmxK * sizeof(hwy::bfloat16_t);
-    const hwy::bfloat16_t* b_s = b(s);
-    AmxLoadStreamed<4>(a_s, stride);
-    AmxLoadStreamed<5>(a_s + a_second, stride);
-    AmxLoad<6>(b_s, kBStride);
-    AmxLoad<7>(b_s + 32, kBStride);
-    AmxDotBF16<0, 4, 6>();
-    AmxDotBF16<1, 4, 7>();
-    AmxDotBF16<2, 5, 6>();
-    AmxDotBF16<3, 5, 7>();
-  }
-}
-
-// Tiles tmm0-3 to or from a C block [32][NR] of floats at c.
-HWY_INLINE void MatmulAmxStoreC(float* c, size_t ldc) {
-  AmxStore<0>(c, ldc * sizeof(float));
-  AmxStore<1>(c + 16, ldc * sizeof(float));
-  AmxStore<2>(c + 16 * ldc, ldc * sizeof(float));
-  AmxStore<3>(c + 16 * ldc + 16, ldc * sizeof(float));
-}
-HWY_INLINE void MatmulAmxLoadC(const float* c) {
-  constexpr size_t kStride = kMatmulNR * sizeof(float);
-  AmxLoad<0>(c, kStride);
-  AmxLoad<1>(c + 16, kStride);
-  AmxLoad<2>(c + 16 * kMatmulNR, kStride);
-  AmxLoad<3>(c + 16 * kMatmulNR + 16, kStride);
-}
-
 // C rows [i0, i0 + rows), rows <= 32, columns [j0, j0 + cols) = alpha *
 // tiles tmm0-3 (times int8 weights' column scales [NR], or null) + beta * C:
 // stored straight from the tiles where C is one plain block of 32 x NR,
@@ -2266,10 +2226,10 @@ HWY_INLINE void MatmulAmxFinish(float* HWY_RESTRICT c_tiles,
                                 const float* HWY_RESTRICT scales) {
   if (scales == nullptr && out.rows == nullptr && rows == kMatmulAmxRows &&
       cols == kMatmulNR && alpha == 1.0f && beta == 0.0f) {
-    MatmulAmxStoreC(out.c + i0 * out.ldc + j0, out.ldc);
+    AmxStoreBlock(out.c + i0 * out.ldc + j0, out.ldc);
     return;
   }
-  MatmulAmxStoreC(c_tiles, kMatmulNR);
+  AmxStoreBlock(c_tiles, kMatmulNR);
   const MatmulTag d;
   MatmulOut::Column column{};
   const MatmulOut::Column* contiguous = out.ContiguousColumn(j0, cols, &column);
@@ -2282,19 +2242,6 @@ HWY_INLINE void MatmulAmxFinish(float* HWY_RESTRICT c_tiles,
     MatmulStoreTileRow(acc, out, contiguous, i0 + r, j0, cols, alpha, beta,
                        /*first=*/true);
   }
-}
-
-// Tile shapes: all eight 16 rows of 64 bytes.
-HWY_INLINE const AmxTileConfig& MatmulAmxConfig() {
-  static const AmxTileConfig config = [] {
-    AmxTileConfig c;
-    for (size_t t = 0; t < 8; ++t) {
-      c.rows[t] = 16;
-      c.colsb[t] = 64;
-    }
-    return c;
-  }();
-  return config;
 }
 
 // MatmulPackedAmx's per-thread buffers (as MatmulASlots).
@@ -2386,7 +2333,7 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                   c_acc + acc_floats + a_floats + tail_floats + panel_floats);
           const void* b_base = b.Begin();
           const size_t a_row_bytes = a_stride * sizeof(hwy::bfloat16_t);
-          AmxLoadConfig(MatmulAmxConfig());
+          AmxLoadConfig(AmxBlockConfig());
           for (size_t task = range.begin(); task < range.end(); ++task) {
             const size_t row_task = task % row_tasks;
             const size_t group = task / row_tasks;
@@ -2432,22 +2379,23 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                 for (size_t blk = 0; blk < blocks; ++blk) {
                   float* acc = c_acc + blk * MB * NR;
                   if (first) {
-                    AmxZero<0>();
-                    AmxZero<1>();
-                    AmxZero<2>();
-                    AmxZero<3>();
+                    AmxZeroBlock();
                   } else {
-                    MatmulAmxLoadC(acc);
+                    AmxLoadBlock(acc, NR);
                   }
-                  MatmulAmxSteps(reinterpret_cast<const char*>(a_buf) +
-                                     blk * MB * a_row_bytes + a_at,
-                                 a_row_bytes, steps, b_step);
+                  // A streamed past the panel's B for the K block (32 KiB),
+                  // which stays in L1: 512^3 one thread 1.28-1.36 TFLOP/s
+                  // against 1.13-1.17 with plain loads in passes of 256 k.
+                  AmxBlockSteps</*kStreamA=*/true>(
+                      reinterpret_cast<const char*>(a_buf) +
+                          blk * MB * a_row_bytes + a_at,
+                      a_row_bytes, steps, b_step);
                   const size_t r0 = i0 + blk * MB;
                   if (last) {
                     MatmulAmxFinish(c_tiles, out, r0, std::min(MB, i1 - r0), j0,
                                     cols, alpha, beta, b.Scales(j0));
                   } else {
-                    MatmulAmxStoreC(acc, NR);
+                    AmxStoreBlock(acc, NR);
                   }
                 }
                 a_at += steps * KT * sizeof(hwy::bfloat16_t);
