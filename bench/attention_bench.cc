@@ -7,8 +7,9 @@
 // seed-style peer that the fused path is measured against; and the variants
 // of AttentionOptions on the float32 rows (attention_*_variant: argument
 // variant 1 soft-capping at 50 as Gemma 2, 2 ALiBi with the paper's slopes,
-// 3 sink logits as gpt-oss), decode in the AttentionCompute modes (argument
-// compute: 1 kBFloat16 on the bf16 cache, 2 kInt8 on the int8 cache), the
+// 3 sink logits as gpt-oss), decode and prefill in the AttentionCompute modes
+// (argument compute: 1 kBFloat16 on the bf16 cache, 2 kInt8 on the int8
+// cache), the
 // sliding window (attention_*_window: decode at position 65535 with a
 // 4096-key window beside plain decode at 4096 keys, prefill of 16384 tokens
 // with a 4096-key window), and MHA decode at other head sizes in every type
@@ -269,16 +270,32 @@ void BM_DecodeMaterialized(benchmark::State& state, const RunConfig& run) {
   Report(state, run, *cache, 1, kDecodeLen, /*weights=*/true);
 }
 
-void BM_Prefill(benchmark::State& state, const RunConfig& run) {
-  const int64_t n_kv = state.range(0);
-  const KvDtype dtype = static_cast<KvDtype>(state.range(1));
+// Causal prefill in an AttentionCompute mode.
+void Prefill(benchmark::State& state, const RunConfig& run, int64_t n_kv,
+             KvDtype dtype, AttentionCompute compute) {
   const KvCache* cache = SharedCache(state, n_kv, kPrefillLen, dtype);
   if (cache == nullptr) return;
   const Buffers buffers = MakeBuffers(kPrefillLen, false, kPrefillLen);
   const AttentionQuery query = MakeQuery(buffers, kPrefillLen, kPrefillLen);
-  const auto step = [&] { return Attention(*cache, kHeads, &query, 1); };
+  AttentionOptions options;
+  options.compute = compute;
+  const auto step = [&] {
+    return Attention(*cache, kHeads, &query, 1, options);
+  };
   if (!TimeSteps(state, step)) return;
   Report(state, run, *cache, kPrefillLen, kPrefillLen, /*weights=*/false);
+}
+
+void BM_Prefill(benchmark::State& state, const RunConfig& run) {
+  Prefill(state, run, state.range(0), static_cast<KvDtype>(state.range(1)),
+          AttentionCompute::kFloat32);
+}
+
+// BM_Prefill in an AttentionCompute mode (arguments dtype and compute):
+// kBFloat16 on a bf16 cache, on AMX tiles where AmxBFloat16Active().
+void BM_PrefillCompute(benchmark::State& state, const RunConfig& run) {
+  Prefill(state, run, state.range(0), static_cast<KvDtype>(state.range(1)),
+          static_cast<AttentionCompute>(state.range(2)));
 }
 
 void BM_PrefillMaterialized(benchmark::State& state, const RunConfig& run) {
@@ -557,16 +574,22 @@ void RegisterAttention() {
   RegisterGgml("attention_decode_head_dim", head_dim_sets,
                /*by_head_dim=*/true);
 #endif
-  // GQA-8 on the bf16 cache in AttentionCompute::kBFloat16 (MHA decode
-  // computes as kFloat32 there), MHA and GQA-8 on the int8 cache in kInt8,
-  // on the key targets.
+  // GQA-8 and MQA (wide tiles: AMX where it runs) on the bf16 cache in
+  // AttentionCompute::kBFloat16 (MHA decode computes as kFloat32 there), MHA
+  // and GQA-8 on the int8 cache in kInt8, on the key targets.
   RegisterPerTarget("attention_decode", BM_DecodeCompute,
                     {"kv_heads", "dtype", "compute"},
-                    {{8, kBF16, 1}, {32, kI8, 2}, {8, kI8, 2}},
+                    {{8, kBF16, 1}, {1, kBF16, 1}, {32, kI8, 2}, {8, kI8, 2}},
                     /*every_target_sets=*/0);
   RegisterPerTarget(
       "attention_prefill", BM_Prefill, {"kv_heads", "dtype"},
       {{32, kF32}, {8, kF32}, {1, kF32}, {32, kBF16}, {32, kF16}, {32, kI8}});
+  // MHA and GQA-8 on the bf16 cache in AttentionCompute::kBFloat16, on the
+  // key targets.
+  RegisterPerTarget("attention_prefill", BM_PrefillCompute,
+                    {"kv_heads", "dtype", "compute"},
+                    {{32, kBF16, 1}, {8, kBF16, 1}},
+                    /*every_target_sets=*/0);
   const std::vector<std::vector<int64_t>> layouts = {{32}, {8}, {1}};
   RegisterPerTarget("attention_decode_materialized", BM_DecodeMaterialized,
                     {"kv_heads"}, layouts);

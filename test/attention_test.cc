@@ -818,7 +818,9 @@ TEST_P(AttentionTest, MasksNearTheFloatRange) {
 // queries that see it get a non-finite row. Wide and narrow tiles, chunked
 // decode and the materialised path, every dtype: bf16 and f16 keep the NaN or
 // inf, int8 gives the row a NaN scale (storage.h), so the whole row reads NaN
-// and every query that sees it gets NaN in every column.
+// and every query that sees it gets NaN in every column. A bf16 cache in
+// AttentionCompute::kBFloat16 (AMX in wide tiles where it runs) gives NaN in
+// the same outputs.
 TEST_P(AttentionTest, HiddenKeysContributeNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t lanes = static_cast<int64_t>(test::ActiveFloatLanes());
@@ -877,6 +879,23 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
           ExpectBothPathsMatch(cache, shape.layout.n_heads, query, options,
                                what);
           if (HasFatalFailure()) return;
+          // kBFloat16 (on AMX in wide tiles where it runs): NaN in the same
+          // outputs.
+          if (dtype == KvDtype::kBFloat16) {
+            std::vector<float> out_bf16(out.size());
+            AttentionQuery bf16_query = query;
+            bf16_query.out =
+                MatrixView<float>(out_bf16.data(), n_tokens, width);
+            AttentionOptions bf16_options = options;
+            bf16_options.compute = AttentionCompute::kBFloat16;
+            ASSERT_TRUE(Attention(cache, shape.layout.n_heads, &bf16_query, 1,
+                                  bf16_options)
+                            .ok());
+            for (size_t i = 0; i < out.size(); ++i) {
+              ASSERT_EQ(std::isnan(out_bf16[i]), std::isnan(out[i]))
+                  << what << ", bf16 products, element " << i;
+            }
+          }
           // The first query misses the last key under causal: finite.
           if (n_tokens > 1 && !shape.with_mask) {
             for (int64_t col = 0; col < width; ++col) {
@@ -1460,6 +1479,67 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
   }
 }
 
+// AttentionCompute::kBFloat16 prefill on AMX tiles (where AmxBFloat16Active:
+// AVX3 and AVX3_DL on a CPU with AMX) and with AMX off (float32 products in
+// wide tiles), within the same bound as decode. Shapes: MHA over 300 keys
+// (tiles of 32 rows, the last of 4), GQA-4 over 515 keys (key blocks of 3
+// keys past a multiple of 32, the last K rows through the zero-padded copy),
+// MQA of 64 heads at head_dim 32 (over 32 rows per tile: float32 products),
+// GQA-2 at head_dim 96 over 3001 keys (chunked, merged). AMX changes the
+// results wherever it runs.
+TEST_P(AttentionTest, BF16PrefillOnAmxWithinBound) {
+  const BoundShape shapes[] = {{{8, 8}, 128, 300, 100},
+                               {{8, 2}, 64, 515, 70},
+                               {{64, 1}, 32, 200, 3},
+                               {{4, 2}, 96, 3001, 40}};
+  for (const bool amx : {true, false}) {
+    const AmxBFloat16Scope scope(amx);
+    const char* label = amx ? "bf16 prefill, AMX" : "bf16 prefill, no AMX";
+    double worst_ratio = 0.0;
+    bool differs = false;
+    for (const BoundShape& shape : shapes) {
+      const auto bf16_shift = [&](const double* q_row, const double* k_row) {
+        double dot = 0.0;
+        for (int64_t p = 0; p < shape.d; ++p) {
+          dot += std::fabs(q_row[p] * k_row[p]);
+        }
+        return std::ldexp(dot, -9);
+      };
+      worst_ratio =
+          std::max(worst_ratio,
+                   ProductsErrorOverBound(
+                       AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
+                       bf16_shift, std::ldexp(1.0, -9), 0.0, label, &differs));
+      if (HasFailure()) return;
+    }
+    std::printf("  %s: worst error / bound %.3f\n", label, worst_ratio);
+  }
+  // The outputs of a tile of 32 rows with AMX on and off: different bits
+  // where AMX runs, the same elsewhere (float32 products both times).
+  const BoundShape shape{{8, 8}, 128, 300, 32};
+  std::vector<float> k, v;
+  RandomKv(shape, 715, &k, &v);
+  const KvCache cache =
+      CacheHolding(KvDtype::kBFloat16, 8, shape.d, shape.kv_len, k, v);
+  const int64_t width = 8 * shape.d;
+  std::vector<float> q(shape.n_tokens * width), on(q.size()), off(q.size());
+  test::FillRandom(q.data(), q.size(), 716);
+  AttentionOptions options;
+  options.compute = AttentionCompute::kBFloat16;
+  AttentionQuery query;
+  query.q_pos0 = shape.kv_len - shape.n_tokens;
+  query.q = MatrixView<const float>(q.data(), shape.n_tokens, width);
+  bool active = false;
+  for (const bool amx : {true, false}) {
+    const AmxBFloat16Scope scope(amx);
+    if (amx) active = AmxBFloat16Active();
+    query.out =
+        MatrixView<float>((amx ? on : off).data(), shape.n_tokens, width);
+    ASSERT_TRUE(Attention(cache, 8, &query, 1, options).ok());
+  }
+  EXPECT_EQ(on != off, active);
+}
+
 // AttentionCompute::kInt8's weights times V's scales, quantized per block of
 // 128 keys: each moves by at most 2^-14 of the block's largest (decode.h's
 // AccumulateRowsInt8).
@@ -1519,12 +1599,15 @@ TEST_P(AttentionTest, Int8ProductsWithinBound) {
 
 // Both compute modes under every variant set (the variants' rules act on the
 // scores after q's int8 scale, and see the keys the mode sums): MHA and GQA-2
-// split-KV decode (narrow on every target but SCALAR), and 3 tokens of GQA-4
-// at once (12 rows: narrow on AVX-512), within the modes' bounds over the
-// variants' float64 attention.
+// split-KV decode (narrow on every target but SCALAR), 3 tokens of GQA-4 at
+// once (12 rows: narrow on AVX-512), and a prefill of 40 tokens of GQA-4
+// (wide tiles: kBFloat16's on AMX where it runs), within the modes' bounds
+// over the variants' float64 attention.
 TEST_P(AttentionTest, ComputeModesWithVariants) {
-  const BoundShape shapes[] = {
-      {{8, 8}, 64, 700, 1}, {{8, 4}, 128, 1100, 1}, {{8, 2}, 64, 300, 3}};
+  const BoundShape shapes[] = {{{8, 8}, 64, 700, 1},
+                               {{8, 4}, 128, 1100, 1},
+                               {{8, 2}, 64, 300, 3},
+                               {{8, 2}, 64, 300, 40}};
   struct Mode {
     AttentionCompute compute;
     KvDtype dtype;

@@ -534,7 +534,7 @@ typedef enum hw_matmul_compute {
   HW_COMPUTE_BFLOAT16 = 1
 } hw_matmul_compute;
 
-/* What attention decode multiplies in, the same values as
+/* What attention multiplies in, the same values as
  * headway::AttentionCompute (attention.h, which states the bound). */
 typedef enum hw_attention_compute {
   HW_ATTENTION_FLOAT32 = 0, /* q, the weights and K, V as float32 */
@@ -543,7 +543,9 @@ typedef enum hw_attention_compute {
    * (GQA decode, a few tokens at a time), q and the softmax weights rounded
    * to bfloat16 and multiplied with the stored K and V, sums in float32 (with
    * AVX512_BF16 on AMD's cores: vdpbf16ps, GQA-8 decode 1.15x faster on Zen
-   * 4, measured);
+   * 4, measured); with more rows (prefill), the same on AMX tiles where the
+   * CPU has them (head_dim a multiple of 32, at most 32 query heads per KV
+   * head: causal prefill about 3x faster);
    * the rest as HW_ATTENTION_FLOAT32. */
   HW_ATTENTION_BFLOAT16 = 1,
   /* An int8 cache only: where a sequence's query rows per KV head number 1

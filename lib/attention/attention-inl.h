@@ -79,6 +79,8 @@ inline constexpr int64_t kAttentionGroupTiles = 4;
 // A chunk has at least this many keys: shorter ones cost more in merging than
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
+// Query rows per wide tile on AMX (AmxTiles): one 32 x 32 C block's columns.
+inline constexpr int64_t kAttentionAmxRows = 32;
 
 // Key positions [begin, end).
 struct KeyRange {
@@ -132,6 +134,19 @@ inline bool SomeTokenMissesBlock(const AttentionDims& dims,
   return !KeysSeenByAll(dims, work, t0, nt).Contains(k0, k0 + n);
 }
 
+// A wide tile's operands on AMX (amx_tiles-inl.h) for one key block: the
+// stored K rows k (the cache's row stride), q's pairs qt, the scratch for
+// the block's last keys k_tail, V^T vt (null: the float32 product on the
+// converted V rows, for a block whose hidden keys hold a NaN or inf in V), and
+// the weights' pairs pt.
+struct WideAmx {
+  const hwy::bfloat16_t* k;
+  const hwy::bfloat16_t* qt;
+  hwy::bfloat16_t* k_tail;
+  const hwy::bfloat16_t* vt;
+  hwy::bfloat16_t* pt;
+};
+
 // The fused path's tiles (QT, ST, OT or their narrow forms): the calling
 // thread's slots, one buffer per thread of the arena.
 inline ThreadScratchSlots& AttentionTileSlots() {
@@ -154,6 +169,7 @@ inline ThreadScratchSlots& AttentionTileSlots() {
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "lib/attention/amx_tiles-inl.h"
 #include "lib/attention/decode.h"
 #include "lib/core/kernels-inl.h"
 #include "lib/core/storage-inl.h"
@@ -705,6 +721,26 @@ HWY_INLINE KeyRange RowVisibleKeys(const AttentionDims& dims,
 // ---------------------------------------------------------------------------------------------
 // Wide tiles: queries along the lanes.
 
+// Whether wide tiles over stored type T take their products on AMX
+// (amx_tiles-inl.h): AttentionCompute::kBFloat16 on a bf16 cache, where
+// AmxBFloat16Active() (asked once per call), on a target with the AMX code,
+// head_dim a multiple of 32, at most 32 query heads per KV head (a tile's
+// rows, 32 on AVX-512, are then one C block's columns, its lanes padded to
+// 32). Elsewhere the mode's wide tiles take float32 products.
+template <class T>
+HWY_INLINE bool AmxTiles(const AttentionDims& dims) {
+#if HEADWAY_NATIVE_AMX
+  static_assert(kAttentionAmxRows == kAmxBlock, "a tile is a C block wide");
+  return hwy::IsSame<T, hwy::bfloat16_t>() && dims.amx_bf16 &&
+         dims.head_dim % static_cast<int64_t>(kAmxBlock) == 0 &&
+         dims.n_heads / dims.n_kv_heads <= kAttentionAmxRows &&
+         2 * static_cast<int64_t>(hn::Lanes(AttnD())) == kAttentionAmxRows;
+#else
+  (void)dims;
+  return false;
+#endif
+}
+
 // The online-softmax step on a block of scores st [n_keys, rp] (lanes = query
 // rows, hidden keys -inf): replaces st by P = exp(st - m_new), rescales ot
 // [d, rp] by alpha and updates m, l.
@@ -802,14 +838,16 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
 
 // One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile, its K
 // and V rows k_block and v_block [n_keys, row_stride] (KvRows::Block): scores
-// into st [n_keys, rp], masks, online softmax, OT += V^T P. Not inlined: one
-// copy for every stored type (a call per tile and key block).
+// into st [n_keys, rp], masks, online softmax, OT += V^T P. With amx (not
+// null; rp = 32), the products on AMX from its operands instead (v_block is
+// read only where amx->vt is null; k_block not at all). Not inlined: one copy
+// for every stored type (a call per tile and key block).
 HWY_NOINLINE void WideTileBlock(
     const AttentionDims& dims, const AttentionTile& tile, int64_t k0,
     size_t n_keys, const float* HWY_RESTRICT k_block,
     const float* HWY_RESTRICT v_block, const float* HWY_RESTRICT qt,
     float* HWY_RESTRICT st, float* HWY_RESTRICT ot, size_t rp,
-    OnlineSoftmaxState state, WideLanes lanes) {
+    OnlineSoftmaxState state, WideLanes lanes, const WideAmx* amx) {
   const AttnD d;
   const hn::RebindToSigned<AttnD> di;
   const size_t N = hn::Lanes(d);
@@ -820,8 +858,14 @@ HWY_NOINLINE void WideTileBlock(
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
 
   // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
-  OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys, rp / N,
-                    /*accumulate=*/false);
+  if (amx != nullptr) {
+#if HEADWAY_NATIVE_AMX
+    AmxScoresT(amx->k, row_stride, n_keys, dim, amx->qt, amx->k_tail, st);
+#endif
+  } else {
+    OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys,
+                      rp / N, /*accumulate=*/false);
+  }
   // Soft-capping and ALiBi, a query row per lane (WideLanes).
   const ScoreRules rules = WorkScoreRules(dims, work);
   if (rules.any()) {
@@ -877,6 +921,14 @@ HWY_NOINLINE void WideTileBlock(
     WideSoftmaxStep<false>(st, n_keys, rp, ot, dim, state);
   }
   // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
+  if (amx != nullptr && amx->vt != nullptr) {
+#if HEADWAY_NATIVE_AMX
+    const size_t n32 = RoundUp(n_keys, kAmxBlock);
+    AmxPairRows(st, rp, n_keys, n32 / 2, amx->pt);
+    AmxAccumulateT(amx->vt, n_keys, dim, amx->pt, ot);
+#endif
+    return;
+  }
   if (!BlockMayHide(dims, work, tile.t0, tile.nt, k0,
                     static_cast<int64_t>(n_keys)) ||
       RowsFinite(v_block, n_keys, row_stride)) {
@@ -1390,19 +1442,33 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 // [tile][QT, OT, m, l, WideLanes] (tile_floats each), then ST shared by the
 // tiles, then the K and V blocks' scratch (kv_floats each; converting types).
 template <class T>
+// With AmxTiles: per tile also q's pairs [d / 2][32] words, and after the
+// K and V scratch the operands the tiles share: k_tail [32][d] and vt [d][key
+// block] bf16, pt [key block / 2][32] words.
 struct WideGroupLayout {
-  size_t rp;  // rows rounded up to vectors
+  bool amx;
+  size_t rp;  // rows rounded up to vectors (AMX: to 32)
   size_t tile_floats;
   size_t kv_floats;
+  size_t amx_floats;  // the shared AMX operands
   WideGroupLayout(const AttentionDims& dims, size_t rows)
-      : rp(RoundUp(rows, hn::Lanes(AttnD()))),
-        tile_floats(2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp),
+      : amx(AmxTiles<T>(dims)),
+        rp(RoundUp(rows, amx ? static_cast<size_t>(kAttentionAmxRows)
+                             : hn::Lanes(AttnD()))),
+        tile_floats(2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp +
+                    (amx ? static_cast<size_t>(dims.head_dim) * rp / 2 : 0)),
         kv_floats(
             KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
-                                     static_cast<size_t>(dims.row_stride))) {}
+                                     static_cast<size_t>(dims.row_stride))),
+        amx_floats(
+            amx ? static_cast<size_t>(kAttentionAmxRows + kAttentionKeyBlock) *
+                          static_cast<size_t>(dims.head_dim) / 2 +
+                      static_cast<size_t>(kAttentionKeyBlock) * rp / 2
+                : 0) {}
   // Floats for n tiles.
   size_t Floats(size_t n) const {
-    return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats;
+    return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats +
+           amx_floats;
   }
 };
 
@@ -1418,6 +1484,16 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
   WideLanes lanes[kAttentionGroupTiles];
+  // AMX: the tiles' q pairs and the shared operands (WideGroupLayout).
+  hwy::bfloat16_t* qt_pairs[kAttentionGroupTiles] = {};
+  WideAmx amx{};
+  hwy::bfloat16_t* vt_buffer = nullptr;
+  if (layout.amx) {
+    amx.k_tail =
+        reinterpret_cast<hwy::bfloat16_t*>(kv_scratch + 2 * layout.kv_floats);
+    vt_buffer = amx.k_tail + kAttentionAmxRows * dims.head_dim;
+    amx.pt = vt_buffer + kAttentionKeyBlock * dims.head_dim;
+  }
   int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
   for (int64_t i = 0; i < n; ++i) {
     qt[i] = buf + static_cast<size_t>(i) * layout.tile_floats;
@@ -1426,6 +1502,12 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
     results[i] = {ot, 1, rp, {stats, stats + rp}};
     lanes[i] = {stats + 2 * rp, stats + 3 * rp};
     WideTileBegin(dims, tiles[i], qt[i], ot, rp, results[i].state, lanes[i]);
+#if HEADWAY_NATIVE_AMX
+    if (layout.amx) {
+      qt_pairs[i] = reinterpret_cast<hwy::bfloat16_t*>(stats + 4 * rp);
+      AmxPairRows(qt[i], rp, dim, dim / 2, qt_pairs[i]);
+    }
+#endif
     key_begin = std::min(key_begin, tiles[i].key_begin);
     key_end = std::max(key_end, tiles[i].key_end);
   }
@@ -1434,19 +1516,54 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   const KvRows<T> values =
       HeadRows<T>(dims, *tiles[0].work, KvSide::kValues, tiles[0].kv_head,
                   kv_scratch + layout.kv_floats);
+#if HEADWAY_NATIVE_AMX
+  if (layout.amx) AmxLoadConfig(AmxBlockConfig());
+#endif
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
     const size_t n_block =
         static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
-    const float* k_block = keys.Block(k0, n_block);
-    const float* v_block = values.Block(k0, n_block);
+    const float* k_block = nullptr;
+    const float* v_block = nullptr;
+    if (!layout.amx) {
+      k_block = keys.Block(k0, n_block);
+      v_block = values.Block(k0, n_block);
+    } else {
+#if HEADWAY_NATIVE_AMX
+      if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
+        amx.k = keys.Stored(k0);
+        // V^T for every tile, unless a NaN or inf in V may sit at a key
+        // that some tile hides (0 times it would reach the tile's sums):
+        // then the float32 product, which skips hidden keys.
+        bool may_hide = false;
+        for (int64_t i = 0; i < n; ++i) {
+          may_hide = may_hide || BlockMayHide(dims, *tiles[i].work, tiles[i].t0,
+                                              tiles[i].nt, k0,
+                                              static_cast<int64_t>(n_block));
+        }
+        if (!may_hide || values.Finite(k0, n_block)) {
+          AmxValuesT(values.Stored(k0), static_cast<size_t>(dims.row_stride),
+                     n_block, dim, vt_buffer);
+          amx.vt = vt_buffer;
+        } else {
+          v_block = values.Block(k0, n_block);
+          amx.vt = nullptr;
+        }
+      }
+#endif
+    }
     for (int64_t i = 0; i < n; ++i) {
       if (k0 < tiles[i].key_begin || k0 >= tiles[i].key_end) continue;
       const size_t n_keys = static_cast<size_t>(
           std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
+      amx.qt = qt_pairs[i];
       WideTileBlock(dims, tiles[i], k0, n_keys, k_block, v_block, qt[i], st,
-                    results[i].o, rp, results[i].state, lanes[i]);
+                    results[i].o, rp, results[i].state, lanes[i],
+                    layout.amx ? &amx : nullptr);
     }
   }
+#if HEADWAY_NATIVE_AMX
+  if (layout.amx) AmxRelease();
+#endif
 }
 
 // Floats of RunNarrowTiles' scratch per tile of `rows` rows: [qs, o, sc, m,

@@ -110,6 +110,7 @@ AttentionDims MakeAttentionDims(const KvCache& cache, int64_t n_heads,
       options.sink_logits != nullptr ? options.sink_logits + head0 : nullptr;
   dims.bf16_products = options.compute == AttentionCompute::kBFloat16;
   dims.native_bf16 = dims.bf16_products && NativeBFloat16Active();
+  dims.amx_bf16 = dims.bf16_products && AmxBFloat16Active();
   dims.int8_products = options.compute == AttentionCompute::kInt8;
   return dims;
 }

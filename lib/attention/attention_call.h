@@ -77,6 +77,9 @@ struct AttentionDims {
   // asked once per call).
   bool bf16_products;
   bool native_bf16;
+  // And prefill's tiles take AMX products (AmxBFloat16Active, asked once per
+  // call; AmxProducts says where).
+  bool amx_bf16;
   // AttentionCompute::kInt8 (an int8 cache): narrow tiles quantize q to int8
   // and score by ScoreRowsInt8.
   bool int8_products;

@@ -1,5 +1,7 @@
 // Transpose4x4: a 4 x 4 block transpose with 128-bit vectors, for the packing
-// of matmul's B^T and the attention kernels' transposed tiles.
+// of matmul's B^T and the attention kernels' transposed tiles; and
+// TransposeSquare, a whole-vector square of 32-bit lanes, for the attention
+// tiles on AMX.
 
 // Per-target part: toggle guard, included once per target by foreach_target.h.
 #if defined(HEADWAY_LIB_CORE_TRANSPOSE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -9,6 +11,7 @@
 #define HEADWAY_LIB_CORE_TRANSPOSE_INL_H_
 #endif
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hwy/highway.h"
@@ -46,6 +49,29 @@ HWY_INLINE void Transpose4x4(const float* s0, const float* s1, const float* s2,
              d4, d2);
   hn::StoreU(hn::Mul(vscale, hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3))),
              d4, d3);
+}
+#endif
+
+// Transposes the kN x kN block of 32-bit lanes held in rows[0, kN) (kN =
+// Lanes(d), a power of two): row i, lane j becomes row j, lane i. log2(kN)
+// rounds, each taking rows 2i and 2i + 1 to ConcatEven (row i) and ConcatOdd
+// (row kN / 2 + i), which rotates the bits of a lane's (row, lane) index by
+// one: kN log2(kN) two-table shuffles (64 for 16 x 16 on AVX-512). Not on
+// HWY_SCALAR (no ConcatEven).
+#if HWY_TARGET != HWY_SCALAR
+template <class D, size_t kN>
+HWY_INLINE void TransposeSquare(D d, hwy::HWY_NAMESPACE::Vec<D> (&rows)[kN]) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  static_assert((kN & (kN - 1)) == 0 && sizeof(hn::TFromD<D>) == 4,
+                "a power of two of 32-bit lanes");
+  for (size_t round = 1; round < kN; round *= 2) {
+    hn::Vec<D> next[kN];
+    for (size_t i = 0; i < kN / 2; ++i) {
+      next[i] = hn::ConcatEven(d, rows[2 * i + 1], rows[2 * i]);
+      next[kN / 2 + i] = hn::ConcatOdd(d, rows[2 * i + 1], rows[2 * i]);
+    }
+    for (size_t i = 0; i < kN; ++i) rows[i] = next[i];
+  }
 }
 #endif
 
