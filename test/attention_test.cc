@@ -1434,13 +1434,36 @@ double ProductsErrorOverBound(AttentionCompute compute, KvDtype dtype,
   return worst_ratio;
 }
 
+// ProductsErrorOverBound of AttentionCompute::kBFloat16 on a bf16 cache over
+// shapes, the worst of them (stopping at a failure): rounding scale * q to
+// bf16 moves each score by at most 2^-9 scale sum_p |q_p K_sp|, and P is
+// rounded to bf16 (p_round 2^-9).
+template <size_t kShapes>
+double BF16ErrorOverBound(const BoundShape (&shapes)[kShapes],
+                          const char* label, bool* differs) {
+  double worst_ratio = 0.0;
+  for (const BoundShape& shape : shapes) {
+    const auto bf16_shift = [&](const double* q_row, const double* k_row) {
+      double dot = 0.0;
+      for (int64_t p = 0; p < shape.d; ++p) {
+        dot += std::fabs(q_row[p] * k_row[p]);
+      }
+      return std::ldexp(dot, -9);
+    };
+    worst_ratio = std::max(
+        worst_ratio, ProductsErrorOverBound(
+                         AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
+                         bf16_shift, std::ldexp(1.0, -9), 0.0, label, differs));
+    if (::testing::Test::HasFailure()) break;
+  }
+  return worst_ratio;
+}
+
 // AttentionCompute::kBFloat16 on a bf16 cache, with vdpbf16ps (where the CPU
-// has it) and with the fallback: rounding scale * q to bf16 moves each score
-// by at most 2^-9 scale sum_p |q_p K_sp| (relative 2^-9 per element), and P
-// is rounded to bf16 (p_round 2^-9, the sums l unrounded). Shapes: GQA-2
-// decode (head_dim 80: a 16-element tail of pairs), GQA-4 split-KV decode, a
-// 12-row group (narrow on AVX-512, wide elsewhere), MQA prefill (wide tiles:
-// float32 products).
+// has it) and with the fallback, within BF16ErrorOverBound's bound. Shapes:
+// GQA-2 decode (head_dim 80: a 16-element tail of pairs), GQA-4 split-KV
+// decode, a 12-row group (narrow on AVX-512, wide elsewhere), MQA prefill
+// (wide tiles: at head_dim 72 float32 products, AMX or not).
 TEST_P(AttentionTest, BF16ProductsWithinBound) {
   const BoundShape shapes[] = {{{8, 4}, 80, 515, 1},
                                {{8, 2}, 128, 3001, 1},
@@ -1450,23 +1473,9 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
     const NativeBFloat16Scope scope(native ? NativeBFloat16::kWhereSupported
                                            : NativeBFloat16::kNever);
     const char* label = native ? "bf16 native" : "bf16 fallback";
-    double worst_ratio = 0.0;
     bool differs = false;
-    for (const BoundShape& shape : shapes) {
-      const auto bf16_shift = [&](const double* q_row, const double* k_row) {
-        double dot = 0.0;
-        for (int64_t p = 0; p < shape.d; ++p) {
-          dot += std::fabs(q_row[p] * k_row[p]);
-        }
-        return std::ldexp(dot, -9);
-      };
-      worst_ratio =
-          std::max(worst_ratio,
-                   ProductsErrorOverBound(
-                       AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
-                       bf16_shift, std::ldexp(1.0, -9), 0.0, label, &differs));
-      if (HasFailure()) return;
-    }
+    const double worst_ratio = BF16ErrorOverBound(shapes, label, &differs);
+    if (HasFailure()) return;
     std::printf("  %s products: worst error / bound %.3f\n", label,
                 worst_ratio);
     // The mode changed the results (SCALAR, one lane, has no narrow tiles),
@@ -1495,23 +1504,9 @@ TEST_P(AttentionTest, BF16PrefillOnAmxWithinBound) {
   for (const bool amx : {true, false}) {
     const AmxBFloat16Scope scope(amx);
     const char* label = amx ? "bf16 prefill, AMX" : "bf16 prefill, no AMX";
-    double worst_ratio = 0.0;
     bool differs = false;
-    for (const BoundShape& shape : shapes) {
-      const auto bf16_shift = [&](const double* q_row, const double* k_row) {
-        double dot = 0.0;
-        for (int64_t p = 0; p < shape.d; ++p) {
-          dot += std::fabs(q_row[p] * k_row[p]);
-        }
-        return std::ldexp(dot, -9);
-      };
-      worst_ratio =
-          std::max(worst_ratio,
-                   ProductsErrorOverBound(
-                       AttentionCompute::kBFloat16, KvDtype::kBFloat16, shape,
-                       bf16_shift, std::ldexp(1.0, -9), 0.0, label, &differs));
-      if (HasFailure()) return;
-    }
+    const double worst_ratio = BF16ErrorOverBound(shapes, label, &differs);
+    if (HasFailure()) return;
     std::printf("  %s: worst error / bound %.3f\n", label, worst_ratio);
   }
   // The outputs of a tile of 32 rows with AMX on and off: different bits

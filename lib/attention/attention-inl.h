@@ -1436,15 +1436,16 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 
 // A wide group: tiles[0, n) over their key ranges, key block by key block
 // with the tiles inside, so that each K and V block is read (KvRows::Block,
-// which converts a narrower type here) once and serves all the tiles while it
-// is in cache (every tile sees the same blocks as it would alone).
+// which converts a narrower type here; on AMX the stored K rows in place and
+// V^T, AmxValuesT) once and serves all the tiles while it is in cache (every
+// tile sees the same blocks as it would alone).
 // The layout of RunWideGroup's scratch for tiles of `rows` rows:
 // [tile][QT, OT, m, l, WideLanes] (tile_floats each), then ST shared by the
 // tiles, then the K and V blocks' scratch (kv_floats each; converting types).
-template <class T>
 // With AmxTiles: per tile also q's pairs [d / 2][32] words, and after the
 // K and V scratch the operands the tiles share: k_tail [32][d] and vt [d][key
 // block] bf16, pt [key block / 2][32] words.
+template <class T>
 struct WideGroupLayout {
   bool amx;
   size_t rp;  // rows rounded up to vectors (AMX: to 32)
