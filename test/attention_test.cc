@@ -1494,13 +1494,13 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
 // (tiles of 32 rows, the last of 4), GQA-4 over 515 keys (key blocks of 3
 // keys past a multiple of 32, the last K rows through the zero-padded copy),
 // MQA of 64 heads at head_dim 32 (over 32 rows per tile: float32 products),
-// GQA-2 at head_dim 96 over 3001 keys (chunked, merged). AMX changes the
-// results wherever it runs.
+// GQA-2 at head_dim 96 over 3001 keys (chunked, merged), MHA at head_dim 256
+// (33 tokens: a tile of one row), MQA of 32 heads at head_dim 32 (one step of
+// 32 per product). AMX changes the results wherever it runs.
 TEST_P(AttentionTest, BF16PrefillOnAmxWithinBound) {
-  const BoundShape shapes[] = {{{8, 8}, 128, 300, 100},
-                               {{8, 2}, 64, 515, 70},
-                               {{64, 1}, 32, 200, 3},
-                               {{4, 2}, 96, 3001, 40}};
+  const BoundShape shapes[] = {{{8, 8}, 128, 300, 100}, {{8, 2}, 64, 515, 70},
+                               {{64, 1}, 32, 200, 3},   {{4, 2}, 96, 3001, 40},
+                               {{2, 2}, 256, 170, 33},  {{32, 1}, 32, 90, 2}};
   for (const bool amx : {true, false}) {
     const AmxBFloat16Scope scope(amx);
     const char* label = amx ? "bf16 prefill, AMX" : "bf16 prefill, no AMX";
