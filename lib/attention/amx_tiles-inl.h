@@ -42,7 +42,7 @@ namespace HWY_NAMESPACE {
 // Keys per block (attention-inl.h's kAttentionKeyBlock).
 inline constexpr size_t kAmxKeys = static_cast<size_t>(kAttentionKeyBlock);
 
-// 16 floats; 16 words (pairs of bf16); 16 and 32 bf16 bit patterns.
+// 16 floats; 16 words (pairs of bf16); 16 bf16 bit patterns.
 using AmxF32 = hn::Full512<float>;
 using AmxU32 = hn::Full512<uint32_t>;
 using AmxU16x16 = hn::Full256<uint16_t>;
