@@ -279,18 +279,25 @@ HWY_INLINE void OuterProductBlock(const float* a, size_t a_si, size_t a_sk,
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
 
-// 2^x for x <= 0 (or -inf), with a relative error below 1.1e-7 (about one ulp;
-// measured over [-0.5, 0.5] against float64): x = n + f, n = round(x),
-// f in [-0.5, 0.5]; 2^f by a degree-6 polynomial (a Chebyshev fit of 2^f on
-// [-0.5, 0.5], Horner form); 2^n built in the exponent bits. Below -127 the
-// result is 0 instead of a subnormal (< 2^-126: nothing next to the row's
-// maximum, whose term is 1). NaN is not preserved (the caller keeps it).
+// 2^x for x <= 0 (or -inf; NaN gives NaN), with a relative error below
+// 1.1e-7 (about one ulp; measured over [-0.5, 0.5] against float64): x = n +
+// f, n an integer nearest x, f in [-0.5, 0.5]; 2^f by a degree-6 polynomial
+// (a Chebyshev fit of 2^f on [-0.5, 0.5], Horner form); 2^n built in the
+// exponent bits. Below -127 the result is 0 instead of a subnormal (< 2^-126:
+// nothing next to the row's maximum, whose term is 1). n comes from the
+// float sum t = x + 1.5 * 2^23 + 127, whose low bits are n + 127, with no
+// rounding or conversion instructions: the softmax step 1.3x faster than with
+// Round and ConvertTo (wide tile, 128 keys x 32 rows, AVX3_DL, the same bits
+// but for ties x = k + 1/2, where n is the odd neighbour).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2NonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
-  x = hn::Max(x, hn::Set(d, -127.0f));
-  const V n = hn::Round(x);
-  const V f = hn::Sub(x, n);
+  // maxps returns its second operand where one is NaN: a NaN x stays NaN
+  // (SCALAR's Max returns -127; the NaN is put back below).
+  const V xc = hn::Max(hn::Set(d, -127.0f), x);
+  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127, exact
+  const V t = hn::Add(xc, magic);           // bits 0x4B400000 + n + 127
+  const V f = hn::Sub(xc, hn::Sub(t, magic));
   V p = hn::Set(d, 1.5469732170458883e-4f);
   p = hn::MulAdd(p, f, hn::Set(d, 1.3400432653725147e-3f));
   p = hn::MulAdd(p, f, hn::Set(d, 9.61802527308464e-3f));
@@ -298,10 +305,13 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   p = hn::MulAdd(p, f, hn::Set(d, 0.24022650718688965f));
   p = hn::MulAdd(p, f, hn::Set(d, 0.6931471824645996f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  // n in [-127, 0]: biased exponent n + 127 in [0, 127]; 0 gives +0.0.
-  const auto bits =
-      hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  return hn::Mul(p, hn::BitCast(d, bits));
+  // n + 127 in [0, 127] shifted into the exponent field: 2^n (0 gives +0.0).
+  const V e = hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t))));
+#if HWY_TARGET == HWY_SCALAR
+  return hn::IfThenElse(hn::IsNaN(x), x, e);
+#else
+  return e;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,16 +359,14 @@ HWY_INLINE V RuledScores(D d, const ScoreRules& rules, V s, V slope, V dist) {
     // e)^2 * 1.1e-7 <= 5.5e-8, the three roundings by 3 u |tanh|: under 2^-22
     // absolute, so cap * tanh within cap 2^-22, inside the bound's softcap
     // term (attention.h).
-    // NaN is kept out of the exponent's conversion to integer (SCALAR
-    // converts in C++) and put back.
-    const auto nan = hn::IsNaN(s);
-    const V y = hn::IfThenZeroElse(nan, hn::Mul(s, hn::Set(d, rules.inv_cap)));
+    // A NaN s makes e, and so the result, NaN.
+    const V y = hn::Mul(s, hn::Set(d, rules.inv_cap));
     const V sign = hn::And(hn::SignBit(d), y);
     const V e = Exp2NonPositive(
         d, hn::Mul(hn::Xor(y, sign), hn::Set(d, -2.0f * kLog2e)));
     const V one = hn::Set(d, 1.0f);
     const V tanh = hn::Xor(hn::Div(hn::Sub(one, e), hn::Add(one, e)), sign);
-    s = hn::IfThenElse(nan, s, hn::Mul(hn::Set(d, rules.cap), tanh));
+    s = hn::Mul(hn::Set(d, rules.cap), tanh);
   }
   if (rules.slopes != nullptr) s = hn::MulAdd(slope, dist, s);
   return s;
@@ -617,8 +625,7 @@ struct OnlineSoftmaxStep {
   // score, or +inf - +inf), so that a NaN reaches the output.
   HWY_INLINE V Weight(D d, V score) const {
     const V x = hn::Sub(score, m_use);
-    const V e = Exp2NonPositive(d, kBase2 ? x : hn::Mul(x, hn::Set(d, kLog2e)));
-    return hn::IfThenElse(hn::IsNaN(x), x, e);
+    return Exp2NonPositive(d, kBase2 ? x : hn::Mul(x, hn::Set(d, kLog2e)));
   }
   // The running sum after the block: sum_old * alpha + the block's weights.
   HWY_INLINE V Sum(V sum_old, V block_sum) const {
@@ -752,10 +759,18 @@ HWY_INLINE void WideSoftmaxStep(float* HWY_RESTRICT st, size_t n_keys,
   const size_t N = hn::Lanes(d);
   for (size_t j = 0; j < rp; j += N) {
     const auto m_old = hn::Load(d, state.max + j);
-    auto m_new = m_old;
-    for (size_t s = 0; s < n_keys; ++s) {
-      m_new = hn::Max(m_new, hn::Load(d, st + s * rp + j));
+    // Four maxima in flight (Max's latency, not its rate, bounds one chain):
+    // the step 1.3x faster, 128 keys x 32 rows on AVX3_DL.
+    auto m0 = m_old, m1 = m_old, m2 = m_old, m3 = m_old;
+    size_t k = 0;
+    for (; k + 4 <= n_keys; k += 4) {
+      m0 = hn::Max(m0, hn::Load(d, st + k * rp + j));
+      m1 = hn::Max(m1, hn::Load(d, st + (k + 1) * rp + j));
+      m2 = hn::Max(m2, hn::Load(d, st + (k + 2) * rp + j));
+      m3 = hn::Max(m3, hn::Load(d, st + (k + 3) * rp + j));
     }
+    for (; k < n_keys; ++k) m0 = hn::Max(m0, hn::Load(d, st + k * rp + j));
+    const auto m_new = hn::Max(hn::Max(m0, m1), hn::Max(m2, m3));
     const OnlineSoftmaxStep<kBase2, AttnD> step(d, m_old, m_new);
     auto sum = hn::Zero(d);
     for (size_t s = 0; s < n_keys; ++s) {
