@@ -27,6 +27,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -642,6 +643,27 @@ void ExpectSameBitsOnAnyThreadCount(const KvCache& cache, const Case& c,
 }
 
 // Bit-identical outputs for 1, 2 and 7 threads: decode (chunked) and prefill.
+// The engines of AttentionCompute::kBFloat16's wide tiles, each where the
+// CPU has it: AMX tiles (AmxBFloat16Active), vdpbf16ps with AMX off
+// (NativeBFloat16Active under kWhereSupported), float32 products.
+struct BF16Engine {
+  bool amx;
+  NativeBFloat16 native;
+  const char* label;
+};
+constexpr BF16Engine kBF16Engines[] = {
+    {true, NativeBFloat16::kNever, "AMX"},
+    {false, NativeBFloat16::kWhereSupported, "vdpbf16ps"},
+    {false, NativeBFloat16::kNever, "float32 products"}};
+
+// A BF16Engine's settings for the lifetime of the scope.
+struct BF16EngineScope {
+  explicit BF16EngineScope(const BF16Engine& engine)
+      : amx(engine.amx), native(engine.native) {}
+  AmxBFloat16Scope amx;
+  NativeBFloat16Scope native;
+};
+
 TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
   for (const KvDtype dtype : kDtypes) {
     for (Case c :
@@ -654,12 +676,20 @@ TEST_P(AttentionTest, SameBitsForAnyThreadCount) {
       test::FillRandom(q.data(), q.size(), 82);
       ExpectSameBitsOnAnyThreadCount(cache, c, q, {}, nullptr);
       if (HasFatalFailure()) return;
-      if (dtype == KvDtype::kBFloat16 || dtype == KvDtype::kInt8) {
+      if (dtype == KvDtype::kInt8) {
         AttentionOptions options;
-        options.compute = dtype == KvDtype::kInt8 ? AttentionCompute::kInt8
-                                                  : AttentionCompute::kBFloat16;
+        options.compute = AttentionCompute::kInt8;
         ExpectSameBitsOnAnyThreadCount(cache, c, q, options, nullptr);
         if (HasFatalFailure()) return;
+      }
+      if (dtype == KvDtype::kBFloat16) {
+        AttentionOptions options;
+        options.compute = AttentionCompute::kBFloat16;
+        for (const BF16Engine& engine : kBF16Engines) {
+          const BF16EngineScope scope(engine);
+          ExpectSameBitsOnAnyThreadCount(cache, c, q, options, nullptr);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
@@ -879,8 +909,7 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
           ExpectBothPathsMatch(cache, shape.layout.n_heads, query, options,
                                what);
           if (HasFatalFailure()) return;
-          // kBFloat16 (on AMX in wide tiles where it runs): NaN in the same
-          // outputs.
+          // kBFloat16 on each engine: NaN in the same outputs.
           if (dtype == KvDtype::kBFloat16) {
             std::vector<float> out_bf16(out.size());
             AttentionQuery bf16_query = query;
@@ -888,12 +917,16 @@ TEST_P(AttentionTest, HiddenKeysContributeNothing) {
                 MatrixView<float>(out_bf16.data(), n_tokens, width);
             AttentionOptions bf16_options = options;
             bf16_options.compute = AttentionCompute::kBFloat16;
-            ASSERT_TRUE(Attention(cache, shape.layout.n_heads, &bf16_query, 1,
-                                  bf16_options)
-                            .ok());
-            for (size_t i = 0; i < out.size(); ++i) {
-              ASSERT_EQ(std::isnan(out_bf16[i]), std::isnan(out[i]))
-                  << what << ", bf16 products, element " << i;
+            for (const BF16Engine& engine : kBF16Engines) {
+              const BF16EngineScope scope(engine);
+              ASSERT_TRUE(Attention(cache, shape.layout.n_heads, &bf16_query, 1,
+                                    bf16_options)
+                              .ok());
+              for (size_t i = 0; i < out.size(); ++i) {
+                ASSERT_EQ(std::isnan(out_bf16[i]), std::isnan(out[i]))
+                    << what << ", bf16 products on " << engine.label
+                    << ", element " << i;
+              }
             }
           }
           // The first query misses the last key under causal: finite.
@@ -1488,51 +1521,59 @@ TEST_P(AttentionTest, BF16ProductsWithinBound) {
   }
 }
 
-// AttentionCompute::kBFloat16 prefill on AMX tiles (where AmxBFloat16Active:
-// AVX3 and AVX3_DL on a CPU with AMX) and with AMX off (float32 products in
-// wide tiles), within the same bound as decode. Shapes: MHA over 300 keys
-// (tiles of 32 rows, the last of 4), GQA-4 over 515 keys (key blocks of 3
-// keys past a multiple of 32, the last K rows through the zero-padded copy),
-// MQA of 64 heads at head_dim 32 (over 32 rows per tile: float32 products),
-// GQA-2 at head_dim 96 over 3001 keys (chunked, merged), MHA at head_dim 256
-// (33 tokens: a tile of one row), MQA of 32 heads at head_dim 32 (one step of
-// 32 per product). AMX changes the results wherever it runs.
-TEST_P(AttentionTest, BF16PrefillOnAmxWithinBound) {
+// AttentionCompute::kBFloat16 prefill on bf16 pairs: on AMX tiles (where
+// AmxBFloat16Active: AVX3 and AVX3_DL on a CPU with AMX), by vdpbf16ps with
+// AMX off (where NativeBFloat16Active: AVX3 and AVX3_DL on a CPU with
+// AVX512_BF16, kWhereSupported) and with neither (float32 products in wide
+// tiles), within the same bound as decode. Shapes: MHA over 300 keys (tiles
+// of 32 rows, the last of 4), GQA-4 over 515 keys (key blocks of 3 keys past a
+// multiple of 32, the last K rows through AMX's zero-padded copy; an odd
+// count of keys in a block for vdpbf16ps), MQA of 64 heads at head_dim 32
+// (over 32 rows per tile: float32 products), GQA-2 at head_dim 96 over 3001
+// keys (chunked, merged), MHA at head_dim 256 (33 tokens: a tile of one row),
+// MQA of 32 heads at head_dim 32 (one step of 32 per product). Each engine
+// changes the results wherever it runs.
+TEST_P(AttentionTest, BF16PrefillOnPairsWithinBound) {
   const BoundShape shapes[] = {{{8, 8}, 128, 300, 100}, {{8, 2}, 64, 515, 70},
                                {{64, 1}, 32, 200, 3},   {{4, 2}, 96, 3001, 40},
                                {{2, 2}, 256, 170, 33},  {{32, 1}, 32, 90, 2}};
-  for (const bool amx : {true, false}) {
-    const AmxBFloat16Scope scope(amx);
-    const char* label = amx ? "bf16 prefill, AMX" : "bf16 prefill, no AMX";
+  for (const BF16Engine& engine : kBF16Engines) {
+    const BF16EngineScope scope(engine);
     bool differs = false;
-    const double worst_ratio = BF16ErrorOverBound(shapes, label, &differs);
+    const double worst_ratio =
+        BF16ErrorOverBound(shapes, engine.label, &differs);
     if (HasFailure()) return;
-    std::printf("  %s: worst error / bound %.3f\n", label, worst_ratio);
+    std::printf("  bf16 prefill on %s: worst error / bound %.3f\n",
+                engine.label, worst_ratio);
   }
-  // The outputs of a tile of 32 rows with AMX on and off: different bits
-  // where AMX runs, the same elsewhere (float32 products both times).
+  // The outputs of a tile of 32 rows on each engine against float32 products
+  // (the last engine): different bits where the engine runs, the same
+  // elsewhere.
   const BoundShape shape{{8, 8}, 128, 300, 32};
   std::vector<float> k, v;
   RandomKv(shape, 715, &k, &v);
   const KvCache cache =
       CacheHolding(KvDtype::kBFloat16, 8, shape.d, shape.kv_len, k, v);
   const int64_t width = 8 * shape.d;
-  std::vector<float> q(shape.n_tokens * width), on(q.size()), off(q.size());
+  std::vector<float> q(shape.n_tokens * width);
   test::FillRandom(q.data(), q.size(), 716);
   AttentionOptions options;
   options.compute = AttentionCompute::kBFloat16;
   AttentionQuery query;
   query.q_pos0 = shape.kv_len - shape.n_tokens;
   query.q = MatrixView<const float>(q.data(), shape.n_tokens, width);
-  bool active = false;
-  for (const bool amx : {true, false}) {
-    const AmxBFloat16Scope scope(amx);
-    if (amx) active = AmxBFloat16Active();
-    query.out =
-        MatrixView<float>((amx ? on : off).data(), shape.n_tokens, width);
+  std::vector<float> out[3];
+  bool active[3] = {};
+  for (size_t e = 0; e < 3; ++e) {
+    const BF16EngineScope scope(kBF16Engines[e]);
+    active[e] =
+        kBF16Engines[e].amx ? AmxBFloat16Active() : NativeBFloat16Active();
+    out[e].resize(q.size());
+    query.out = MatrixView<float>(out[e].data(), shape.n_tokens, width);
     ASSERT_TRUE(Attention(cache, 8, &query, 1, options).ok());
   }
-  EXPECT_EQ(on != off, active);
+  EXPECT_EQ(out[0] != out[2], active[0]) << kBF16Engines[0].label;
+  EXPECT_EQ(out[1] != out[2], active[1]) << kBF16Engines[1].label;
 }
 
 // AttentionCompute::kInt8's weights times V's scales, quantized per block of
@@ -1596,8 +1637,8 @@ TEST_P(AttentionTest, Int8ProductsWithinBound) {
 // scores after q's int8 scale, and see the keys the mode sums): MHA and GQA-2
 // split-KV decode (narrow on every target but SCALAR), 3 tokens of GQA-4 at
 // once (12 rows: narrow on AVX-512), and a prefill of 40 tokens of GQA-4
-// (wide tiles: kBFloat16's on AMX where it runs), within the modes' bounds
-// over the variants' float64 attention.
+// (wide tiles: kBFloat16's on AMX, or by vdpbf16ps, where they run), within
+// the modes' bounds over the variants' float64 attention.
 TEST_P(AttentionTest, ComputeModesWithVariants) {
   const BoundShape shapes[] = {{{8, 8}, 64, 700, 1},
                                {{8, 4}, 128, 1100, 1},
@@ -1607,13 +1648,22 @@ TEST_P(AttentionTest, ComputeModesWithVariants) {
     AttentionCompute compute;
     KvDtype dtype;
     double p_round, p_levels;
+    const BF16Engine* engine;  // kBFloat16's (null: the defaults)
   };
   const Mode modes[] = {
       {AttentionCompute::kBFloat16, KvDtype::kBFloat16, std::ldexp(1.0, -9),
-       0.0},
-      {AttentionCompute::kInt8, KvDtype::kInt8, 0.0, kInt8WeightStep}};
+       0.0, &kBF16Engines[0]},
+      {AttentionCompute::kBFloat16, KvDtype::kBFloat16, std::ldexp(1.0, -9),
+       0.0, &kBF16Engines[1]},
+      {AttentionCompute::kInt8, KvDtype::kInt8, 0.0, kInt8WeightStep, nullptr}};
   uint64_t seed = 9000;
   for (const Mode& mode : modes) {
+    std::optional<BF16EngineScope> scope;
+    if (mode.engine != nullptr) scope.emplace(*mode.engine);
+    const std::string name =
+        DtypeName(mode.dtype) + " products" +
+        (mode.engine != nullptr ? std::string(" on ") + mode.engine->label
+                                : std::string());
     double worst_ratio = 0.0;
     bool differs = false;
     for (const BoundShape& shape : shapes) {
@@ -1632,8 +1682,7 @@ TEST_P(AttentionTest, ComputeModesWithVariants) {
         const VariantCall call =
             MakeVariantCall(set, shape.layout.n_heads, shape.n_tokens,
                             shape.kv_len, /*causal=*/true, seed++);
-        const std::string label =
-            DtypeName(mode.dtype) + " products, " + set.name;
+        const std::string label = name + ", " + set.name;
         worst_ratio = std::max(
             worst_ratio,
             ProductsErrorOverBound(mode.compute, mode.dtype, shape, shift,
@@ -1642,8 +1691,8 @@ TEST_P(AttentionTest, ComputeModesWithVariants) {
         if (HasFailure()) return;
       }
     }
-    std::printf("  %s products with variants: worst error / bound %.3f\n",
-                DtypeName(mode.dtype).c_str(), worst_ratio);
+    std::printf("  %s with variants: worst error / bound %.3f\n", name.c_str(),
+                worst_ratio);
     if (std::string(GetParam().name) != "SCALAR") {
       EXPECT_TRUE(differs);
     }

@@ -79,8 +79,9 @@ inline constexpr int64_t kAttentionGroupTiles = 4;
 // A chunk has at least this many keys: shorter ones cost more in merging than
 // they gain.
 inline constexpr int64_t kAttentionMinChunk = 512;
-// Query rows per wide tile on AMX (AmxTiles): one 32 x 32 C block's columns.
-inline constexpr int64_t kAttentionAmxRows = 32;
+// Query rows per wide tile on bf16 pairs (WidePairProducts): one 32 x 32 AMX
+// C block's columns, two vectors of vdpbf16ps sums.
+inline constexpr int64_t kAttentionPairRows = 32;
 
 // Key positions [begin, end).
 struct KeyRange {
@@ -134,12 +135,13 @@ inline bool SomeTokenMissesBlock(const AttentionDims& dims,
   return !KeysSeenByAll(dims, work, t0, nt).Contains(k0, k0 + n);
 }
 
-// A wide tile's operands on AMX (amx_tiles-inl.h) for one key block: the
-// stored K rows k (the cache's row stride), q's pairs qt, the scratch for
-// the block's last keys k_tail, V^T vt (null: the float32 product on the
-// converted V rows, for a block whose hidden keys hold a NaN or inf in V), and
-// the weights' pairs pt.
-struct WideAmx {
+// A wide tile's operands on bf16 pairs (pair_tiles-inl.h) for one key block:
+// the engine (amx: AMX tiles, else vdpbf16ps), the stored K rows k (the
+// cache's row stride), q's pairs qt, the scratch for the block's last keys on
+// AMX k_tail, V^T vt (null: the float32 product on the converted V rows, for a
+// block whose hidden keys hold a NaN or inf in V), and the weights' pairs pt.
+struct WidePairs {
+  bool amx;
   const hwy::bfloat16_t* k;
   const hwy::bfloat16_t* qt;
   hwy::bfloat16_t* k_tail;
@@ -169,8 +171,8 @@ inline ThreadScratchSlots& AttentionTileSlots() {
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-#include "lib/attention/amx_tiles-inl.h"
 #include "lib/attention/decode.h"
+#include "lib/attention/pair_tiles-inl.h"
 #include "lib/core/kernels-inl.h"
 #include "lib/core/storage-inl.h"
 #include "lib/core/transpose-inl.h"
@@ -728,23 +730,32 @@ HWY_INLINE KeyRange RowVisibleKeys(const AttentionDims& dims,
 // ---------------------------------------------------------------------------------------------
 // Wide tiles: queries along the lanes.
 
-// Whether wide tiles over stored type T take their products on AMX
-// (amx_tiles-inl.h): AttentionCompute::kBFloat16 on a bf16 cache, where
-// AmxBFloat16Active() (asked once per call), on a target with the AMX code,
-// head_dim a multiple of 32, at most 32 query heads per KV head (a tile's
-// rows, 32 on AVX-512, are then one C block's columns, its lanes padded to
-// 32). Elsewhere the mode's wide tiles take float32 products.
+// How wide tiles over stored type T take their two products: on bf16 pairs
+// (pair_tiles-inl.h) for AttentionCompute::kBFloat16 on a bf16 cache, head_dim
+// a multiple of 32 and at most 32 query heads per KV head (a tile's rows, 32
+// on AVX-512, are then one pair tile's columns, its lanes padded to 32): on
+// AMX tiles where AmxBFloat16Active(), else by vdpbf16ps where
+// NativeBFloat16Active() (both asked once per call, on targets with the
+// code). Elsewhere the mode's wide tiles take float32 products.
+enum class WideProducts { kFloat32, kAmx, kNative };
+
 template <class T>
-HWY_INLINE bool AmxTiles(const AttentionDims& dims) {
+HWY_INLINE WideProducts WidePairProducts(const AttentionDims& dims) {
+#if HEADWAY_NATIVE_BF16
+  static_assert(kAttentionPairRows == kPairCols, "a tile is a pair tile wide");
+  if (!hwy::IsSame<T, hwy::bfloat16_t>() ||
+      dims.head_dim % kAttentionPairRows != 0 ||
+      dims.n_heads / dims.n_kv_heads > kAttentionPairRows ||
+      2 * static_cast<int64_t>(hn::Lanes(AttnD())) != kAttentionPairRows) {
+    return WideProducts::kFloat32;
+  }
 #if HEADWAY_NATIVE_AMX
-  static_assert(kAttentionAmxRows == kAmxBlock, "a tile is a C block wide");
-  return hwy::IsSame<T, hwy::bfloat16_t>() && dims.amx_bf16 &&
-         dims.head_dim % static_cast<int64_t>(kAmxBlock) == 0 &&
-         dims.n_heads / dims.n_kv_heads <= kAttentionAmxRows &&
-         2 * static_cast<int64_t>(hn::Lanes(AttnD())) == kAttentionAmxRows;
+  if (dims.amx_bf16) return WideProducts::kAmx;
+#endif
+  return dims.native_bf16 ? WideProducts::kNative : WideProducts::kFloat32;
 #else
   (void)dims;
-  return false;
+  return WideProducts::kFloat32;
 #endif
 }
 
@@ -853,16 +864,16 @@ HWY_INLINE void WideTileBegin(const AttentionDims& dims,
 
 // One key block [k0, k0 + n_keys) of the tile's KV head on a wide tile, its K
 // and V rows k_block and v_block [n_keys, row_stride] (KvRows::Block): scores
-// into st [n_keys, rp], masks, online softmax, OT += V^T P. With amx (not
-// null; rp = 32), the products on AMX from its operands instead (v_block is
-// read only where amx->vt is null; k_block not at all). Not inlined: one copy
-// for every stored type (a call per tile and key block).
+// into st [n_keys, rp], masks, online softmax, OT += V^T P. With pairs (not
+// null; rp = 32), the products on its bf16 pairs instead (pair_tiles-inl.h;
+// v_block is read only where pairs->vt is null; k_block not at all). Not
+// inlined: one copy for every stored type (a call per tile and key block).
 HWY_NOINLINE void WideTileBlock(
     const AttentionDims& dims, const AttentionTile& tile, int64_t k0,
     size_t n_keys, const float* HWY_RESTRICT k_block,
     const float* HWY_RESTRICT v_block, const float* HWY_RESTRICT qt,
     float* HWY_RESTRICT st, float* HWY_RESTRICT ot, size_t rp,
-    OnlineSoftmaxState state, WideLanes lanes, const WideAmx* amx) {
+    OnlineSoftmaxState state, WideLanes lanes, const WidePairs* pairs) {
   const AttnD d;
   const hn::RebindToSigned<AttnD> di;
   const size_t N = hn::Lanes(d);
@@ -873,9 +884,10 @@ HWY_NOINLINE void WideTileBlock(
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
 
   // ST [n_keys, rp] = K[k0 .. k0 + n_keys) QT.
-  if (amx != nullptr) {
-#if HEADWAY_NATIVE_AMX
-    AmxScoresT(amx->k, row_stride, n_keys, dim, amx->qt, amx->k_tail, st);
+  if (pairs != nullptr) {
+#if HEADWAY_NATIVE_BF16
+    PairScoresT(pairs->amx, pairs->k, row_stride, n_keys, dim, pairs->qt,
+                pairs->k_tail, st);
 #endif
   } else {
     OuterProductBlock(k_block, row_stride, 1, qt, rp, dim, st, rp, n_keys,
@@ -936,11 +948,10 @@ HWY_NOINLINE void WideTileBlock(
     WideSoftmaxStep<false>(st, n_keys, rp, ot, dim, state);
   }
   // OT [d, rp] += V[k0 .. k0 + n_keys)^T PT: A(i = p, k = s) = V[s, p].
-  if (amx != nullptr && amx->vt != nullptr) {
-#if HEADWAY_NATIVE_AMX
-    const size_t n32 = RoundUp(n_keys, kAmxBlock);
-    AmxPairRows(st, rp, n_keys, n32 / 2, amx->pt);
-    AmxAccumulateT(amx->vt, n_keys, dim, amx->pt, ot);
+  if (pairs != nullptr && pairs->vt != nullptr) {
+#if HEADWAY_NATIVE_BF16
+    PairRows(st, rp, n_keys, RoundUp(n_keys, kPairCols) / 2, pairs->pt);
+    PairAccumulateT(pairs->amx, pairs->vt, n_keys, dim, pairs->pt, ot);
 #endif
     return;
   }
@@ -1451,40 +1462,42 @@ HWY_INLINE AttentionPartial PartialAt(AttentionPlan& plan, size_t w,
 
 // A wide group: tiles[0, n) over their key ranges, key block by key block
 // with the tiles inside, so that each K and V block is read (KvRows::Block,
-// which converts a narrower type here; on AMX the stored K rows in place and
-// V^T, AmxValuesT) once and serves all the tiles while it is in cache (every
-// tile sees the same blocks as it would alone).
-// The layout of RunWideGroup's scratch for tiles of `rows` rows:
-// [tile][QT, OT, m, l, WideLanes] (tile_floats each), then ST shared by the
-// tiles, then the K and V blocks' scratch (kv_floats each; converting types).
-// With AmxTiles: per tile also q's pairs [d / 2][32] words, and after the
-// K and V scratch the operands the tiles share: k_tail [32][d] and vt [d][key
-// block] bf16, pt [key block / 2][32] words.
+// which converts a narrower type here; on bf16 pairs the stored K rows in
+// place and V^T, PairValuesT) once and serves all the tiles while it is in
+// cache (every tile sees the same blocks as it would alone). The layout of
+// RunWideGroup's scratch for tiles of `rows` rows: [tile][QT, OT, m, l,
+// WideLanes] (tile_floats each), then ST shared by the tiles, then the K and V
+// blocks' scratch (kv_floats each; converting types). On bf16 pairs
+// (WidePairProducts): per tile also q's pairs [d / 2][32] words, and after the
+// K and V scratch the operands the tiles share: k_tail [32][d] (AMX) and vt
+// [d][key block] bf16, pt [key block / 2][32] words.
 template <class T>
 struct WideGroupLayout {
-  bool amx;
-  size_t rp;  // rows rounded up to vectors (AMX: to 32)
+  WideProducts products;
+  bool pairs;  // products on bf16 pairs
+  size_t rp;   // rows rounded up to vectors (pairs: to 32)
   size_t tile_floats;
   size_t kv_floats;
-  size_t amx_floats;  // the shared AMX operands
+  size_t pair_floats;  // the shared pair operands
   WideGroupLayout(const AttentionDims& dims, size_t rows)
-      : amx(AmxTiles<T>(dims)),
-        rp(RoundUp(rows, amx ? static_cast<size_t>(kAttentionAmxRows)
-                             : hn::Lanes(AttnD()))),
+      : products(WidePairProducts<T>(dims)),
+        pairs(products != WideProducts::kFloat32),
+        rp(RoundUp(rows, pairs ? static_cast<size_t>(kAttentionPairRows)
+                               : hn::Lanes(AttnD()))),
         tile_floats(2 * static_cast<size_t>(dims.head_dim) * rp + 4 * rp +
-                    (amx ? static_cast<size_t>(dims.head_dim) * rp / 2 : 0)),
+                    (pairs ? static_cast<size_t>(dims.head_dim) * rp / 2 : 0)),
         kv_floats(
             KvRows<T>::ScratchFloats(static_cast<size_t>(kAttentionKeyBlock),
                                      static_cast<size_t>(dims.row_stride))),
-        amx_floats(
-            amx ? static_cast<size_t>(kAttentionAmxRows + kAttentionKeyBlock) *
-                          static_cast<size_t>(dims.head_dim) / 2 +
-                      static_cast<size_t>(kAttentionKeyBlock) * rp / 2
-                : 0) {}
+        pair_floats(pairs ? static_cast<size_t>(kAttentionPairRows +
+                                                kAttentionKeyBlock) *
+                                    static_cast<size_t>(dims.head_dim) / 2 +
+                                static_cast<size_t>(kAttentionKeyBlock) * rp / 2
+                          : 0) {}
   // Floats for n tiles.
   size_t Floats(size_t n) const {
     return n * tile_floats + kAttentionKeyBlock * rp + 2 * kv_floats +
-           amx_floats;
+           pair_floats;
   }
 };
 
@@ -1500,15 +1513,17 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
   float* kv_scratch = st + kAttentionKeyBlock * rp;
   float* qt[kAttentionGroupTiles];
   WideLanes lanes[kAttentionGroupTiles];
-  // AMX: the tiles' q pairs and the shared operands (WideGroupLayout).
+  // bf16 pairs: the tiles' q pairs and the shared operands
+  // (WideGroupLayout).
   hwy::bfloat16_t* qt_pairs[kAttentionGroupTiles] = {};
-  WideAmx amx{};
+  WidePairs pairs{};
+  pairs.amx = layout.products == WideProducts::kAmx;
   hwy::bfloat16_t* vt_buffer = nullptr;
-  if (layout.amx) {
-    amx.k_tail =
+  if (layout.pairs) {
+    pairs.k_tail =
         reinterpret_cast<hwy::bfloat16_t*>(kv_scratch + 2 * layout.kv_floats);
-    vt_buffer = amx.k_tail + kAttentionAmxRows * dims.head_dim;
-    amx.pt = vt_buffer + kAttentionKeyBlock * dims.head_dim;
+    vt_buffer = pairs.k_tail + kAttentionPairRows * dims.head_dim;
+    pairs.pt = vt_buffer + kAttentionKeyBlock * dims.head_dim;
   }
   int64_t key_begin = tiles[0].key_begin, key_end = tiles[0].key_end;
   for (int64_t i = 0; i < n; ++i) {
@@ -1518,10 +1533,10 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
     results[i] = {ot, 1, rp, {stats, stats + rp}};
     lanes[i] = {stats + 2 * rp, stats + 3 * rp};
     WideTileBegin(dims, tiles[i], qt[i], ot, rp, results[i].state, lanes[i]);
-#if HEADWAY_NATIVE_AMX
-    if (layout.amx) {
+#if HEADWAY_NATIVE_BF16
+    if (layout.pairs) {
       qt_pairs[i] = reinterpret_cast<hwy::bfloat16_t*>(stats + 4 * rp);
-      AmxPairRows(qt[i], rp, dim, dim / 2, qt_pairs[i]);
+      PairRows(qt[i], rp, dim, dim / 2, qt_pairs[i]);
     }
 #endif
     key_begin = std::min(key_begin, tiles[i].key_begin);
@@ -1533,20 +1548,20 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
       HeadRows<T>(dims, *tiles[0].work, KvSide::kValues, tiles[0].kv_head,
                   kv_scratch + layout.kv_floats);
 #if HEADWAY_NATIVE_AMX
-  if (layout.amx) AmxLoadConfig(AmxBlockConfig());
+  if (pairs.amx) AmxLoadConfig(AmxBlockConfig());
 #endif
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kAttentionKeyBlock) {
     const size_t n_block =
         static_cast<size_t>(std::min(kAttentionKeyBlock, key_end - k0));
     const float* k_block = nullptr;
     const float* v_block = nullptr;
-    if (!layout.amx) {
+    if (!layout.pairs) {
       k_block = keys.Block(k0, n_block);
       v_block = values.Block(k0, n_block);
     } else {
-#if HEADWAY_NATIVE_AMX
+#if HEADWAY_NATIVE_BF16
       if constexpr (hwy::IsSame<T, hwy::bfloat16_t>()) {
-        amx.k = keys.Stored(k0);
+        pairs.k = keys.Stored(k0);
         // V^T for every tile, unless a NaN or inf in V may sit at a key
         // that some tile hides (0 times it would reach the tile's sums):
         // then the float32 product, which skips hidden keys.
@@ -1557,12 +1572,12 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
                                               static_cast<int64_t>(n_block));
         }
         if (!may_hide || values.Finite(k0, n_block)) {
-          AmxValuesT(values.Stored(k0), static_cast<size_t>(dims.row_stride),
-                     n_block, dim, vt_buffer);
-          amx.vt = vt_buffer;
+          PairValuesT(values.Stored(k0), static_cast<size_t>(dims.row_stride),
+                      n_block, dim, vt_buffer);
+          pairs.vt = vt_buffer;
         } else {
           v_block = values.Block(k0, n_block);
-          amx.vt = nullptr;
+          pairs.vt = nullptr;
         }
       }
 #endif
@@ -1571,14 +1586,14 @@ HWY_INLINE void RunWideGroup(const AttentionDims& dims,
       if (k0 < tiles[i].key_begin || k0 >= tiles[i].key_end) continue;
       const size_t n_keys = static_cast<size_t>(
           std::min(kAttentionKeyBlock, tiles[i].key_end - k0));
-      amx.qt = qt_pairs[i];
+      pairs.qt = qt_pairs[i];
       WideTileBlock(dims, tiles[i], k0, n_keys, k_block, v_block, qt[i], st,
                     results[i].o, rp, results[i].state, lanes[i],
-                    layout.amx ? &amx : nullptr);
+                    layout.pairs ? &pairs : nullptr);
     }
   }
 #if HEADWAY_NATIVE_AMX
-  if (layout.amx) AmxRelease();
+  if (pairs.amx) AmxRelease();
 #endif
 }
 
