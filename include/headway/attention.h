@@ -58,13 +58,14 @@ enum class AttentionCompute : int {
   // products with the stored bf16 K and V are summed in float32: vdpbf16ps
   // where NativeBFloat16Active() (GQA-8 decode 1.15x faster on Zen 4,
   // measured), else float32 FMAs on the same rounded values. With more rows
-  // (prefill), the same on AMX tiles where AmxBFloat16Active() (targets.h),
-  // head_dim is a multiple of 32 and a KV head has at most 32 query heads:
-  // causal prefill of 2048 tokens, MHA and GQA-8, 2.8-3.3x faster than
-  // kFloat32 (one core of a Xeon with AMX; docs/BENCHMARKS.md); elsewhere
-  // those calls compute as kFloat32. Other calls (MHA decode, bound by the
-  // bytes) and AttentionWithWeights compute as kFloat32. Bound, beyond
-  // kFloat32's float32 error: a score moves by at most
+  // (prefill), where head_dim is a multiple of 32 and a KV head has at most 32
+  // query heads, the same on AMX tiles where AmxBFloat16Active() (targets.h;
+  // causal prefill of 2048 tokens, MHA and GQA-8, 3.2-3.3x faster than
+  // kFloat32 on one core of a Xeon with AMX, docs/BENCHMARKS.md), else by
+  // vdpbf16ps where NativeBFloat16Active() (AMD's Zen 4 and 5, not yet
+  // measured there); elsewhere those calls compute as kFloat32. Other calls
+  // (MHA decode, bound by the bytes) and AttentionWithWeights compute as
+  // kFloat32. Bound, beyond kFloat32's float32 error: a score moves by at most
   // 2^-9 * scale * sum_p |q_p K_p|, and with d the most any of a row's scores
   // moves, an output by at most (e^(2 d) (1 + 2^-9) - 1) * sum_s w_s |V_s|, w
   // the row's weights (test/attention_test.cc checks it).

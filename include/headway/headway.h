@@ -543,9 +543,10 @@ typedef enum hw_attention_compute {
    * (GQA decode, a few tokens at a time), q and the softmax weights rounded
    * to bfloat16 and multiplied with the stored K and V, sums in float32 (with
    * AVX512_BF16 on AMD's cores: vdpbf16ps, GQA-8 decode 1.15x faster on Zen
-   * 4, measured); with more rows (prefill), the same on AMX tiles where the
-   * CPU has them (head_dim a multiple of 32, at most 32 query heads per KV
-   * head: causal prefill about 3x faster);
+   * 4, measured); with more rows (prefill; head_dim a multiple of 32, at
+   * most 32 query heads per KV head), the same on AMX tiles where the CPU has
+   * them (causal prefill about 3.3x faster), else with vdpbf16ps on AMD's
+   * cores;
    * the rest as HW_ATTENTION_FLOAT32. */
   HW_ATTENTION_BFLOAT16 = 1,
   /* An int8 cache only: where a sequence's query rows per KV head number 1
