@@ -1092,6 +1092,87 @@ TEST_P(AttentionTest, ViewsAtGuardPages) {
   }
 }
 
+// The compute modes with q, out and the mask in strided views against guard
+// pages, before and after: the same bits as with contiguous views, kBFloat16
+// on each engine (head_dim 64: bf16 pairs in the wide tiles where an engine
+// runs). Decode (narrow tiles) and prefill (wide).
+TEST_P(AttentionTest, ComputeModesAtGuardPages) {
+  const int64_t d = 64, kv_len = 200;
+  struct Mode {
+    KvDtype dtype;
+    AttentionCompute compute;
+    size_t engines;  // the first of kBF16Engines
+  };
+  for (const Mode& mode :
+       {Mode{KvDtype::kBFloat16, AttentionCompute::kBFloat16, 3},
+        Mode{KvDtype::kInt8, AttentionCompute::kInt8, 1}}) {
+    for (const Layout& layout : {Layout{8, 8}, Layout{8, 2}, Layout{8, 1}}) {
+      const KvCache cache = MakeCache(layout.n_kv_heads, d, {kv_len}, 611,
+                                      /*extra_capacity=*/0, mode.dtype);
+      const int64_t width = layout.n_heads * d;
+      for (const int64_t n_tokens : {1, 3, 40}) {
+        std::vector<float> q(n_tokens * width), mask(n_tokens * kv_len);
+        test::FillRandom(q.data(), q.size(), 612);
+        test::FillRandom(mask.data(), mask.size(), 613);
+        for (size_t i = 0; i < mask.size(); i += 5) mask[i] = -kInf;
+        AttentionOptions options;
+        options.scale = 0.125f;
+        options.compute = mode.compute;
+        for (size_t e = 0; e < mode.engines; ++e) {
+          const BF16EngineScope scope(kBF16Engines[e]);
+          const std::string what = DtypeName(mode.dtype) + " products on " +
+                                   kBF16Engines[e].label + ", heads " +
+                                   std::to_string(layout.n_heads) + "/" +
+                                   std::to_string(layout.n_kv_heads) +
+                                   ", n_tokens " + std::to_string(n_tokens);
+          std::vector<float> expected(q.size());
+          AttentionQuery query;
+          query.q_pos0 = kv_len - n_tokens;
+          query.q = MatrixView<const float>(q.data(), n_tokens, width);
+          query.out = MatrixView<float>(expected.data(), n_tokens, width);
+          query.mask = MatrixView<const float>(mask.data(), n_tokens, kv_len);
+          ASSERT_TRUE(Attention(cache, layout.n_heads, &query, 1, options).ok())
+              << what;
+          for (const test::GuardSide side :
+               {test::GuardSide::kAfter, test::GuardSide::kBefore}) {
+            const int64_t q_stride = width + 1, out_stride = width + 3;
+            const int64_t mask_stride = kv_len + 1;
+            test::GuardedBuffer<float> gq((n_tokens - 1) * q_stride + width,
+                                          side);
+            test::GuardedBuffer<float> gout((n_tokens - 1) * out_stride + width,
+                                            side);
+            test::GuardedBuffer<float> gmask(
+                (n_tokens - 1) * mask_stride + kv_len, side);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              std::copy(q.begin() + t * width, q.begin() + (t + 1) * width,
+                        gq.begin() + t * q_stride);
+              std::copy(mask.begin() + t * kv_len,
+                        mask.begin() + (t + 1) * kv_len,
+                        gmask.begin() + t * mask_stride);
+            }
+            query.q =
+                MatrixView<const float>(gq.data(), n_tokens, width, q_stride);
+            query.out =
+                MatrixView<float>(gout.data(), n_tokens, width, out_stride);
+            query.mask = MatrixView<const float>(gmask.data(), n_tokens, kv_len,
+                                                 mask_stride);
+            ASSERT_TRUE(
+                Attention(cache, layout.n_heads, &query, 1, options).ok())
+                << what;
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              ASSERT_EQ(std::memcmp(gout.data() + t * out_stride,
+                                    expected.data() + t * width,
+                                    width * sizeof(float)),
+                        0)
+                  << what << ", token " << t;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The most an element x of a row whose largest |x| is row_max moves when the
 // cache stores it (storage.h): bf16 and f16 round to nearest even, a relative
 // error of at most 2^-8 and 2^-11 (8 and 11 significant bits), f16 below 2^-14
