@@ -75,13 +75,11 @@ struct Row {
   // value): "f32", "bf16", "f16", "int8"; "" for a row without one (float32
   // storage, or no cache).
   std::string dtype;
-  // "bf16" for a matmul row in the bf16 compute mode ("packed:4": native kernel
-  // allowed, "packed:5": fallback kernel, "packed:6": A given as bf16,
-  // "packed:7": int8 weights, bench/matmul_bench.cc; oneDNN's bf16 matmul is
-  // packed:4 too) or an
-  // attention row in AttentionCompute::kBFloat16
-  // ("compute:1"), "int8" for one in kInt8 ("compute:2"), "" for float32
-  // compute: a row is compared with the peers of its compute mode only.
+  // "bf16" for a matmul row in the bf16 compute mode (kPackedCodes; oneDNN's
+  // bf16 matmul is packed:4 too) or an attention row in
+  // AttentionCompute::kBFloat16 ("compute:1"), "int8" for one in kInt8
+  // ("compute:2"), "" for float32 compute: a row is compared with the peers
+  // of its compute mode only.
   std::string compute;
   int threads = 0;
   double seconds = 0.0;  // real time per iteration
@@ -91,6 +89,38 @@ struct Row {
   double percent = 0.0;
   std::string error;
 };
+
+// What a matmul row's "packed:N" argument (bench/matmul_bench.cc) means here,
+// code by code: B as stored ("f32", "bf16", "int8"), whether the row runs the
+// bf16 compute mode, whether a peer with that code names its stored weights
+// (ggml's matmul, packed:1-3), and the summary's label for a Headway row.
+struct PackedCode {
+  const char* arg;
+  const char* weights;
+  bool bf16_compute;
+  bool peer_stores;
+  const char* label;
+};
+constexpr PackedCode kPackedCodes[] = {
+    {"packed:0", "f32", false, false, ""},
+    {"packed:1", "f32", false, true, " packed"},
+    {"packed:2", "bf16", false, true, " bf16 weights"},
+    {"packed:3", "int8", false, true, " int8 weights"},
+    {"packed:4", "bf16", true, false, " bf16"},  // native kernel allowed
+    {"packed:5", "bf16", true, false, " bf16 fallback"},
+    {"packed:6", "bf16", true, false, " bf16 (A bf16)"},
+    {"packed:7", "int8", true, false, " bf16 (int8 B)"}};
+
+// The code of a "packed:N" argument; "" (none) is packed:0's, an unknown code
+// float32 weights pre-packed.
+const PackedCode& PackedOf(const std::string& arg) {
+  static constexpr PackedCode kUnknown = {"", "f32", false, false, " packed"};
+  if (arg.empty()) return kPackedCodes[0];
+  for (const PackedCode& code : kPackedCodes) {
+    if (arg == code.arg) return code;
+  }
+  return kUnknown;
+}
 
 Row ParseRow(const Run& run) {
   Row row;
@@ -125,10 +155,7 @@ Row ParseRow(const Run& run) {
       shape.push_back(arg);
       if (StartsWith(arg, "packed:")) {
         row.packed = arg;
-        if (arg == "packed:4" || arg == "packed:5" || arg == "packed:6" ||
-            arg == "packed:7") {
-          row.compute = "bf16";
-        }
+        if (PackedOf(arg).bf16_compute) row.compute = "bf16";
       } else if (StartsWith(arg, "compute:")) {
         // Attention's AttentionCompute: 1 is kBFloat16, 2 kInt8.
         if (arg == "compute:1") row.compute = "bf16";
@@ -191,31 +218,18 @@ bool Float32Storage(const Row& row) {
   return row.dtype.empty() || row.dtype == "f32";
 }
 
-// True if the row's weights (a matmul's B) are float32: plain ("packed:0" or
-// none) or pre-packed as float32 ("packed:1"); not bf16 or int8 weights
-// ("packed:2", "packed:3") or the bf16 compute mode ("packed:4" to "packed:7").
-bool Float32Weights(const Row& row) {
-  return row.packed.empty() || row.packed == "packed:0" ||
-         row.packed == "packed:1";
-}
-
-// How `row`'s matmul B is stored: "bf16" (packed:2, and the bf16 compute mode's
-// packed:4 to 6), "int8" (packed:3, and the bf16 compute mode's packed:7) or
-// "f32".
+// How `row`'s matmul B is stored: "f32", "bf16" or "int8" (kPackedCodes).
 std::string StoredWeights(const Row& row) {
-  if (row.packed == "packed:2" || row.packed == "packed:4" ||
-      row.packed == "packed:5" || row.packed == "packed:6") {
-    return "bf16";
-  }
-  return row.packed == "packed:3" || row.packed == "packed:7" ? "int8" : "f32";
+  return PackedOf(row.packed).weights;
 }
 
-// The weights a peer names as stored ahead of the call, packed:1-3 (ggml's
-// matmul): StoredWeights; "" for any other peer.
+// True if the row's weights (a matmul's B) are float32, plain or pre-packed.
+bool Float32Weights(const Row& row) { return StoredWeights(row) == "f32"; }
+
+// The weights a peer names as stored ahead of the call (ggml's matmul,
+// packed:1-3): StoredWeights; "" for any other peer.
 std::string PeerWeights(const Row& peer) {
-  const bool stored = peer.packed == "packed:1" || peer.packed == "packed:2" ||
-                      peer.packed == "packed:3";
-  return stored ? StoredWeights(peer) : "";
+  return PackedOf(peer.packed).peer_stores ? StoredWeights(peer) : "";
 }
 
 // The run's own ceiling row for `row`'s bound: fma_peak of its target and
@@ -308,20 +322,9 @@ void PrintSummary(const std::vector<Row>& rows, std::ostream& out) {
       // Attention and the decode kernels: the cache has the compute mode's
       // type too.
       variant += " " + row.compute + " compute";
-    } else if (!row.compute.empty()) {
-      // The peer's name says bf16 already.
-      if (row.peer.empty()) {
-        variant += row.packed == "packed:5"   ? " bf16 fallback"
-                   : row.packed == "packed:6" ? " bf16 (A bf16)"
-                   : row.packed == "packed:7" ? " bf16 (int8 B)"
-                                              : " bf16";
-      }
-    } else if (row.packed == "packed:2") {
-      variant += " bf16 weights";
-    } else if (row.packed == "packed:3") {
-      variant += " int8 weights";
-    } else if (!row.packed.empty() && row.packed != "packed:0") {
-      variant += " packed";
+    } else if (row.compute.empty() || row.peer.empty()) {
+      // A bf16 compute peer's name says bf16 already.
+      variant += PackedOf(row.packed).label;
     }
     if (!row.dtype.empty() && row.compute.empty()) variant += " " + row.dtype;
     if (!row.error.empty()) {
