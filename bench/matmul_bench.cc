@@ -18,8 +18,9 @@
 //   weights:   1 x 4096 x 4096 and 1 x 4096 x 14336 (GEMV, decode) with B
 //              packed as float32, bf16 and int8 (packed:1, 2, 3: 1 +
 //              WeightDtype), %read over the bytes stored.
-//   bf16 compute: 512^3, 2048^3 and 1 x 4096 x 4096 with bf16 weights in
-//              MatmulCompute::kBFloat16, with the kernel a host gets by
+//   bf16 compute: 512^3, 2048^3, 512 x 4096 x 4096 (a d_model-4096 layer's
+//              projection at prefill 512) and 1 x 4096 x 4096 with bf16 weights
+//              in MatmulCompute::kBFloat16, with the kernel a host gets by
 //              default (packed:4: AMX tiles where AmxBFloat16Active, else
 //              the native one on the AVX3 targets where
 //              CpuPrefersNativeBFloat16) and with the fallback kernel
@@ -140,6 +141,7 @@ const std::vector<std::string> kArgNames = {"m",     "n",  "k",
 std::vector<std::vector<int64_t>> BF16ComputeShapes(int64_t packed) {
   return {{512, 512, 512, 1, 0, packed},
           {2048, 2048, 2048, 1, 0, packed},
+          {512, 4096, 4096, 1, 0, packed},
           {1, 4096, 4096, 1, 0, packed}};
 }
 

@@ -1001,13 +1001,16 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
   struct Shape {
     int64_t m, n, k;
   };
-  // The last two on AMX where the CPU has it: K = 777 in blocks of 392 and 385
-  // (8 and 1 k past a multiple of 32), K = 1031 in 344, 344 and 343 (24, 24
-  // and 23), 300 rows (two tasks of rows, the last block of 12).
+  // The last three on AMX where the CPU has it: K = 777 in blocks of 392 and
+  // 385 (8 and 1 k past a multiple of 32), K = 1031 in 344, 344 and 343 (24,
+  // 24 and 23), 300 rows (two tasks of rows, the last block of 12); K = 3001
+  // with 250 rows: two tasks of rows (A's bf16 rows past
+  // kMatmulAmxTaskABytes at 256).
   for (WeightDtype dtype : {WeightDtype::kBFloat16, WeightDtype::kInt8}) {
     for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
                            Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
-                           Shape{300, 2 * t.nr + 7, 1031}}) {
+                           Shape{300, 2 * t.nr + 7, 1031},
+                           Shape{250, t.nr + 5, 3001}}) {
       SCOPED_TRACE(testing::Message() << "dtype=" << static_cast<int>(dtype));
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
       const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);

@@ -2127,10 +2127,12 @@ HWY_INLINE void MatmulPackedOut(const TA* a, size_t lda, bool trans_a,
 inline constexpr size_t kMatmulAmxRows = kAmxBlock;
 inline constexpr size_t kMatmulAmxK = kAmxBlock;
 static_assert(kMatmulNR == 32, "AMX blocks are two 16-column tiles wide");
-// Rows of A per task, their bf16 in L2 while the task's panels pass (1 MiB at
-// K = 2048): 256 rows, 512^3 one thread 1328-1360 GFLOP/s against 1298-1339
-// at 128 and 1271-1318 at 512.
+// Rows of A per task, their bf16 in L2 while the task's panels pass: at most
+// 256 (512^3 one thread 1328-1360 GFLOP/s against 1298-1339 at 128 and
+// 1271-1318 at 512), and no more than keep them within 1.25 MiB
+// (MatmulAmxTaskRows; K = 2048: 256 rows, 1 MiB).
 inline constexpr size_t kMatmulAmxTaskRows = 256;
+inline constexpr size_t kMatmulAmxTaskABytes = size_t{1280} << 10;
 // What converting an int8 weight to bf16 costs a row task, in the split's
 // bytes (MatmulPackedAmx): 16, 512^3 on 2 threads as 2 x 4 tasks, 166-170 us
 // against 185 as 8 x 1 (weighed as bf16's 2).
@@ -2197,6 +2199,18 @@ HWY_INLINE void MatmulAmxPackA(const TA* HWY_RESTRICT a, size_t lda,
   }
 }
 
+// Rows of A per task for A's rows of a_stride bf16: kMatmulAmxTaskRows, fewer
+// (a multiple of 32, at least 64) where they would pass kMatmulAmxTaskABytes,
+// beyond which A leaves L2 for every panel: 512 x 4096 x 4096 one thread (the
+// layer's projection at prefill 512) 16.6-16.7 ms at 128 rows, 17.4-17.9 at
+// 64 and 96, 17.7 at 192, 22.8-25.3 at 256.
+HWY_INLINE size_t MatmulAmxTaskRows(size_t a_stride) {
+  const size_t fit = kMatmulAmxTaskABytes /
+                     (a_stride * sizeof(hwy::bfloat16_t)) / kMatmulAmxRows *
+                     kMatmulAmxRows;
+  return std::min(kMatmulAmxTaskRows, std::max(2 * kMatmulAmxRows, fit));
+}
+
 // The last B tiles of a K block of kc (not a multiple of 32) k: the slice's
 // pairs of rows past its last 32 k, then the odd last row as pairs (b, 0),
 // then zeros, into tail [16][NR][2].
@@ -2252,7 +2266,7 @@ HWY_INLINE ThreadScratchSlots& MatmulAmxSlots() {
 
 // C [m, n] (at out) = alpha * op(A) [m, k] * B [k, n] + beta * C, alpha != 0,
 // A of float or bf16 (TA), B of bf16 or int8 (TB) packed before the call, on
-// AMX tiles. Tasks: blocks of up to kMatmulAmxTaskRows rows x groups of panels
+// AMX tiles. Tasks: blocks of up to MatmulAmxTaskRows rows x groups of panels
 // (more than one thread: >= 4 tasks per thread). A task, per panel, per K
 // block: every C block of its rows, whose tiles wait in c_acc between the K
 // blocks (stored and loaded exactly: the sums are those of one pass over K),
@@ -2282,8 +2296,8 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
   // 512 4 x 2, 67-70 ms against 72-79 as 2 x 4 and 80 as 8 x 1.
   constexpr bool kInt8 = hwy::IsSame<TB, int8_t>();
   const double b_weight = kInt8 ? kMatmulAmxInt8Weight : 2.0;
-  const size_t min_row_tasks =
-      (m + kMatmulAmxTaskRows - 1) / kMatmulAmxTaskRows;
+  const size_t task_rows = MatmulAmxTaskRows(a_stride);
+  const size_t min_row_tasks = (m + task_rows - 1) / task_rows;
   size_t row_tasks = min_row_tasks, groups = 1;
   if (threads > 1) {
     const size_t want = 4 * threads;
