@@ -251,8 +251,9 @@ KvCache* DecodeCache(benchmark::State& state, int64_t n_kv,
                      KvDtype dtype = KvDtype::kFloat32) {
   return SharedCache(state, n_kv, kContext + 1, kContext, dtype);
 }
-KvCache* PrefillCache(benchmark::State& state, int64_t n_kv) {
-  return SharedCache(state, n_kv, kPrefillLen, 0, KvDtype::kFloat32);
+KvCache* PrefillCache(benchmark::State& state, int64_t n_kv,
+                      KvDtype dtype = KvDtype::kFloat32) {
+  return SharedCache(state, n_kv, kPrefillLen, 0, dtype);
 }
 
 // x and y [n_tokens, d_model], written once before timing (a first touch costs
@@ -341,14 +342,19 @@ void BM_LayerDecode(benchmark::State& state, const RunConfig& run,
          static_cast<double>(cache->bytes_per_token()));
 }
 
-void BM_LayerPrefill(benchmark::State& state, const RunConfig& run,
-                     bool variants, int weights_arg) {
+// dtype_arg: the index of the "dtype" argument (the cache's KvDtype), or -1
+// for a float32 cache.
+void LayerPrefill(benchmark::State& state, const RunConfig& run, bool variants,
+                  int weights_arg, int dtype_arg) {
   const int64_t n_kv = state.range(0);
   AttentionLayer* layer =
       SharedLayer(state, n_kv, run.target, variants,
                   weights_arg < 0 ? kWeightsF32 : state.range(weights_arg));
   if (layer == nullptr) return;
-  KvCache* cache = PrefillCache(state, n_kv);
+  KvCache* cache = PrefillCache(
+      state, n_kv,
+      dtype_arg < 0 ? KvDtype::kFloat32
+                    : static_cast<KvDtype>(state.range(dtype_arg)));
   if (cache == nullptr) return;
   const Activations io(kPrefillLen);
   const LayerSequence sequence{/*seq=*/0, /*n_tokens=*/kPrefillLen};
@@ -363,6 +369,11 @@ void BM_LayerPrefill(benchmark::State& state, const RunConfig& run,
   Report(state, run, n_kv, kPrefillLen, 0,
          static_cast<double>(layer->packed_bytes()),
          static_cast<double>(layer->cache_bytes_per_token()));
+}
+
+void BM_LayerPrefill(benchmark::State& state, const RunConfig& run,
+                     bool variants, int weights_arg) {
+  LayerPrefill(state, run, variants, weights_arg, /*dtype_arg=*/-1);
 }
 
 // -----------------------------------------------------------------------------
@@ -749,6 +760,15 @@ void RegisterLayer() {
                     {"kv_heads", "weights"},
                     {{32, 1}, {32, 2}, {32, 3}, {32, 4}, {8, 1}, {8, 3}},
                     /*every_target_sets=*/0);
+  // And bf16 weights in bf16 compute with a bf16 cache (K and V stored
+  // through the chunked projection), what a host on an AMX Xeon would run.
+  RegisterPerTarget(
+      "layer_weights_prefill",
+      [](benchmark::State& state, const RunConfig& run) {
+        LayerPrefill(state, run, false, 1, 2);
+      },
+      {"kv_heads", "weights", "dtype"}, {{32, 3, 1}, {8, 3, 1}},
+      /*every_target_sets=*/0);
 #ifdef HEADWAY_BENCH_GGML
   RegisterGgml();
 #endif
