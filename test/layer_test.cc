@@ -1799,12 +1799,20 @@ TEST_P(AttentionLayerTest, StoredKvMatchesReference) {
 // Several chunks of the stored projection (LayerChunks): a prefill of 300
 // tokens (256 + 44), K and V wider than one chunk's columns, head_dim 72 (not
 // a multiple of any panel width), d_model 520 (two K blocks), then decode.
-// The types that convert (float32 projects straight into the cache).
+// The types that convert (float32 projects straight into the cache). Then
+// bf16 weights in the bf16 compute mode into bf16 and int8 caches: on AMX
+// tiles where they run, each chunk's rows of x prepared once for all its
+// GEMMs (8 and 2 blocks of 32 rows, the last of 12).
 TEST_P(AttentionLayerTest, StoredKvInChunks) {
-  const AttentionLayerConfig config = Config(520, 8, 4, 72);
+  AttentionLayerConfig config = Config(520, 8, 4, 72);
   ASSERT_NO_FATAL_FAILURE(
       RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301, 7000, {"qkvo"},
                      {KvDtype::kBFloat16, KvDtype::kFloat16, KvDtype::kInt8}));
+  config.weight_dtype = WeightDtype::kBFloat16;
+  config.projection_compute = MatmulCompute::kBFloat16;
+  ASSERT_NO_FATAL_FAILURE(RunStoredSteps(config, {{{0, 300}}, {{0, 1}}}, 1, 301,
+                                         7100, {"qkvo"},
+                                         {KvDtype::kBFloat16, KvDtype::kInt8}));
 }
 
 // ---------------------------------------------------------------------------

@@ -41,11 +41,25 @@ void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
 
 // matmul.cc. c [m, n] (row stride ldc) = a [m, k] * B's columns [first_panel *
 // NR, first_panel * NR + n), B [k, b_n] packed for this target, NR its panel
-// width; first_panel * NR + n <= b_n.
+// width; first_panel * NR + n <= b_n. a_prepared: null, or a's rows as
+// MatmulPrepareAT left them, where MatmulPreparedAElementsT(b, m, k) > 0.
 void MatmulPackedPanelsT(const float* a, size_t lda,
                          const MatmulPackedWeights& b, size_t b_n,
                          size_t first_panel, size_t m, size_t n, size_t k,
-                         float* c, size_t ldc);
+                         float* c, size_t ldc,
+                         const hwy::bfloat16_t* a_prepared = nullptr);
+
+// matmul.cc. The bf16 elements of m rows of A [m, k] prepared for
+// MatmulPackedPanelsT over b (MatmulPrepareAT): where the products run on AMX
+// tiles, which then read them in place instead of converting A in every call;
+// 0 elsewhere.
+size_t MatmulPreparedAElementsT(const MatmulPackedWeights& b, size_t m,
+                                size_t k);
+
+// matmul.cc. a [m, k] (row stride lda) into prepared
+// (MatmulPreparedAElementsT's elements, > 0): the AMX tiles' bf16 layout.
+void MatmulPrepareAT(const float* a, size_t lda, size_t m, size_t k,
+                     hwy::bfloat16_t* prepared);
 
 // matmul.cc. C = alpha * op(A) [m, k] * op(B) [k, n] + beta * C, B packed
 // during the call.

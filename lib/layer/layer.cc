@@ -76,6 +76,7 @@ struct LayerStep {
   size_t chunk_segments;     // K or V heads per chunk
   float* scratch;            // [chunk_rows, scratch_cols]
   size_t scratch_cols;
+  ScratchBuffer* chunk_a;  // a chunk's rows of x for its GEMMs (AMX)
   // Attention of the new tokens, into the attention buffer.
   const AttentionWork* works;
   size_t n_works;
@@ -158,7 +159,9 @@ void FinishHeads(const LayerStep& step, size_t n_segments) {
 // row of one KV head each), each a GEMM over the panels that hold it into the
 // scratch (which stays in L2: LayerChunks), then FinishHead + StoreRowVec (the
 // bits of storage.h's StoreRow, Append's rounding) into the cache rows. Each
-// segment is converted whole, as int8's per-row scale needs.
+// segment is converted whole, as int8's per-row scale needs. Where the GEMMs
+// run on AMX tiles, a chunk's rows of x are converted to the tiles' bf16 once
+// for all its GEMMs (MatmulPrepareAT into chunk_a), not in every one.
 template <class T>
 void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
   const size_t nr = step.panel_width;
@@ -170,6 +173,15 @@ void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
   const size_t segments = 2 * step.kv_heads;
   for (size_t r0 = 0; r0 < step.tokens; r0 += step.chunk_rows) {
     const size_t rows = std::min(step.chunk_rows, step.tokens - r0);
+    const size_t prepared =
+        MatmulPreparedAElementsT(step.packed_qkv, rows, step.d_model);
+    hwy::bfloat16_t* a_rows = nullptr;
+    if (prepared > 0) {
+      a_rows = reinterpret_cast<hwy::bfloat16_t*>(
+          step.chunk_a->Get((prepared + 1) / 2));
+      MatmulPrepareAT(step.x + r0 * step.ldx, step.ldx, rows, step.d_model,
+                      a_rows);
+    }
     for (size_t s0 = 0; s0 < segments; s0 += step.chunk_segments) {
       const size_t s1 = std::min(segments, s0 + step.chunk_segments);
       // Columns [c0, c1) of QKV, computed as panels [p0, p1).
@@ -178,7 +190,7 @@ void ProjectStoredKv(const LayerStep& step, T /*tag*/) {
       const size_t n = std::min(step.n_qkv, (c1 + nr - 1) / nr * nr) - p0 * nr;
       MatmulPackedPanelsT(step.x + r0 * step.ldx, step.ldx, step.packed_qkv,
                           step.n_qkv, p0, rows, n, step.d_model, step.scratch,
-                          n);
+                          n, a_rows);
       tbb::parallel_for(
           tbb::blocked_range<size_t>(0, rows),
           [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
@@ -434,6 +446,7 @@ Status CheckInt8Storable(const char* fn, const WeightPart& part) {
 struct LayerScratch {
   ScratchBuffer q, attn;             // grow-only (lib/core/blocks.h)
   ScratchBuffer kv_chunk;            // stored K/V: [chunk_rows, scratch_cols]
+  ScratchBuffer kv_a;                // stored K/V on AMX: a chunk's x rows
   std::vector<float*> rows;          // [3][T]
   std::vector<char*> kv_rows;        // stored K/V: [2][T]
   std::vector<float*> kv_scales;     // int8: [2][T]
@@ -448,7 +461,7 @@ struct LayerScratch {
   AttentionPlan plan;
 
   size_t Bytes() const {
-    return (q.capacity + attn.capacity + kv_chunk.capacity +
+    return (q.capacity + attn.capacity + kv_chunk.capacity + kv_a.capacity +
             rope_table.capacity) *
                sizeof(float) +
            VectorBytes(rows) + VectorBytes(kv_rows) + VectorBytes(kv_scales) +
@@ -984,6 +997,7 @@ Status AttentionLayer::Impl::Plan(KvCache* cache,
       t_rows, hd, 2 * static_cast<size_t>(local_kv_heads), panel_width,
       &step->chunk_rows, &step->chunk_segments, &step->scratch_cols);
   step->scratch = stored ? kv_chunk.Get(scratch_floats) : nullptr;
+  step->chunk_a = stored ? &kv_a : nullptr;
   MatmulOut& out = step->qkv_out;
   if (stored) {  // Q only, plain (AddBias)
     out.c = q_buf;

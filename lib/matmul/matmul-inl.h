@@ -2147,6 +2147,12 @@ HWY_INLINE size_t MatmulAmxPaddedK(const MatmulKBlocks& kblocks, size_t k) {
   return padded;
 }
 
+// The row stride of A as the AMX kernel stores it (bf16): padded K plus one
+// cache line (rows fall into different L1 sets).
+HWY_INLINE size_t MatmulAmxAStride(size_t k) {
+  return MatmulAmxPaddedK(MatmulKBlocks(k, kMatmulMaxKC), k) + kMatmulAmxK;
+}
+
 // Rows [r0, r0 + rows) of op(A) (a [m, k], or a^T with a [k, m]; float or
 // bf16) into dst [RoundUp(rows, 32)][stride] bf16, each K block zero-padded to
 // a multiple of 32 k, the rows past `rows` zeros. Floats are rounded by
@@ -2277,7 +2283,8 @@ HWY_INLINE ThreadScratchSlots& MatmulAmxSlots() {
 template <class TB, class TA>
 HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                                 const MatmulB& b, size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta) {
+                                const MatmulOut& out, float alpha, float beta,
+                                const hwy::bfloat16_t* a_prepared) {
   constexpr size_t NR = kMatmulNR;
   constexpr size_t KT = kMatmulAmxK;
   constexpr size_t MB = kMatmulAmxRows;
@@ -2285,8 +2292,7 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
   const MatmulKBlocks& kblocks = layout.kblocks;
   const size_t panels = layout.panels;
   const size_t threads = static_cast<size_t>(std::max(1, MaxThreads()));
-  // A's rows: padded K plus one cache line (rows fall into different L1 sets).
-  const size_t a_stride = MatmulAmxPaddedK(kblocks, k) + KT;
+  const size_t a_stride = MatmulAmxAStride(k);
   const size_t blocks_total = (m + MB - 1) / MB;
   // Tasks: row_tasks blocks of rows x groups of panels, >= 4 per thread on
   // more than one, the split of least cost: each row task reads all of B (2 k
@@ -2324,7 +2330,8 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
   // pointers.
   const size_t c_floats = MB * NR;
   const size_t acc_floats = blocks_max * MB * NR;
-  const size_t a_floats = blocks_max * MB * a_stride / 2;
+  const size_t a_floats =
+      a_prepared != nullptr ? 0 : blocks_max * MB * a_stride / 2;
   const size_t tail_floats = kblocks.count * KT * NR / 2;
   const size_t panel_floats = kInt8 ? k * NR / 2 : 0;
   const size_t floats = c_floats + acc_floats + a_floats + tail_floats +
@@ -2357,8 +2364,13 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
             const size_t blocks = (i1 - i0 + MB - 1) / MB;
             const size_t p0 = group * panels / groups;
             const size_t p1 = (group + 1) * panels / groups;
-            MatmulAmxPackA(a, lda, trans_a, i0, i1 - i0, kblocks, k, a_buf,
-                           a_stride);
+            const hwy::bfloat16_t* a_rows = a_buf;
+            if (a_prepared != nullptr) {
+              a_rows = a_prepared + i0 * a_stride;
+            } else {
+              MatmulAmxPackA(a, lda, trans_a, i0, i1 - i0, kblocks, k, a_buf,
+                             a_stride);
+            }
             for (size_t p = p0; p < p1; ++p) {
               for (size_t kb = 0; kb < kblocks.count; ++kb) {
                 const size_t kc = kblocks.Size(kb, k);
@@ -2401,7 +2413,7 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
                   // which stays in L1: 512^3 one thread 1.28-1.36 TFLOP/s
                   // against 1.13-1.17 with plain loads in passes of 256 k.
                   AmxBlockSteps</*kStreamA=*/true>(
-                      reinterpret_cast<const char*>(a_buf) +
+                      reinterpret_cast<const char*>(a_rows) +
                           blk * MB * a_row_bytes + a_at,
                       a_row_bytes, steps, b_step);
                   const size_t r0 = i0 + blk * MB;
@@ -2420,6 +2432,27 @@ HWY_INLINE void MatmulPackedAmx(const TA* a, size_t lda, bool trans_a,
         },
         tbb::simple_partitioner());
   });
+}
+
+// a [m, k] (float, row stride lda) in the AMX tasks' bf16 layout: dst
+// [RoundUp(m, 32)][MatmulAmxAStride(k)], MatmulPackedAmx's own pack, in
+// parallel blocks of 32 rows, for a caller that runs several products over the
+// same rows (MatmulPackedAmx's a_prepared).
+HWY_INLINE void MatmulAmxPrepareA(const float* a, size_t lda, size_t m,
+                                  size_t k, hwy::bfloat16_t* dst) {
+  const MatmulKBlocks kblocks(k, kMatmulMaxKC);
+  const size_t a_stride = MatmulAmxAStride(k);
+  const size_t blocks = (m + kMatmulAmxRows - 1) / kMatmulAmxRows;
+  tbb::parallel_for(
+      tbb::blocked_range<size_t>(0, blocks),
+      [&](const tbb::blocked_range<size_t>& range) HWY_ATTR {
+        for (size_t blk = range.begin(); blk < range.end(); ++blk) {
+          const size_t r0 = blk * kMatmulAmxRows;
+          MatmulAmxPackA(a, lda, /*trans_a=*/false, r0,
+                         std::min(kMatmulAmxRows, m - r0), kblocks, k,
+                         dst + r0 * a_stride, a_stride);
+        }
+      });
 }
 #endif  // HEADWAY_NATIVE_AMX
 

@@ -108,22 +108,28 @@ HWY_INLINE void WithWidenedA(const hwy::bfloat16_t* a, size_t lda, bool trans_a,
 // weights reach the tiles and the native kernel as bf16, converted per task
 // (MatmulPackedAmx, MatmulB::Int8AsBF16), which more than kMatmulSmallM rows
 // amortize; fewer rows read them as int8 in the fallback, at the rate of
-// their bytes.
+// their bytes. a_prepared (not null): A's rows in the AMX tiles' layout
+// (MatmulAmxPrepareA), read in place where the call runs on them.
 template <class TA>
 HWY_INLINE void MatmulStoredOut(const TA* a, size_t lda, bool trans_a,
                                 const MatmulPackedWeights& w, const MatmulB& b,
                                 size_t m, size_t n, size_t k,
-                                const MatmulOut& out, float alpha, float beta) {
+                                const MatmulOut& out, float alpha, float beta,
+                                const hwy::bfloat16_t* a_prepared = nullptr) {
+#if !HEADWAY_NATIVE_AMX
+  (void)a_prepared;
+#endif
   const WeightDtype dtype = static_cast<WeightDtype>(w.dtype);
   if (w.bf16_compute) {
     const bool int8 = dtype == WeightDtype::kInt8;
 #if HEADWAY_NATIVE_AMX
     if (MatmulOnAmx(w, m)) {
       if (int8) {
-        MatmulPackedAmx<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta);
+        MatmulPackedAmx<int8_t>(a, lda, trans_a, b, m, n, k, out, alpha, beta,
+                                a_prepared);
       } else {
         MatmulPackedAmx<hwy::bfloat16_t>(a, lda, trans_a, b, m, n, k, out,
-                                         alpha, beta);
+                                         alpha, beta, a_prepared);
       }
       return;
     }
@@ -174,7 +180,8 @@ void MatmulPackedOutT(const float* a, size_t lda, bool trans_a,
 void MatmulPackedPanelsT(const float* a, size_t lda,
                          const MatmulPackedWeights& b, size_t b_n,
                          size_t first_panel, size_t m, size_t n, size_t k,
-                         float* c, size_t ldc) {
+                         float* c, size_t ldc,
+                         const hwy::bfloat16_t* a_prepared) {
   MatmulOut out;
   out.c = c;
   out.ldc = ldc;
@@ -182,7 +189,27 @@ void MatmulPackedPanelsT(const float* a, size_t lda,
       a, lda, /*trans_a=*/false, b,
       MatmulB::PackedPanels(b.data, b.scales, (b_n + kMatmulNR - 1) / kMatmulNR,
                             first_panel),
-      m, n, k, out, 1.0f, 0.0f);
+      m, n, k, out, 1.0f, 0.0f, a_prepared);
+}
+
+size_t MatmulPreparedAElementsT(const MatmulPackedWeights& b, size_t m,
+                                size_t k) {
+#if HEADWAY_NATIVE_AMX
+  if (MatmulOnAmx(b, m))
+    return RoundUp(m, kMatmulAmxRows) * MatmulAmxAStride(k);
+#else
+  (void)b, (void)m, (void)k;
+#endif
+  return 0;
+}
+
+void MatmulPrepareAT(const float* a, size_t lda, size_t m, size_t k,
+                     hwy::bfloat16_t* prepared) {
+#if HEADWAY_NATIVE_AMX
+  MatmulAmxPrepareA(a, lda, m, k, prepared);
+#else
+  (void)a, (void)lda, (void)m, (void)k, (void)prepared;
+#endif
 }
 
 // B packed into a buffer of the calling thread (MatmulUnpacked).
