@@ -216,12 +216,12 @@ HEADWAY_API Status Matmul(MatrixView<const float> a, Transpose ta,
 // bit on the same target and compute (a NaN in a gives NaNs where a float NaN
 // does, their payloads aside). Where the call runs on AMX tiles
 // (compute kBFloat16, more than 16 rows), the tiles take a's bf16 as they
-// are, with no conversion: 512^3 and 2048^3 on one core of a Xeon with AMX
-// 1.14x the float a's speed, 1.03x and 1.34x oneDNN's bf16 matmul on the same
-// bf16 inputs (docs/BENCHMARKS.md). The other kernels of compute kBFloat16
-// take them as they are too, into their strips of A: copied (the native
-// kernel) or widened (the fallback). Compute kFloat32 widens op(a) to a float
-// copy first, in a buffer of the calling thread (M K floats, kept for its
+// are, with no conversion: on one core of a Xeon with AMX, 512^3 1.17x the
+// float a's speed, 512^3 and 2048^3 1.10x and 1.59x oneDNN's bf16 matmul on
+// the same bf16 inputs (docs/BENCHMARKS.md). The other kernels of compute
+// kBFloat16 take them as they are too, into their strips of A: copied (the
+// native kernel) or widened (the fallback). Compute kFloat32 widens op(a) to a
+// float copy first, in a buffer of the calling thread (M K floats, kept for its
 // next call: ReleaseThreadScratch, threads.h, frees it).
 HEADWAY_API Status Matmul(MatrixView<const BFloat16> a, Transpose ta,
                           const PackedB& b, MatrixView<float> c,
