@@ -1007,10 +1007,10 @@ TEST_P(MatmulTest, BF16NativeAndFallback) {
   // with 250 rows: two tasks of rows (A's bf16 rows past
   // kMatmulAmxTaskABytes at 256).
   for (WeightDtype dtype : {WeightDtype::kBFloat16, WeightDtype::kInt8}) {
-    for (const Shape& s : {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
-                           Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
-                           Shape{300, 2 * t.nr + 7, 1031},
-                           Shape{250, t.nr + 5, 3001}}) {
+    for (const Shape& s :
+         {Shape{1, 4 * t.nr + 3, 1031}, Shape{t.mr, t.nr, 2},
+          Shape{2 * t.mr + 5, 3 * t.nr - 1, 777},
+          Shape{300, 2 * t.nr + 7, 1031}, Shape{250, t.nr + 5, 3001}}) {
       SCOPED_TRACE(testing::Message() << "dtype=" << static_cast<int>(dtype));
       const Operand a(s.m, s.k, Transpose::kNo, 0, 0, 31);
       const Operand b(s.k, s.n, Transpose::kNo, 0, 0, 32);
