@@ -13,11 +13,11 @@
 //     ST [bk, RP]  scores of a key block: ST[s] += K[s, p] * QT[p]
 //     OT [d, RP]   output: OT[p] = OT[p] * alpha + sum_s V[s, p] * PT[s]
 //   Both products are the same register-blocked outer-product kernel
-//   (OuterProduct below), the softmax's max and sum run down the columns (no
-//   horizontal reductions) and the rescaling factor alpha is one vector per
-//   lane group. K and V are read in their cache layout, as float rows: a
-//   narrower stored type is converted once per key block for the group's 4
-//   tiles (KvRows::Block).
+//   (OuterProduct, outer_product-inl.h), the softmax's max and sum run down the
+//   columns (no horizontal reductions) and the rescaling factor alpha is one
+//   vector per lane group. K and V are read in their cache layout, as float
+//   rows: a narrower stored type is converted once per key block for the
+//   group's 4 tiles (KvRows::Block).
 // - Lanes along head_dim ("narrow"), when the tile has fewer query rows than
 //   lanes (decode of MHA and small GQA groups): scores are dot products of q
 //   rows with K rows (vectors along d), and O rows accumulate V rows
@@ -172,6 +172,7 @@ inline ThreadScratchSlots& AttentionTileSlots() {
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "lib/attention/decode.h"
+#include "lib/attention/outer_product-inl.h"
 #include "lib/attention/pair_tiles-inl.h"
 #include "lib/core/kernels-inl.h"
 #include "lib/core/storage-inl.h"
@@ -184,50 +185,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using AttnD = hn::ScalableTag<float>;
-
-// C[i][j] (+)= sum_{k < n_k} A(i, k) * B[k][j] for kI rows i and kJ vectors j:
-//   A(i, k) = a[i * a_si + k * a_sk] (broadcast), B[k][j] = b + k * b_stride +
-//   j * N, C[i][j] = c + i * c_stride + j * N.
-// kI * kJ accumulators stay in registers for the whole k loop (8 of them cover
-// the FMA latency of two pipes x 4 cycles).
-template <size_t kI, size_t kJ>
-HWY_INLINE void OuterProduct(const float* HWY_RESTRICT a, size_t a_si,
-                             size_t a_sk, const float* HWY_RESTRICT b,
-                             size_t b_stride, size_t n_k, float* HWY_RESTRICT c,
-                             size_t c_stride, bool accumulate) {
-  const AttnD d;
-  const size_t N = hn::Lanes(d);
-  hn::Vec<AttnD> acc[kI][kJ];
-  HWY_UNROLL(8)
-  for (size_t i = 0; i < kI; ++i) {
-    HWY_UNROLL(8)
-    for (size_t j = 0; j < kJ; ++j) {
-      acc[i][j] =
-          accumulate ? hn::Load(d, c + i * c_stride + j * N) : hn::Zero(d);
-    }
-  }
-  for (size_t k = 0; k < n_k; ++k) {
-    hn::Vec<AttnD> bk[kJ];
-    HWY_UNROLL(8)
-    for (size_t j = 0; j < kJ; ++j) {
-      bk[j] = hn::Load(d, b + k * b_stride + j * N);
-    }
-    HWY_UNROLL(8)
-    for (size_t i = 0; i < kI; ++i) {
-      const auto ai = hn::Set(d, a[i * a_si + k * a_sk]);
-      HWY_UNROLL(8)
-      for (size_t j = 0; j < kJ; ++j)
-        acc[i][j] = hn::MulAdd(ai, bk[j], acc[i][j]);
-    }
-  }
-  HWY_UNROLL(8)
-  for (size_t i = 0; i < kI; ++i) {
-    HWY_UNROLL(8)
-    for (size_t j = 0; j < kJ; ++j) {
-      hn::Store(acc[i][j], d, c + i * c_stride + j * N);
-    }
-  }
-}
 
 // C [n_i, n_vec vectors] (+)= A B with OuterProduct tiles of 4 rows x 2 vectors
 // and their edges.

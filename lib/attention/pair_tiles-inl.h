@@ -11,13 +11,13 @@
 //
 // on AMX tiles where AmxBFloat16Active() (AmxScoresT, AmxAccumulateT: 32 x 32
 // blocks of AmxBlockSteps, native_dot-inl.h), else by vdpbf16ps where
-// NativeBFloat16Active() (DotScoresT, DotAccumulateT: PairOuterProduct, the
-// float32 tiles' OuterProduct on pairs, two products per lane and
-// instruction). q times the scale and P are rounded to bf16 as they are paired
-// (nearest even; denormals to 0), K and V are stored bf16, so every product is
-// exact; tdpbf16ps and vdpbf16ps round each addition to nearest even and read
-// and write denormals as 0 (AttentionCompute::kBFloat16's bound). Included by
-// attention-inl.h alone, whose RunWideGroup calls them.
+// NativeBFloat16Active() (DotScoresT, DotAccumulateT: the float32 tiles'
+// OuterProduct on PairProducts, two products per lane and instruction,
+// outer_product-inl.h). q times the scale and P are rounded to bf16 as they are
+// paired (nearest even; denormals to 0), K and V are stored bf16, so every
+// product is exact; tdpbf16ps and vdpbf16ps round each addition to nearest even
+// and read and write denormals as 0 (AttentionCompute::kBFloat16's bound).
+// Included by attention-inl.h alone, whose RunWideGroup calls them.
 
 // Per-target part: toggle guard.
 #if defined(HEADWAY_LIB_ATTENTION_PAIR_TILES_INL_H_) == \
@@ -34,6 +34,7 @@
 #include <algorithm>
 
 #include "hwy/highway.h"
+#include "lib/attention/outer_product-inl.h"
 #include "lib/core/native_dot-inl.h"
 #include "lib/core/transpose-inl.h"
 
@@ -119,68 +120,26 @@ HWY_INLINE void PairValuesT(const hwy::bfloat16_t* HWY_RESTRICT v,
   }
 }
 
-// The word (pair of bf16) at p.
-HWY_INLINE uint32_t PairWordAt(const hwy::bfloat16_t* HWY_RESTRICT p) {
-  uint32_t word;
-  hwy::CopyBytes<sizeof(word)>(p, &word);
-  return word;
-}
-
-// C [kI][32] (+)= A B by vdpbf16ps for kI rows i: C[i][c] += sum_{t < n_k}
-// A(i, t) . B[t][c], A(i, t) the pair of bf16 at a + i * a_si + 2 t
-// (broadcast), B [n_k][32] words, C rows 32 floats apart. 2 kI accumulators in
-// registers for the whole k loop; the sums run over t in order.
-template <size_t kI>
-HWY_INLINE void PairOuterProduct(const hwy::bfloat16_t* HWY_RESTRICT a,
-                                 size_t a_si,
-                                 const hwy::bfloat16_t* HWY_RESTRICT b,
-                                 size_t n_k, float* HWY_RESTRICT c,
-                                 bool accumulate) {
-  const PairF32 df;
-  const PairU32 du;
-  constexpr size_t N = 16;
-  const uint32_t* b_words = reinterpret_cast<const uint32_t*>(b);
-  hn::Vec<PairF32> acc[kI][2];
-  HWY_UNROLL(8)
-  for (size_t i = 0; i < kI; ++i) {
-    for (size_t j = 0; j < 2; ++j) {
-      acc[i][j] =
-          accumulate ? hn::Load(df, c + i * kPairCols + j * N) : hn::Zero(df);
-    }
-  }
-  for (size_t t = 0; t < n_k; ++t) {
-    const auto b0 = hn::Load(du, b_words + t * kPairCols);
-    const auto b1 = hn::Load(du, b_words + t * kPairCols + N);
-    HWY_UNROLL(8)
-    for (size_t i = 0; i < kI; ++i) {
-      const auto ai = hn::Set(du, PairWordAt(a + i * a_si + 2 * t));
-      acc[i][0] = DotBF16Pairs(acc[i][0], ai, b0);
-      acc[i][1] = DotBF16Pairs(acc[i][1], ai, b1);
-    }
-  }
-  HWY_UNROLL(8)
-  for (size_t i = 0; i < kI; ++i) {
-    for (size_t j = 0; j < 2; ++j) {
-      hn::Store(acc[i][j], df, c + i * kPairCols + j * N);
-    }
-  }
-}
-
-// Rows [0, n_i) of PairOuterProduct's C (+)= A B: 8 at a time (16
-// accumulators, 2 B vectors and a broadcast of 32 registers), then one.
+// Rows [0, n_i) of C [n_i][32] (+)= A B by vdpbf16ps (OuterProduct on
+// PairProducts): A(i, t) the pair of bf16 at a + i * a_si + 2 t, B [n_k][32]
+// words; 8 rows at a time (16 accumulators, 2 B vectors and a broadcast of 32
+// registers), then one.
 HWY_INLINE void PairOuterProductRows(const hwy::bfloat16_t* HWY_RESTRICT a,
                                      size_t a_si, size_t n_i,
                                      const hwy::bfloat16_t* HWY_RESTRICT b,
                                      size_t n_k, float* HWY_RESTRICT c,
                                      bool accumulate) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(b);
   size_t i = 0;
   for (; i + 8 <= n_i; i += 8) {
-    PairOuterProduct<8>(a + i * a_si, a_si, b, n_k, c + i * kPairCols,
-                        accumulate);
+    OuterProduct<8, 2, PairProducts>(a + i * a_si, a_si, 2, words, kPairCols,
+                                     n_k, c + i * kPairCols, kPairCols,
+                                     accumulate);
   }
   for (; i < n_i; ++i) {
-    PairOuterProduct<1>(a + i * a_si, a_si, b, n_k, c + i * kPairCols,
-                        accumulate);
+    OuterProduct<1, 2, PairProducts>(a + i * a_si, a_si, 2, words, kPairCols,
+                                     n_k, c + i * kPairCols, kPairCols,
+                                     accumulate);
   }
 }
 
