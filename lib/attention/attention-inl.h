@@ -251,8 +251,8 @@ inline constexpr float kLn2 = 0.693147180559945309f;
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2NonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
-  // maxps returns its second operand where one is NaN: a NaN x stays NaN
-  // (SCALAR's Max returns -127; the NaN is put back below).
+  // x86's maxps returns its second operand where one is NaN: a NaN x stays
+  // NaN (SCALAR's and EMU128's Max return -127; the NaN is put back below).
   const V xc = hn::Max(hn::Set(d, -127.0f), x);
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127, exact
   const V t = hn::Add(xc, magic);           // bits 0x4B400000 + n + 127
@@ -266,10 +266,10 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
   // n + 127 in [0, 127] shifted into the exponent field: 2^n (0 gives +0.0).
   const V e = hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t))));
-#if HWY_TARGET == HWY_SCALAR
-  return hn::IfThenElse(hn::IsNaN(x), x, e);
-#else
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
   return e;
+#else
+  return hn::IfThenElse(hn::IsNaN(x), x, e);
 #endif
 }
 
