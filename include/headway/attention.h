@@ -62,13 +62,14 @@ enum class AttentionCompute : int {
   // query heads, the same on AMX tiles where AmxBFloat16Active() (targets.h;
   // causal prefill of 2048 tokens, MHA and GQA-8, 3.2-3.3x faster than
   // kFloat32 on one core of a Xeon with AMX, docs/BENCHMARKS.md), else by
-  // vdpbf16ps where NativeBFloat16Active() (AMD's Zen 4 and 5, not yet
-  // measured there); elsewhere those calls compute as kFloat32. Other calls
-  // (MHA decode, bound by the bytes) and AttentionWithWeights compute as
-  // kFloat32. Bound, beyond kFloat32's float32 error: a score moves by at most
-  // 2^-9 * scale * sum_p |q_p K_p|, and with d the most any of a row's scores
-  // moves, an output by at most (e^(2 d) (1 + 2^-9) - 1) * sum_s w_s |V_s|, w
-  // the row's weights (test/attention_test.cc checks it).
+  // vdpbf16ps where NativeBFloat16Active() (AMD's Zen 4 and 5: 1.59x MHA and
+  // 1.64x GQA-8 on one Zen 5 core, measured); elsewhere those calls compute
+  // as kFloat32. Other calls (MHA decode, bound by the bytes) and
+  // AttentionWithWeights compute as kFloat32. Bound, beyond kFloat32's float32
+  // error: a score moves by at most 2^-9 * scale * sum_p |q_p K_p|, and with d
+  // the most any of a row's scores moves, an output by at most
+  // (e^(2 d) (1 + 2^-9) - 1) * sum_s w_s |V_s|, w the row's weights
+  // (test/attention_test.cc checks it).
   kBFloat16 = 1,
   // An int8 cache only. Where a sequence's query rows per KV head number 1
   // to the target's float lanes - 1 (MHA and GQA decode, a few tokens at a

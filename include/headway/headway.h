@@ -546,7 +546,7 @@ typedef enum hw_attention_compute {
    * 4, measured); with more rows (prefill; head_dim a multiple of 32, at
    * most 32 query heads per KV head), the same on AMX tiles where the CPU has
    * them (causal prefill about 3.3x faster), else with vdpbf16ps on AMD's
-   * cores;
+   * cores (about 1.6x on Zen 5);
    * the rest as HW_ATTENTION_FLOAT32. */
   HW_ATTENTION_BFLOAT16 = 1,
   /* An int8 cache only: where a sequence's query rows per KV head number 1
