@@ -252,7 +252,8 @@ template <class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2NonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
   // x86's maxps returns its second operand where one is NaN: a NaN x stays
-  // NaN (SCALAR's and EMU128's Max return -127; the NaN is put back below).
+  // NaN (other targets' Max, SCALAR's and EMU128's among them, may return -127;
+  // the NaN is put back below).
   const V xc = hn::Max(hn::Set(d, -127.0f), x);
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127, exact
   const V t = hn::Add(xc, magic);           // bits 0x4B400000 + n + 127
